@@ -1,0 +1,14 @@
+"""fpemu: bit-exact emulation of number formats and loss scaling for mixed-precision training.
+
+The emulation core imports only numpy and ml_dtypes; adapters that drive real
+frameworks import them on first use.
+"""
+
+from fpemu.formats import (FORMATS, OVERFLOW_MODES, ROUNDING_MODES, Format, RangeStats, decode,
+                           encode, format_names, get_format, make_format, quantize, range_stats)
+
+__version__ = "0.1.0"
+
+__all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats", "decode",
+           "encode", "format_names", "get_format", "make_format", "quantize", "range_stats",
+           "__version__"]

@@ -1,0 +1,368 @@
+"""Bit-exact rounding of float32 / float64 arrays onto any :class:`Format`.
+
+The kernel works on the integer bit patterns of the input, so every rounding
+mode is exact and the result is rounded once, directly from the input: no
+double rounding through an intermediate type.  Where a native cast is both
+correctly rounded and faster (float32 -> bf16, float64 -> float32) the default
+mode uses it; the exhaustive sweep in ``benchmarks/exhaustive_float32.py``
+checks the kernel against the native casts on all 2**32 float32 inputs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import ml_dtypes
+import numpy as np
+
+from fpemu.formats.format import Format, get_format
+
+ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
+OVERFLOW_MODES = ("inf", "saturate")
+
+# Stochastic rounding compares the discarded fraction, in 32-bit fixed point,
+# with 32 random bits: probabilities are exact to 2**-32.
+_RANDOM_BITS = 32
+
+
+class _Source(NamedTuple):
+    """Bit layout of the array being rounded."""
+    uint: type
+    mantissa_bits: int
+    bias: int
+    exponent_mask: int
+
+
+_SOURCES = {
+    np.dtype(np.float32): _Source(np.uint32, 23, 127, 0xFF),
+    np.dtype(np.float64): _Source(np.uint64, 52, 1023, 0x7FF),
+}
+
+# Native casts used for the default mode: each is correctly rounded (checked
+# against the bit kernel on all 2**32 float32 inputs by the exhaustive sweep)
+# and measured faster than the kernel (reports/bench_quantize.md).  numpy's
+# float32 -> float16 cast is ~3x slower than the kernel here, and ml_dtypes
+# rounds float64 -> bf16/fp8 twice (through float32), so neither is used.
+_FAST_NATIVE_CASTS = {
+    (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)),
+    (np.dtype(np.float64), np.dtype(np.float32)),
+}
+
+
+def _check_modes(rounding: str, overflow: str, seed) -> None:
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+    if overflow not in OVERFLOW_MODES:
+        raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
+    if seed is not None and rounding != "stochastic":
+        raise ValueError(f"seed is only used with rounding='stochastic', got rounding={rounding!r}")
+
+
+def as_float_array(x, argument: str = "x") -> np.ndarray:
+    """x as a float32 or float64 array.
+
+    float32 and float64 arrays pass through; float16, bf16 and fp8 arrays are
+    widened exactly to float32; Python numbers and lists become float64.
+
+    Raises:
+      TypeError: integer, bool, complex or object arrays.
+    """
+    arr = np.asarray(x)
+    if arr.dtype == np.float32 or arr.dtype == np.float64:
+        return arr
+    if arr.dtype.kind == "f" or arr.dtype in _WIDENABLE:
+        return arr.astype(np.float32)
+    if arr.dtype.kind in "iu" and not isinstance(x, (np.ndarray, np.generic)):
+        return arr.astype(np.float64)
+    raise TypeError(
+        f"{argument} must hold floating-point values (a float32 or float64 array, or Python "
+        f"numbers); got dtype {arr.dtype}")
+
+
+_WIDENABLE = {np.dtype(getattr(ml_dtypes, name)) for name in dir(ml_dtypes)
+              if name.startswith(("bfloat16", "float8", "float6", "float4"))}
+
+
+def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
+             subnormals: bool = True, seed: Optional[int] = None) -> np.ndarray:
+    """Round every element of ``x`` to a value of ``fmt``.
+
+    Args:
+      x: float32 or float64 array, or Python floats; float16/bf16/fp8 arrays are
+        widened to float32 first (exactly).
+      fmt: a :class:`Format` or a format name such as ``"bf16"``.
+      rounding: ``nearest_even`` (IEEE default), ``nearest_away``, ``toward_zero``,
+        ``up`` (toward +inf), ``down`` (toward -inf) or ``stochastic`` (rounds up
+        with probability proportional to the distance from the lower neighbour).
+      overflow: ``inf``: IEEE overflow (for fn/fnuz formats, which have no
+        infinity, the format's NaN, as ml_dtypes does); directed modes give the
+        largest finite value where IEEE says so.  ``saturate``: clamp to
+        +-max finite, infinities included (as CUDA's SATFINITE conversions).
+      subnormals: False flushes results below the smallest normal to signed zero.
+      seed: seed of the stochastic rounding; None draws fresh entropy.
+
+    Returns:
+      An array of x's dtype (float32 or float64; float64 for Python numbers)
+      holding the rounded values.
+
+    Example:
+      >>> quantize([65519.996, 65520.0], "fp16").tolist()
+      [65504.0, inf]
+    """
+    fmt = get_format(fmt)
+    _check_modes(rounding, overflow, seed)
+    arr = as_float_array(x)
+    if _use_native_cast(arr.dtype, fmt, rounding, overflow, subnormals):
+        with np.errstate(over="ignore"):
+            return arr.astype(fmt.dtype).astype(arr.dtype)
+    return round_to_format(arr, fmt, rounding, overflow, subnormals, seed).values
+
+
+def _use_native_cast(dtype, fmt: Format, rounding, overflow, subnormals) -> bool:
+    return (rounding == "nearest_even" and overflow == "inf" and subnormals
+            and (dtype, fmt.dtype) in _FAST_NATIVE_CASTS)
+
+
+class Rounded(NamedTuple):
+    """Result of :func:`round_to_format`: the values and which elements overflowed.
+
+    ``overflowed`` follows IEEE: the rounded magnitude, with the exponent range
+    unbounded, exceeds max finite (whatever the overflow mode then returns),
+    or the input was infinite.
+    """
+    values: np.ndarray
+    overflowed: np.ndarray
+
+
+def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even",
+                    overflow: str = "inf", subnormals: bool = True,
+                    seed: Optional[int] = None) -> Rounded:
+    """The generic bit-level kernel behind :func:`quantize` (never a native cast)."""
+    _check_modes(rounding, overflow, seed)
+    source = _SOURCES[arr.dtype]
+    if fmt.emin + source.bias < 1 or fmt.mantissa_bits > source.mantissa_bits:
+        if arr.dtype == np.float64:
+            raise ValueError(f"fmt: {fmt.name} is not narrower than float64")
+        # The format reaches below float32's normal range: round from float64,
+        # which holds every float32 input exactly.
+        wide = round_to_format(arr.astype(np.float64), fmt, rounding, overflow, subnormals, seed)
+        return Rounded(wide.values.astype(np.float32), wide.overflowed)
+    flat = arr.reshape(-1)
+    draws = _random_draws(flat.size, seed) if rounding == "stochastic" else None
+    values = np.empty_like(flat)
+    overflowed = np.empty(flat.shape, dtype=bool)
+    # Blocks that stay in cache make the ~25 elementwise passes about twice as fast.
+    for start in range(0, flat.size, _BLOCK):
+        block = slice(start, start + _BLOCK)
+        out = _round_bits(flat[block], fmt, source, rounding, overflow, subnormals,
+                          None if draws is None else draws[block])
+        values[block], overflowed[block] = out
+    return Rounded(values.reshape(arr.shape), overflowed.reshape(arr.shape))
+
+
+_BLOCK = 1 << 16
+
+
+def _random_draws(size: int, seed) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1 << _RANDOM_BITS, size=size, dtype=np.uint64)
+
+
+def _round_bits(arr, fmt: Format, source: _Source, rounding, overflow, subnormals, draws) -> Rounded:
+    uint = source.uint
+    big_m = source.mantissa_bits
+    drop_normal = big_m - fmt.mantissa_bits
+    min_normal_field = fmt.emin + source.bias          # source exponent field of fmt's min normal
+
+    bits = arr.view(uint)
+    sign_bit = uint(1 << (8 * bits.itemsize - 1))
+    sign = bits & sign_bit
+    magnitude = bits ^ sign
+    field = magnitude >> uint(big_m)
+    significand = magnitude & uint((1 << big_m) - 1)
+    significand |= np.minimum(field, uint(1)) << uint(big_m)
+    effective_field = np.maximum(field, uint(1))
+
+    # Bits below the format's quantum.  Inputs under fmt's min normal have a
+    # fixed quantum (fmt's min subnormal), so they drop more bits.
+    if min_normal_field > 1 and np.any(effective_field < uint(min_normal_field)):
+        drop_true = np.where(effective_field < uint(min_normal_field),
+                             uint(min_normal_field) - effective_field, uint(0)) + uint(drop_normal)
+        # Past big_m + 1 dropped bits the kept part is 0 and the remainder the
+        # whole significand, whatever the exact count; the clamp keeps shifts defined.
+        drop = np.minimum(drop_true, uint(big_m + 2))
+    else:
+        drop_true = drop = uint(drop_normal)
+
+    kept = significand >> drop
+    remainder = significand & ((uint(1) << drop) - uint(1))
+    half = uint(1) << (drop - uint(1))
+    negative = sign != 0
+    if rounding == "nearest_even":
+        round_up = (remainder > half) | ((remainder == half) & ((kept & uint(1)) == 1))
+    elif rounding == "nearest_away":
+        round_up = remainder >= half
+    elif rounding == "toward_zero":
+        round_up = None
+    elif rounding == "up":
+        round_up = (remainder != 0) & ~negative
+    elif rounding == "down":
+        round_up = (remainder != 0) & negative
+    else:
+        round_up = _stochastic_round_up(remainder, drop_true, draws)
+    if round_up is not None:
+        kept += round_up.astype(uint)
+
+    # Rebuild the magnitude: adding the rounded significand to (field - 1)
+    # carries into the exponent when rounding crosses a binade, and gives the
+    # source's own subnormal codes for field 0.  With more than big_m bits
+    # dropped, kept is 0 or 1: zero or fmt's smallest subnormal.
+    result = ((effective_field - uint(1)) << uint(big_m)) + (kept << drop)
+    if np.ndim(drop):
+        smallest = _bits_of(fmt.min_subnormal, arr.dtype)
+        result = np.where(drop > uint(big_m), kept * smallest, result)
+
+    max_bits = _bits_of(fmt.max_finite, arr.dtype)
+    nan_bits = _bits_of(np.nan, arr.dtype)
+    inf_bits = _bits_of(np.inf, arr.dtype)
+    finite = field != uint(source.exponent_mask)
+    all_finite = bool(finite.all())
+    overflowed = result > max_bits
+    if not all_finite:
+        overflowed &= finite
+    if overflowed.any():
+        result = np.where(overflowed, _overflow_magnitude(fmt, rounding, overflow, negative,
+                                                          max_bits, inf_bits, nan_bits), result)
+    is_nan = None
+    if not all_finite:
+        payload_zero = (magnitude & uint((1 << big_m) - 1)) == 0
+        infinite = ~finite & payload_zero
+        is_nan = ~finite & ~payload_zero
+        if overflow == "saturate":
+            infinite_result = max_bits
+        else:
+            infinite_result = inf_bits if fmt.has_inf else nan_bits
+        result = np.where(infinite, infinite_result, result)
+        result = np.where(is_nan, nan_bits, result)
+        overflowed |= infinite
+
+    if not subnormals:
+        result = np.where(result < _bits_of(fmt.min_normal, arr.dtype), uint(0), result)
+    if fmt.has_negative_zero:
+        result |= sign
+    else:
+        result |= np.where(result == 0, uint(0), sign)
+    if is_nan is not None or not fmt.has_inf:
+        # NaN results (NaN inputs, fn/fnuz overflow) drop the sign: one canonical NaN.
+        result = np.where((result & ~sign_bit) == nan_bits, nan_bits, result)
+    return Rounded(result.view(arr.dtype), overflowed)
+
+
+def _bits_of(value: float, dtype: np.dtype):
+    source = _SOURCES[np.dtype(dtype)]
+    return np.array(value, dtype=dtype).view(source.uint)[()]
+
+
+def _overflow_magnitude(fmt, rounding, overflow, negative, max_bits, inf_bits, nan_bits):
+    """Magnitude bits an overflowing element takes, per IEEE 754 section 7.4."""
+    beyond = inf_bits if fmt.has_inf else nan_bits
+    if overflow == "saturate" or rounding == "toward_zero":
+        return max_bits
+    if rounding == "up":
+        return np.where(negative, max_bits, beyond)
+    if rounding == "down":
+        return np.where(negative, beyond, max_bits)
+    return beyond
+
+
+def _stochastic_round_up(remainder, drop, draws):
+    """True with probability remainder / 2**drop, resolved to 32 bits."""
+    wide = remainder.astype(np.uint64, copy=False)
+    drop = np.asarray(drop, dtype=np.int64)
+    left = np.clip(_RANDOM_BITS - drop, 0, 63).astype(np.uint64)
+    right = np.clip(drop - _RANDOM_BITS, 0, 63).astype(np.uint64)
+    return draws < ((wide << left) >> right)
+
+
+def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
+           subnormals: bool = True, seed: Optional[int] = None) -> np.ndarray:
+    """Bit patterns of ``fmt`` for the values of ``x`` (rounded as :func:`quantize` does).
+
+    Returns:
+      An unsigned integer array: uint8, uint16, uint32 or uint64 by fmt's width.
+      NaN encodes as the format's canonical quiet NaN.
+
+    Example:
+      >>> hex(int(encode(1.0, "bf16")))
+      '0x3f80'
+    """
+    fmt = get_format(fmt)
+    values = quantize(x, fmt, rounding=rounding, overflow=overflow,
+                      subnormals=subnormals, seed=seed).astype(np.float64)
+    code = np.dtype(f"uint{_storage_bits(fmt)}").type
+    m = fmt.mantissa_bits
+    magnitude = np.abs(values)
+    finite_nonzero = np.isfinite(values) & (magnitude != 0)
+    safe = np.where(finite_nonzero, magnitude, 1.0)
+    exponent = np.maximum(np.frexp(safe)[1] - 1, fmt.emin)
+    field = np.where(safe >= fmt.min_normal, exponent + fmt.bias, 0)
+    mantissa = np.ldexp(safe, m - exponent) - np.where(field > 0, float(1 << m), 0.0)
+    body = (field.astype(np.uint64) << np.uint64(m)) | mantissa.astype(np.uint64)
+    body = np.where(finite_nonzero, body, np.uint64(0))
+    body = np.where(np.isinf(values), np.uint64(_inf_code(fmt)), body)
+    sign = np.signbit(values) & (values == values)
+    body |= np.where(sign, np.uint64(1 << (fmt.bits - 1)), np.uint64(0))
+    body = np.where(np.isnan(values), np.uint64(_nan_code(fmt)), body)
+    return body.astype(code)
+
+
+def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
+    """Values of ``fmt``'s bit patterns ``bits`` (unsigned or signed integers).
+
+    Args:
+      bits: integer codes; only the low ``fmt.bits`` bits are read.
+      fmt: a Format or name.
+      dtype: float64 (default) or float32 for the result.
+
+    Example:
+      >>> decode([0x7C00, 0x0001], "fp16").tolist()
+      [inf, 5.960464477539063e-08]
+    """
+    fmt = get_format(fmt)
+    codes = np.asarray(bits)
+    if codes.dtype.kind not in "iu":
+        raise TypeError(f"bits must be an integer array, got dtype {codes.dtype}")
+    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    codes = codes.astype(np.uint64) & np.uint64((1 << fmt.bits) - 1)
+    m = fmt.mantissa_bits
+    mantissa = (codes & np.uint64((1 << m) - 1)).astype(np.float64)
+    field = ((codes >> np.uint64(m)) & np.uint64((1 << fmt.exponent_bits) - 1)).astype(np.int64)
+    negative = (codes >> np.uint64(fmt.bits - 1)) != 0
+    significand = np.where(field > 0, mantissa + float(1 << m), mantissa)
+    values = np.ldexp(significand, np.maximum(field, 1) - fmt.bias - m)
+    values = np.where(negative, -values, values)
+    top_field = (1 << fmt.exponent_bits) - 1
+    if fmt.special == "ieee":
+        values = np.where((field == top_field) & (mantissa == 0), np.copysign(np.inf, values), values)
+        values = np.where((field == top_field) & (mantissa != 0), np.nan, values)
+    elif fmt.special == "fn":
+        values = np.where((field == top_field) & (mantissa == (1 << m) - 1), np.nan, values)
+    else:
+        values = np.where(codes == np.uint64(1 << (fmt.bits - 1)), np.nan, values)
+    return values.astype(dtype)
+
+
+def _storage_bits(fmt: Format) -> int:
+    return next(width for width in (8, 16, 32, 64) if fmt.bits <= width)
+
+
+def _inf_code(fmt: Format) -> int:
+    return ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits if fmt.has_inf else _nan_code(fmt)
+
+
+def _nan_code(fmt: Format) -> int:
+    if fmt.special == "fnuz":
+        return 1 << (fmt.bits - 1)
+    if fmt.special == "fn":
+        return (1 << (fmt.bits - 1)) - 1
+    return (((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) | (1 << max(fmt.mantissa_bits - 1, 0))

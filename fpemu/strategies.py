@@ -1,0 +1,103 @@
+"""Hypothesis strategies that generate values of a format and the inputs that probe it.
+
+Requires the ``hypothesis`` package (the ``test`` extra).
+
+Example:
+  >>> from hypothesis import given
+  >>> from fpemu import strategies as fst
+  >>> @given(fst.format_values("fp8_e4m3fn"))
+  ... def test_roundtrip(v): ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from fpemu.formats import decode, format_names, get_format, make_format
+from fpemu.formats.format import Format
+
+
+def formats() -> st.SearchStrategy:
+    """Named formats, plus custom ones (every special convention)."""
+    return st.one_of(st.sampled_from([get_format(name) for name in format_names()]),
+                     custom_formats())
+
+
+def custom_formats(max_exponent_bits: int = 8, max_mantissa_bits: int = 22) -> st.SearchStrategy:
+    """Custom formats with 2..max_exponent_bits exponent bits and any special convention."""
+
+    @st.composite
+    def build(draw):
+        special = draw(st.sampled_from(["ieee", "fn", "fnuz"]))
+        exponent_bits = draw(st.integers(2, max_exponent_bits))
+        mantissa_bits = draw(st.integers(0 if special == "fnuz" else 1, max_mantissa_bits))
+        return make_format(exponent_bits=exponent_bits, mantissa_bits=mantissa_bits, special=special)
+
+    return build()
+
+
+def codes(fmt) -> st.SearchStrategy:
+    """Any bit pattern of ``fmt``."""
+    fmt = get_format(fmt)
+    return st.integers(0, (1 << fmt.bits) - 1)
+
+
+def format_values(fmt, *, allow_nan: bool = True, allow_infinity: bool = True) -> st.SearchStrategy:
+    """Values exactly representable in ``fmt`` (as Python floats), edges weighted up."""
+    fmt = get_format(fmt)
+    from_codes = codes(fmt).map(lambda code: float(decode(code, fmt)))
+    values = st.one_of(st.sampled_from(edge_values(fmt)), from_codes)
+    if not allow_nan:
+        values = values.filter(lambda v: v == v)
+    if not allow_infinity:
+        values = values.filter(lambda v: abs(v) != float("inf"))
+    return values
+
+
+def edge_values(fmt) -> list:
+    """The values where rounding to ``fmt`` changes behaviour.
+
+    Zeros, min subnormal, the subnormal/normal boundary, max finite, the
+    overflow threshold (halfway to the next binade step), ties around 1 and
+    around the smallest subnormal, and their float64 neighbours.
+    """
+    fmt: Format = get_format(fmt)
+    ulp_top = np.ldexp(1.0, fmt.emax - fmt.mantissa_bits)
+    points = [0.0, fmt.min_subnormal, fmt.min_subnormal / 2, fmt.min_subnormal * 1.5,
+              fmt.min_normal, fmt.min_normal - fmt.min_subnormal / 2, fmt.max_finite,
+              fmt.max_finite + ulp_top / 2, fmt.max_finite + ulp_top,
+              1.0, 1.0 + fmt.epsilon / 2, 1.0 + fmt.epsilon * 1.5, 1.0 - fmt.epsilon / 4]
+    neighbours = [np.nextafter(p, side) for p in points for side in (-np.inf, np.inf)]
+    finite = [float(v) for v in points + neighbours if v >= 0]
+    return sorted(set(finite + [-v for v in finite])) + [float("inf"), float("-inf"), float("nan")]
+
+
+def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
+    """Inputs of ``dtype`` (float32 or float64) clustered around ``fmt``'s grid.
+
+    A mix of the format's edges, its values nudged by a few ulps of ``dtype``,
+    exact midpoints between neighbours, and arbitrary floats of ``dtype``.
+    """
+    fmt = get_format(fmt)
+    width = 32 if np.dtype(dtype) == np.float32 else 64
+    cast = np.dtype(dtype).type
+
+    def nudge(args):
+        value, steps = args
+        out = cast(value)
+        for _ in range(abs(steps)):
+            out = np.nextafter(out, cast(np.inf) if steps > 0 else cast(-np.inf))
+        return float(out)
+
+    def midpoint(code):
+        low, high = decode([code, code + 1], fmt)
+        return float(cast((low + high) / 2)) if np.isfinite(low) and np.isfinite(high) else float(low)
+
+    grid = format_values(fmt, allow_nan=False)
+    return st.one_of(
+        grid.map(lambda v: float(cast(v))),
+        st.tuples(grid, st.integers(-3, 3)).map(nudge),
+        st.integers(0, (1 << (fmt.bits - 1)) - 2).map(midpoint),
+        st.floats(width=width, allow_nan=True, allow_infinity=True),
+    )

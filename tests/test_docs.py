@@ -1,0 +1,23 @@
+"""The README's tour and the docstring examples are real output."""
+
+import doctest
+import pathlib
+
+import pytest
+
+import fpemu.formats.format
+import fpemu.formats.rounding
+import fpemu.formats.stats
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_readme_tour():
+    result = doctest.testfile(str(ROOT / "README.md"), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 5
+
+
+@pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
