@@ -6,9 +6,12 @@ frameworks import them on first use.
 
 from fpemu.formats import (FORMATS, OVERFLOW_MODES, ROUNDING_MODES, Format, RangeStats, decode,
                            encode, format_names, get_format, make_format, quantize, range_stats)
+from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profile, simulate_scaler,
+                           step_overflowed, unscale)
 
 __version__ = "0.1.0"
 
 __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats", "decode",
-           "encode", "format_names", "get_format", "make_format", "quantize", "range_stats",
+           "encode", "format_names", "PROFILES", "ScalerTrace", "dynamic_loss_scale", "get_profile",
+           "simulate_scaler", "step_overflowed", "unscale", "get_format", "make_format", "quantize", "range_stats",
            "__version__"]

@@ -140,10 +140,10 @@ def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even"
     """The generic bit-level kernel behind :func:`quantize` (never a native cast)."""
     _check_modes(rounding, overflow, seed)
     source = _SOURCES[arr.dtype]
-    if fmt.emin + source.bias < 1 or fmt.mantissa_bits > source.mantissa_bits:
+    if fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits:
         if arr.dtype == np.float64:
             raise ValueError(f"fmt: {fmt.name} is not narrower than float64")
-        # The format reaches below float32's normal range: round from float64,
+        # The format reaches below float32's normal range or keeps all its bits: round from float64,
         # which holds every float32 input exactly.
         wide = round_to_format(arr.astype(np.float64), fmt, rounding, overflow, subnormals, seed)
         return Rounded(wide.values.astype(np.float32), wide.overflowed)

@@ -1,0 +1,194 @@
+"""Run a scaler profile over a sequence of overflow flags, and unscale as each implementation does."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fpemu.scalers.model import ScalerRules
+from fpemu.scalers.profiles import Profile, get_profile
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalerTrace:
+    """Step-by-step record of a simulated (or recorded) loss scaler.
+
+    Attributes:
+      profile: the profile's name.
+      params: every parameter, defaults included.
+      scales: the scale used at each step (before that step's update), Python floats.
+      skipped: indices of steps whose optimizer update did not run.
+      final_scale: the scale after the last step.
+      overflow: per step, whether the gradients were non-finite.
+      applied: per step, whether the optimizer update ran.
+      growth_counter: per step, the growth counter after the update (for profiles
+        without a scale: the count of consecutive non-finite steps).
+      hysteresis: per step, the hysteresis budget after the update (None without hysteresis).
+      events: (step, text) for notable events, such as a raise at the minimum scale.
+      stopped_at: the step at which the implementation raised and training ended, or None.
+    """
+
+    profile: str
+    params: dict
+    scales: list
+    skipped: list
+    final_scale: float
+    overflow: np.ndarray
+    applied: np.ndarray
+    growth_counter: np.ndarray
+    hysteresis: Optional[list]
+    events: list
+    stopped_at: Optional[int] = None
+
+    @property
+    def attempts(self) -> int:
+        """Steps attempted (batches processed)."""
+        return len(self.scales)
+
+    @property
+    def completed_updates(self) -> int:
+        return int(np.count_nonzero(self.applied))
+
+    @property
+    def skipped_updates(self) -> int:
+        return self.attempts - self.completed_updates
+
+    def as_dict(self) -> dict:
+        """The seed API's dict: scales, skipped and final_scale."""
+        return {"scales": list(self.scales), "skipped": list(self.skipped), "final_scale": self.final_scale}
+
+
+def _check_overflows(overflows) -> list:
+    if isinstance(overflows, (str, bytes)) or not hasattr(overflows, "__iter__"):
+        raise TypeError(f"overflows must be a sequence of bools, got {type(overflows).__name__}")
+    flags = list(overflows)
+    for index, flag in enumerate(flags):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"overflows[{index}] must be a bool, got {flag!r}")
+    return [bool(flag) for flag in flags]
+
+
+def run_rules(rules: ScalerRules, overflows: Sequence[bool], profile: str = "custom",
+              params: Optional[dict] = None) -> ScalerTrace:
+    """Run ``rules`` over ``overflows`` (validated) and record the trace."""
+    flags = _check_overflows(overflows)
+    state = rules.init()
+    scales, applied, counters, hysteresis, events = [], [], [], [], []
+    stopped_at = None
+    for step, overflow in enumerate(flags):
+        outcome = rules.update(state, overflow)
+        scales.append(state.scale)
+        applied.append(outcome.applied)
+        if outcome.event:
+            events.append((step, outcome.event))
+        state = outcome.state
+        counters.append(state.growth_counter if rules.dynamic else state.bad_streak)
+        hysteresis.append(state.hysteresis)
+        if state.stopped:
+            stopped_at = step
+            break
+    return ScalerTrace(
+        profile=profile, params=dict(params or {}), scales=scales,
+        skipped=[i for i, ok in enumerate(applied) if not ok], final_scale=state.scale,
+        overflow=np.array(flags[:len(scales)], dtype=bool), applied=np.array(applied, dtype=bool),
+        growth_counter=np.array(counters, dtype=np.int64),
+        hysteresis=hysteresis if rules.hysteresis is not None else None,
+        events=events, stopped_at=stopped_at)
+
+
+def simulate_scaler(overflows: Sequence[bool], profile="torch", **params) -> ScalerTrace:
+    """Simulate a real loss scaler over a sequence of overflow flags.
+
+    Args:
+      overflows: one bool per step, True where the step's gradients were inf/NaN.
+      profile: a profile name (see ``fpemu.PROFILES``) or a Profile.
+      **params: the implementation's own parameters (``growth_interval`` for torch,
+        ``period`` for jmp, ...); the others take its real defaults.
+
+    Returns:
+      A :class:`ScalerTrace`.
+
+    Example:
+      >>> simulate_scaler([False, True, False, False], "flax", scale=8.0, growth_interval=1).scales
+      [8.0, 8.0, 4.0, 4.0]
+      >>> simulate_scaler([False, True, False, False], "torch", init_scale=8.0, growth_interval=1).scales
+      [8.0, 16.0, 8.0, 16.0]
+    """
+    chosen: Profile = get_profile(profile)
+    rules = chosen.rules(**params)
+    return run_rules(rules, overflows, chosen.name, {**chosen.defaults, **params})
+
+
+def dynamic_loss_scale(overflows, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
+                       growth_interval=2000) -> dict:
+    """Seed 000: GradScaler's dynamic loss scale in Python float arithmetic.
+
+    Returns:
+      dict with 'scales' (the scale used at each step), 'skipped' (indices of
+      overflow steps) and 'final_scale'.
+
+    Example:
+      >>> dynamic_loss_scale([False, True, False, False, False], init_scale=8.0, growth_interval=2)
+      {'scales': [8.0, 8.0, 4.0, 4.0, 8.0], 'skipped': [1], 'final_scale': 8.0}
+    """
+    for name, value in (("init_scale", init_scale), ("growth_factor", growth_factor),
+                        ("backoff_factor", backoff_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    if not np.isfinite(init_scale) or init_scale <= 0:
+        raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
+    if not np.isfinite(growth_factor) or growth_factor <= 1:
+        raise ValueError(f"growth_factor must be greater than 1, got {growth_factor}")
+    if not 0 < backoff_factor < 1:
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)):
+        raise TypeError(f"growth_interval must be an int, got {growth_interval!r}")
+    if growth_interval < 1:
+        raise ValueError(f"growth_interval must be at least 1, got {growth_interval}")
+    rules = ScalerRules(float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval),
+                        arithmetic="python", on_growth_overflow="inf")
+    return run_rules(rules, overflows, "seed").as_dict()
+
+
+def unscale(grads, scale: float, profile="torch") -> np.ndarray:
+    """Gradients divided by the loss scale with the profile's own arithmetic.
+
+    torch and most PyTorch-based scalers multiply by float32(1 / float64(scale));
+    jmp and tf_keras by float32(1) / float32(scale); flax and Keras divide.
+
+    Example:
+      >>> g = np.float32(1.0)
+      >>> float(unscale(g, 3 * 2**10, "torch")) == float(unscale(g, 3 * 2**10, "flax"))
+      False
+    """
+    chosen = get_profile(profile)
+    grads = np.asarray(grads, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if chosen.unscale == "mul_recip_fp64":
+            return grads * np.float32(1.0 / np.float64(np.float32(scale)))
+        if chosen.unscale == "mul_recip_fp32":
+            return grads * (np.float32(1.0) / np.float32(scale))
+        if chosen.unscale == "divide":
+            return grads / np.float32(scale)
+    return grads
+
+
+def step_overflowed(scaled_grads, scale: float, profile="torch") -> bool:
+    """Whether the profile sees an overflow in these scaled gradients.
+
+    The check runs where the implementation runs it: on the scaled gradients
+    (torch, Keras), on the unscaled ones (flax, jmp), or on the gradient norm
+    (fairseq).  Below a scale of 1 they disagree: a finite scaled gradient can
+    unscale to inf.
+    """
+    chosen = get_profile(profile)
+    scaled = np.asarray(scaled_grads, dtype=np.float32)
+    if chosen.check_on == "scaled":
+        return not bool(np.all(np.isfinite(scaled)))
+    unscaled = unscale(scaled, scale, chosen)
+    if chosen.check_on == "grad_norm":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return not np.isfinite(np.linalg.norm(unscaled.astype(np.float32)))
+    return not bool(np.all(np.isfinite(unscaled)))

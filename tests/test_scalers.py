@@ -1,0 +1,294 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fpemu
+from fpemu.adapters import record_scaler, unavailable_reason
+from fpemu.scalers import ScalerRules, run_rules
+
+
+def bits32(values):
+    return np.array(values, dtype=np.float32).view(np.uint32).tolist()
+
+
+# --- seed 000 -------------------------------------------------------------
+
+def test_seed_examples():
+    assert fpemu.dynamic_loss_scale([False, True, False, False, False], init_scale=8.0, growth_interval=2) == \
+        {"scales": [8.0, 8.0, 4.0, 4.0, 8.0], "skipped": [1], "final_scale": 8.0}
+    assert fpemu.dynamic_loss_scale([True, True, True], init_scale=1024.0) == \
+        {"scales": [1024.0, 512.0, 256.0], "skipped": [0, 1, 2], "final_scale": 128.0}
+
+
+def test_seed_conventions():
+    empty = fpemu.dynamic_loss_scale([], init_scale=7)
+    assert empty == {"scales": [], "skipped": [], "final_scale": 7.0} and type(empty["final_scale"]) is float
+    out = fpemu.dynamic_loss_scale([False, False], init_scale=3, growth_interval=1, growth_factor=1.5)
+    assert out["scales"] == [3.0, 4.5] and all(type(s) is float for s in out["scales"])
+    assert out["final_scale"] == 6.75  # Python float arithmetic, no float32 rounding
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    (dict(init_scale=0.0), ValueError, "init_scale must be positive"),
+    (dict(init_scale=math.inf), ValueError, "init_scale must be positive and finite"),
+    (dict(growth_factor=1.0), ValueError, "growth_factor must be greater than 1"),
+    (dict(backoff_factor=1.0), ValueError, r"backoff_factor must be in \(0, 1\)"),
+    (dict(growth_interval=0), ValueError, "growth_interval must be at least 1"),
+    (dict(growth_interval=2.5), TypeError, "growth_interval must be an int"),
+])
+def test_seed_bad_input(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        fpemu.dynamic_loss_scale([False], **kwargs)
+
+
+@pytest.mark.parametrize("overflows,words", [([0, 1], r"overflows\[0\] must be a bool"),
+                                             ("TF", "overflows must be a sequence of bools"),
+                                             (3, "overflows must be a sequence")])
+def test_overflows_must_be_bools(overflows, words):
+    with pytest.raises(TypeError, match=words):
+        fpemu.dynamic_loss_scale(overflows)
+    with pytest.raises(TypeError, match=words):
+        fpemu.simulate_scaler(overflows, "torch")
+
+
+# --- profiles --------------------------------------------------------------
+
+def test_profile_parameters_are_checked():
+    with pytest.raises(ValueError, match="unknown profile 'pytorch'; known profiles: torch, torch_sharded"):
+        fpemu.simulate_scaler([False], "pytorch")
+    with pytest.raises(TypeError, match="profile 'flax' has no parameter 'period'"):
+        fpemu.simulate_scaler([False], "flax", period=3)
+    with pytest.raises(TypeError, match="has no default for loss_scale"):
+        fpemu.simulate_scaler([False], "jmp")
+    with pytest.raises(ValueError, match="profile 'jmp': factor must be greater than 1"):
+        fpemu.simulate_scaler([False], "jmp", loss_scale=1.0, factor=1)
+    with pytest.raises(ValueError, match=r"profile 'torch': backoff_factor must be in \(0, 1\)"):
+        fpemu.simulate_scaler([False], "torch", backoff_factor=1.5)
+    with pytest.raises(ValueError, match="profile 'keras': initial_scale must be positive"):
+        fpemu.simulate_scaler([False], "keras", initial_scale=-1.0)
+    with pytest.raises(ValueError, match="profile 'megatron': growth_interval must be at least 1"):
+        fpemu.simulate_scaler([False], "megatron", growth_interval=0)
+
+
+def test_every_profile_records_its_source():
+    for profile in fpemu.PROFILES.values():
+        assert profile.verified in ("driven", "source-derived")
+        assert profile.source and profile.implementation and profile.notes
+        trace = fpemu.simulate_scaler([False, True, False], profile,
+                                      **{k: 4.0 if k == "loss_scale" else 1 for k, v in profile.defaults.items()
+                                         if v is fpemu.scalers.profiles.REQUIRED})
+        assert trace.attempts == 3
+
+
+GROWTH = [False] * 7 + [True] + [False] * 8
+
+
+@pytest.mark.parametrize("profile,params,expected", [
+    # Trajectories worked out from each implementation's source (see the profile's notes).
+    ("torch", dict(init_scale=1.0, growth_interval=3), [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+    ("flax", dict(scale=1.0, growth_interval=3), [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2]),
+    ("deepspeed", dict(init_scale=1.0, scale_window=3, delayed_shift=1),
+     [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+    ("deepspeed_fp16_optimizer", dict(init_scale=1.0, scale_window=3),
+     [1, 1, 1, 1, 2, 2, 2, 4, 2, 2, 2, 2, 4, 4, 4, 8]),
+    ("megatron", dict(initial_scale=1.0, growth_interval=3), [1, 1, 1, 2, 2, 2, 4, 4, 4, 4, 4, 8, 8, 8, 16, 16]),
+    ("apex", dict(init_scale=1.0, scale_window=3), [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+    ("fairseq", dict(init_scale=1.0, scale_window=3), [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+    ("tf_keras", dict(initial_scale=1.0, dynamic_growth_steps=3), [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+])
+def test_growth_timing(profile, params, expected):
+    assert fpemu.simulate_scaler(GROWTH, profile, **params).scales == [float(v) for v in expected]
+
+
+def test_floors_and_caps_differ_between_profiles():
+    down = [True] * 3
+    assert fpemu.simulate_scaler(down, "torch", init_scale=2.0**-148).final_scale == 0.0  # through subnormals to 0
+    assert fpemu.simulate_scaler(down, "flax", scale=2.0**-125).final_scale == 2.0**-126  # float32 tiny
+    assert fpemu.simulate_scaler(down, "tf_keras", initial_scale=2.0).final_scale == 1.0
+    assert fpemu.simulate_scaler(down, "keras", initial_scale=2.0**-125).final_scale == 0.0  # XLA flushes
+    up = [False] * 3
+    big = 3e38
+    assert fpemu.simulate_scaler(up, "torch", init_scale=big, growth_interval=1).final_scale == float(np.float32(big))
+    assert fpemu.simulate_scaler(up, "flax", scale=big, growth_interval=0 + 1).final_scale == float(np.finfo(np.float32).max)
+    assert fpemu.simulate_scaler(up, "keras", initial_scale=big, dynamic_growth_steps=1).final_scale == math.inf
+    assert fpemu.simulate_scaler(up * 10, "apex", init_scale=2.0**23, scale_window=1).final_scale == 2.0**24
+
+
+def test_deepspeed_raises_at_min_scale_and_hysteresis():
+    trace = fpemu.simulate_scaler([True] * 6, "deepspeed", init_scale=4.0, delayed_shift=2)
+    # hysteresis absorbs the first overflow; then 4 -> 2 -> 1; an overflow at 1 raises.
+    assert trace.scales == [4.0, 4.0, 2.0, 1.0] and trace.stopped_at == 3
+    assert trace.events[-1] == (3, "raised: overflow at the minimum scale")
+    no_raise = fpemu.simulate_scaler([True] * 6, "deepspeed", init_scale=3.0, delayed_shift=1,
+                                     raise_error_at_min_scale=False)
+    assert no_raise.final_scale == 1.0 and no_raise.stopped_at is None
+
+
+def test_megatron_hysteresis_refills_only_at_growth():
+    seq = [False, False, False, True, False, True, True, True, False, False, False, True]
+    trace = fpemu.simulate_scaler(seq, "megatron", initial_scale=1.0, growth_interval=3, hysteresis=2)
+    assert trace.hysteresis == [2, 2, 2, 1, 1, 0, -1, -2, -2, -2, 2, 1]
+    assert trace.scales == [1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 2]
+
+
+def test_fairseq_tolerance_and_stop():
+    seq = [False] * 8 + [True] * 3
+    trace = fpemu.simulate_scaler(seq, "fairseq", init_scale=1.0, scale_window=100, tolerance=0.25)
+    assert trace.final_scale == 0.5 and trace.scales[-1] == 1.0  # ratios 1/9, 2/10, 3/11: backs off once
+    stop = fpemu.simulate_scaler([True] * 5, "fairseq", init_scale=4e-4)
+    assert stop.stopped_at == 1 and stop.final_scale == 2e-4  # 4e-4 -> 2e-4 -> 1e-4 raises, restoring 2e-4
+
+
+def test_paddle_backs_off_after_consecutive_bad_steps():
+    trace = fpemu.simulate_scaler([True, False, True, True], "paddle", init_loss_scaling=8.0,
+                                  decr_every_n_nan_or_inf=2)
+    assert trace.scales == [8.0, 8.0, 8.0, 8.0] and trace.final_scale == 4.0
+
+
+def test_optax_lets_late_consecutive_errors_through():
+    seq = [True] * 5 + [False] + [True] * 3
+    trace = fpemu.simulate_scaler(seq, "optax", max_consecutive_errors=2)
+    assert trace.applied.tolist() == [False, False, True, True, True, True, False, False, True]
+    assert trace.growth_counter.tolist() == [1, 2, 3, 4, 5, 0, 1, 2, 3]
+
+
+def test_accounting_100_attempts_10_skipped():
+    seq = [i % 10 == 9 for i in range(100)]
+    trace = fpemu.simulate_scaler(seq, "torch", growth_interval=1000)
+    assert (trace.attempts, trace.completed_updates, trace.skipped_updates) == (100, 90, 10)
+
+
+def test_torch_arithmetic_is_fp64_then_fp32():
+    trace = fpemu.simulate_scaler([False] * 30, "torch", init_scale=1.0, growth_factor=1.1, growth_interval=1)
+    f32 = run_rules(ScalerRules(1.0, 1.1, growth_interval=1, arithmetic="fp32"), [False] * 30)
+    assert bits32(trace.scales) != bits32(f32.scales)
+
+
+def test_unscale_reciprocal_vs_divide():
+    grads = np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 3 * 2**10
+    torch_way = fpemu.unscale(grads, 3 * 2**10, "torch")
+    flax_way = fpemu.unscale(grads, 3 * 2**10, "flax")
+    differ = np.count_nonzero(torch_way.view(np.uint32) != flax_way.view(np.uint32))
+    assert 200 < differ < 450
+
+
+def test_check_location_decides_skips_below_scale_one():
+    scaled = np.array([1e38], np.float32)  # finite scaled gradient, unscales to inf at scale 1e-3
+    assert not fpemu.step_overflowed(scaled, 1e-3, "torch")
+    assert not fpemu.step_overflowed(scaled, 1e-3, "keras")
+    assert fpemu.step_overflowed(scaled, 1e-3, "flax")
+
+
+# --- the real implementations, bit for bit -------------------------------------
+
+def _skip_unless(name):
+    reason = unavailable_reason(name)
+    if reason:
+        pytest.skip(f"{name}: {reason}")
+
+
+def assert_same_trace(real, model):
+    assert bits32(real.scales) == bits32(model.scales), (real.scales, model.scales)
+    assert real.applied.tolist() == model.applied.tolist()
+    assert real.growth_counter.tolist() == model.growth_counter.tolist()
+    assert bits32([real.final_scale]) == bits32([model.final_scale])
+
+
+overflow_runs = st.lists(st.booleans(), min_size=1, max_size=24)
+factors = st.one_of(st.just(2.0), st.sampled_from([3.0, 1.1, 1.5, 10.0]), st.floats(1.0001, 8.0))
+backoffs = st.one_of(st.just(0.5), st.sampled_from([0.3, 0.1, 0.9]), st.floats(0.01, 0.99))
+init_scales = st.one_of(st.sampled_from([2.0**16, 1.0, 3e38, 1e38, 1e-3, 2.0**-120, 0.7]),
+                        st.floats(1e-30, 3e38))
+intervals = st.integers(1, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals)
+def test_torch_gradscaler_matches_profile(seq, init, growth, backoff, interval):
+    _skip_unless("torch")
+    params = dict(init_scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    assert_same_trace(record_scaler("torch", seq, **params), fpemu.simulate_scaler(seq, "torch", **params))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals)
+def test_torch_sharded_matches_profile(seq, init, growth, backoff, interval):
+    _skip_unless("torch_sharded")
+    params = dict(init_scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    assert_same_trace(record_scaler("torch_sharded", seq, **params),
+                      fpemu.simulate_scaler(seq, "torch_sharded", **params))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals)
+def test_jmp_matches_profile(seq, init, factor, period):
+    _skip_unless("jmp")
+    params = dict(loss_scale=init, factor=factor, period=period)
+    assert_same_trace(record_scaler("jmp", seq, **params), fpemu.simulate_scaler(seq, "jmp", **params))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals,
+       floor=st.sampled_from([None, "default", 0.5]))
+def test_flax_matches_profile(seq, init, growth, backoff, interval, floor):
+    _skip_unless("flax")
+    params = dict(scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    if floor != "default":
+        params["minimum_scale"] = floor
+    assert_same_trace(record_scaler("flax", seq, **params), fpemu.simulate_scaler(seq, "flax", **params))
+
+
+@settings(max_examples=8, deadline=None)
+@given(seq=overflow_runs, init=init_scales, steps=intervals)
+def test_keras_matches_profile(seq, init, steps):
+    _skip_unless("keras")
+    params = dict(initial_scale=init, dynamic_growth_steps=steps)
+    assert_same_trace(record_scaler("keras", seq, **params), fpemu.simulate_scaler(seq, "keras", **params))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seq=overflow_runs, limit=st.integers(0, 3))
+def test_optax_matches_profile(seq, limit):
+    _skip_unless("optax")
+    params = dict(max_consecutive_errors=limit)
+    assert_same_trace(record_scaler("optax", seq, **params), fpemu.simulate_scaler(seq, "optax", **params))
+
+
+def test_torch_unscale_matches_real_kernel():
+    _skip_unless("torch")
+    import torch
+    rng = np.random.default_rng(1)
+    grads = (rng.standard_normal(4096) * 3 * 2**10).astype(np.float32)
+    for scale in (3 * 2**10, 65536.0, 0.3, 1e-30, 7.0):
+        param = torch.nn.Parameter(torch.zeros(4096))
+        param.grad = torch.from_numpy(grads.copy())
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+        optimizer = torch.optim.SGD([param], lr=1.0)
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(optimizer)
+        assert param.grad.numpy().view(np.uint32).tolist() == fpemu.unscale(grads, scale, "torch").view(np.uint32).tolist()
+
+
+def test_flax_unscale_matches_real():
+    _skip_unless("flax")
+    import jax
+    import jax.numpy as jnp
+    from flax.training.dynamic_scale import DynamicScale
+    grads = (np.random.default_rng(2).standard_normal(4096) * 3 * 2**10).astype(np.float32)
+    scale = np.float32(3 * 2**10)
+    unscaled_target = grads / scale
+
+    def loss(p):
+        return jnp.sum(p * jnp.asarray(unscaled_target))
+
+    scaled = scale * unscaled_target  # the scaled gradient JAX computes: cotangent scale times c
+    ds = DynamicScale(scale=jnp.float32(scale))
+    _, _, _, jitted = jax.jit(lambda d, p: d.value_and_grad(loss)(p))(ds, jnp.zeros(4096))
+    assert np.asarray(jitted).view(np.uint32).tolist() == fpemu.unscale(scaled, scale, "flax").view(np.uint32).tolist()
+    # Called eagerly, the same code multiplies by a reciprocal instead (XLA folds the concrete
+    # scale): the profile models the jitted train step, and the two differ on ~1/3 of values.
+    _, _, _, eager = ds.value_and_grad(loss)(jnp.zeros(4096))
+    recip = fpemu.unscale(scaled, scale, "jmp")
+    assert np.asarray(eager).view(np.uint32).tolist() == recip.view(np.uint32).tolist()
