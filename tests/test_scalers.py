@@ -292,3 +292,21 @@ def test_flax_unscale_matches_real():
     _, _, _, eager = ds.value_and_grad(loss)(jnp.zeros(4096))
     recip = fpemu.unscale(scaled, scale, "jmp")
     assert np.asarray(eager).view(np.uint32).tolist() == recip.view(np.uint32).tolist()
+
+
+@given(seq=st.lists(st.booleans(), max_size=40),
+       name=st.sampled_from(["torch", "torch_sharded", "jmp", "flax", "keras", "tf_keras", "apex", "paddle"]),
+       init=init_scales, interval=intervals, growth=factors)
+def test_vectorized_path_equals_step_machine(seq, name, init, interval, growth):
+    profile = fpemu.get_profile(name)
+    params = {k: init for k in profile.defaults if k in ("init_scale", "loss_scale", "scale", "initial_scale",
+                                                          "init_loss_scaling")}
+    params.update({k: interval for k in profile.defaults if k in ("growth_interval", "period", "scale_window",
+                                                                   "dynamic_growth_steps", "incr_every_n_steps")})
+    params.update({k: growth for k in profile.defaults if k in ("growth_factor", "incr_ratio")})
+    rules = profile.rules(**params)
+    fast, slow = run_rules(rules, seq), run_rules(rules, seq, vectorize=False)
+    assert np.array(fast.scales, np.float64).tobytes() == np.array(slow.scales, np.float64).tobytes()
+    assert fast.applied.tolist() == slow.applied.tolist() and fast.skipped == slow.skipped
+    assert fast.growth_counter.tolist() == slow.growth_counter.tolist()
+    assert np.float64(fast.final_scale).tobytes() == np.float64(slow.final_scale).tobytes()

@@ -149,6 +149,10 @@ class ScalerRules:
             smaller = self._multiply(scale, reciprocal)
         return smaller
 
+    def _backed_off_clamped(self, scale: float) -> float:
+        smaller = self._backed_off(scale)
+        return smaller if self.floor is None else max(smaller, self.floor)
+
     # -- the step ---------------------------------------------------------
     def update(self, state: ScalerState, overflow: bool) -> StepOutcome:
         """The state after a step whose gradients were (not) finite."""
@@ -218,9 +222,7 @@ class ScalerRules:
             if self.floor_action == "raise" and self.floor is not None and scale == self.floor:
                 return StepOutcome(dataclasses.replace(s, stopped=True), False,
                                    "raised: overflow at the minimum scale")
-            scale = self._backed_off(scale)
-            if self.floor is not None:
-                scale = max(scale, self.floor)
+            scale = self._backed_off_clamped(scale)
             last_rescale, overflows_since = s.iteration, 0
             if self.stop_at is not None and scale <= self.stop_at:
                 return StepOutcome(dataclasses.replace(s, stopped=True), False,

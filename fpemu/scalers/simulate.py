@@ -60,24 +60,77 @@ class ScalerTrace:
         return {"scales": list(self.scales), "skipped": list(self.skipped), "final_scale": self.final_scale}
 
 
-def _check_overflows(overflows) -> list:
+def _check_overflows(overflows) -> np.ndarray:
+    """overflows as a 1-d bool array; anything but a sequence of bools is a TypeError."""
     if isinstance(overflows, (str, bytes)) or not hasattr(overflows, "__iter__"):
         raise TypeError(f"overflows must be a sequence of bools, got {type(overflows).__name__}")
-    flags = list(overflows)
-    for index, flag in enumerate(flags):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"overflows[{index}] must be a bool, got {flag!r}")
-    return [bool(flag) for flag in flags]
+    flags = np.asarray(list(overflows) if not isinstance(overflows, np.ndarray) else overflows)
+    if flags.size == 0:
+        return np.zeros(0, dtype=bool)
+    if flags.dtype != bool or flags.ndim != 1:
+        for index, flag in enumerate(np.ravel(flags).tolist() if flags.ndim else [flags.item()]):
+            if not isinstance(flag, bool):
+                raise TypeError(f"overflows[{index}] must be a bool, got {flag!r}")
+        raise TypeError(f"overflows must be a 1-d sequence of bools, got shape {flags.shape}")
+    return flags
+
+
+def _vectorizable(rules: ScalerRules) -> bool:
+    """Rules whose growth and backoff steps depend only on where the overflows are."""
+    return (rules.dynamic and rules.growth_timing in ("N", "N+1") and rules.hysteresis is None
+            and rules.tolerance is None and rules.backoff_every == 1 and rules.stop_at is None
+            and rules.floor_action == "clamp")
+
+
+def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params: dict) -> Optional[ScalerTrace]:
+    """The same trace as the step loop, with Python work only at growth and backoff steps.
+
+    Returns None where the trace turns out to depend on values (a zero scale under
+    ``zero_scale_is_overflow``); the caller then runs the step loop.
+    """
+    overflow = flags
+    steps = np.arange(overflow.size)
+    last_overflow = np.maximum.accumulate(np.where(overflow, steps, -1))
+    good_run = steps - last_overflow  # 1 for the first good step after an overflow
+    period = rules.growth_interval + (1 if rules.growth_timing == "N+1" else 0)
+    grows = ~overflow & (good_run % period == 0)
+    counters = np.where(overflow, 0, good_run % period)
+    events = np.flatnonzero(grows | overflow)
+    scale = first = rules.init().scale
+    after_event = []
+    for index in events:
+        scale = rules._backed_off_clamped(scale) if overflow[index] else rules._grown(scale)
+        after_event.append(scale)
+    starts = np.concatenate([[0], events + 1])
+    values = np.array([first] + after_event)
+    lengths = np.diff(np.concatenate([starts, [overflow.size]]))
+    scales_used = np.repeat(values, np.maximum(lengths, 0))[:overflow.size].tolist()
+    if rules.zero_scale_is_overflow and 0.0 in scales_used:
+        return None
+    final = values[-1]
+    return ScalerTrace(
+        profile=profile, params=dict(params or {}), scales=scales_used,
+        skipped=np.flatnonzero(overflow).tolist(), final_scale=float(final), overflow=overflow,
+        applied=~overflow, growth_counter=counters.astype(np.int64), hysteresis=None, events=[])
 
 
 def run_rules(rules: ScalerRules, overflows: Sequence[bool], profile: str = "custom",
-              params: Optional[dict] = None) -> ScalerTrace:
-    """Run ``rules`` over ``overflows`` (validated) and record the trace."""
+              params: Optional[dict] = None, vectorize: bool = True) -> ScalerTrace:
+    """Run ``rules`` over ``overflows`` (validated) and record the trace.
+
+    Args:
+      vectorize: take the vectorized path where the rules allow it (same result,
+        checked by the tests); False always runs the step-by-step state machine.
+    """
     flags = _check_overflows(overflows)
+    if vectorize and _vectorizable(rules):
+        trace = _run_vectorized(rules, flags, profile, params)
+        if trace is not None:
+            return trace
     state = rules.init()
     scales, applied, counters, hysteresis, events = [], [], [], [], []
     stopped_at = None
-    for step, overflow in enumerate(flags):
+    for step, overflow in enumerate(flags.tolist()):
         outcome = rules.update(state, overflow)
         scales.append(state.scale)
         applied.append(outcome.applied)
@@ -92,7 +145,7 @@ def run_rules(rules: ScalerRules, overflows: Sequence[bool], profile: str = "cus
     return ScalerTrace(
         profile=profile, params=dict(params or {}), scales=scales,
         skipped=[i for i, ok in enumerate(applied) if not ok], final_scale=state.scale,
-        overflow=np.array(flags[:len(scales)], dtype=bool), applied=np.array(applied, dtype=bool),
+        overflow=flags[:len(scales)].copy(), applied=np.array(applied, dtype=bool),
         growth_counter=np.array(counters, dtype=np.int64),
         hysteresis=hysteresis if rules.hysteresis is not None else None,
         events=events, stopped_at=stopped_at)
