@@ -8,6 +8,7 @@ import pytest
 import fpemu.formats.format
 import fpemu.formats.rounding
 import fpemu.formats.stats
+import fpemu.scalers.simulate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,8 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
-@pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats])
+@pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
+                                    fpemu.scalers.simulate])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -212,7 +212,7 @@ def unscale(grads, scale: float, profile="torch") -> np.ndarray:
     jmp and tf_keras by float32(1) / float32(scale); flax and Keras divide.
 
     Example:
-      >>> g = np.float32(1.0)
+      >>> g = np.float32(5.0)
       >>> float(unscale(g, 3 * 2**10, "torch")) == float(unscale(g, 3 * 2**10, "flax"))
       False
     """
