@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import tempfile
+
+from fpemu.fileio import atomic_write
 
 REPORTS = pathlib.Path(__file__).resolve().parent.parent / "reports"
-
-
-def atomic_write(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def _cell(value) -> str:

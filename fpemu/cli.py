@@ -1,36 +1,156 @@
 """The ``fpemu`` command line.
 
-Exit codes: 0 success, 1 a divergence was found, 2 bad usage or input.
+Exit codes: 0 success, 1 a divergence (or, for audit, a behaviour change) was
+found, 2 bad usage or input (a broken spec, a tampered trace: the message names
+the file).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 
 from fpemu.errors import FpemuInputError
 
-
-def _add_run(sub) -> None:
-    parser = sub.add_parser("run", help="the main job: format tables, scaler profiles and reports",
-                            description="Write every report fpemu can produce in this environment.")
-    parser.add_argument("--reports", type=pathlib.Path, default=pathlib.Path("reports"),
-                        help="folder for the reports (default: reports/)")
-    parser.set_defaults(handler=_run)
+DEFAULT_SPECS = pathlib.Path("specs")
+DEFAULT_REPORTS = pathlib.Path("reports")
 
 
-def _run(args) -> int:
-    from fpemu.reports import write_all
-    for path in write_all(args.reports):
-        print(f"wrote {path}")
+def _progress(args):
+    from fpemu.harness import stderr_progress
+    return (lambda *a: None) if args.quiet else stderr_progress
+
+
+def _emit(args, payload: dict, lines) -> None:
+    if args.json:
+        print(json.dumps(payload, indent=1, sort_keys=True))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _cmd_golden(args) -> int:
+    from fpemu.harness import write_golden
+    written = write_golden(args.specs, args.out, _progress(args))
+    _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
     return 0
 
 
+def _cmd_record(args) -> int:
+    from fpemu.harness import record
+    written = record(args.specs, args.out, args.impl, _progress(args))
+    _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
+    return 0
+
+
+def _verdict_lines(verdicts) -> list:
+    lines = []
+    for v in verdicts:
+        line = f"{v.status:>16}  {v.spec} / {v.implementation}"
+        if v.divergence is not None:
+            line += f": first divergence at {v.divergence.describe()}"
+        if v.note:
+            line += f" [{v.note}]"
+        lines.append(line)
+    failed = sum(v.failed for v in verdicts)
+    lines.append(f"{len(verdicts)} comparisons, {failed} diverged")
+    return lines
+
+
+def _cmd_diff(args) -> int:
+    from fpemu.harness import diff
+    verdicts = diff(args.specs, args.golden, args.impl, args.save, _progress(args))
+    _emit(args, {"verdicts": [v.as_dict() for v in verdicts]}, _verdict_lines(verdicts))
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
+def _cmd_audit(args) -> int:
+    from fpemu.harness import audit
+    changes, unchanged, skipped = audit(args.baseline, _progress(args))
+    lines = [f"{unchanged} recorded behaviours unchanged, {len(changes)} changed, {len(skipped)} skipped"]
+    for change in changes:
+        before = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_before.items()))
+        now = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_now.items()))
+        lines.append(f"CHANGED {change.spec} / {change.implementation}: {change.verdict.divergence.describe()}")
+        lines.append(f"        baseline: {before}  ->  now: {now}")
+    lines += [f"skipped {path}: {reason}" for path, reason in skipped]
+    payload = {"unchanged": unchanged, "skipped": [list(s) for s in skipped],
+               "changes": [{"spec": c.spec, "implementation": c.implementation, "baseline": c.baseline_path,
+                            "packages_before": c.packages_before, "packages_now": c.packages_now,
+                            "divergence": c.verdict.as_dict()["divergence"]} for c in changes]}
+    _emit(args, payload, lines)
+    return 1 if changes else 0
+
+
+def _cmd_report(args) -> int:
+    from fpemu.reports import write_all
+    written = write_all(args.reports, golden_dir=args.golden, observed_dir=args.observed, diff_file=args.diff)
+    _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from fpemu.harness import diff, write_golden
+    from fpemu.reports import write_all
+    from fpemu.fileio import atomic_write
+    reports = args.reports
+    golden_dir, observed_dir = reports / "golden", reports / "observed"
+    progress = _progress(args)
+    write_golden([args.specs], golden_dir, progress)
+    verdicts = diff([args.specs], golden_dir, None, observed_dir, progress)
+    diff_file = atomic_write(reports / "diff.json",
+                             json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
+    written = write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
+    _emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": [str(p) for p in written]},
+          _verdict_lines(verdicts) + [f"wrote {p}" for p in written])
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fpemu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fpemu", description="Bit-exact emulation of number formats and loss "
+                                     "scaling, and a differential harness against real implementations.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_run(sub)
+
+    def command(name, help_text, handler):
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("--json", action="store_true", help="print a JSON result on stdout (for CI)")
+        cmd.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+        cmd.set_defaults(handler=handler)
+        return cmd
+
+    specs_help = "spec files or folders of *.toml specs"
+    impl_help = "implementations to drive: torch, torch_sharded, jmp, flax, keras, optax (add @cuda for the GPU)"
+    golden = command("golden", "write the reference (golden) trace of each spec", _cmd_golden)
+    golden.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    golden.add_argument("--out", type=pathlib.Path, required=True, help="folder for the golden traces")
+
+    record = command("record", "record real implementations' traces (a baseline for `fpemu audit`)", _cmd_record)
+    record.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    record.add_argument("--out", type=pathlib.Path, required=True, help="folder for the recorded traces")
+    record.add_argument("--impl", nargs="+", help=impl_help)
+
+    diff = command("diff", "drive real implementations through the specs and compare with golden traces", _cmd_diff)
+    diff.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    diff.add_argument("--golden", type=pathlib.Path, required=True, help="folder of golden traces")
+    diff.add_argument("--impl", nargs="+", help=impl_help + " (default: each spec's own)")
+    diff.add_argument("--save", type=pathlib.Path, help="also write the observed traces into this folder")
+
+    audit = command("audit", "re-record a baseline's implementations here and list every behaviour change",
+                    _cmd_audit)
+    audit.add_argument("--baseline", type=pathlib.Path, required=True, help="folder written by `fpemu record`")
+
+    report = command("report", "write reports/ from traces, diff results and benchmark results", _cmd_report)
+    report.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder")
+    report.add_argument("--golden", type=pathlib.Path, help="folder of golden traces")
+    report.add_argument("--observed", type=pathlib.Path, help="folder of observed traces")
+    report.add_argument("--diff", type=pathlib.Path, help="diff.json written by `fpemu run`")
+
+    run = command("run", "the main job: golden traces, diff against every installed implementation, reports",
+                  _cmd_run)
+    run.add_argument("--specs", type=pathlib.Path, default=DEFAULT_SPECS, help="spec folder (default: specs/)")
+    run.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder (default: reports/)")
     return parser
 
 

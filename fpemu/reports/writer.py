@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
-import tempfile
 
 import numpy as np
 
+from fpemu.fileio import atomic_write
 from fpemu.formats import FORMATS, range_stats
 from fpemu.scalers import PROFILES, simulate_scaler
 from fpemu.scalers.profiles import REQUIRED
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> pathlib.Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
 
 
 def markdown_table(header, rows) -> str:
@@ -138,10 +122,111 @@ def profiles_report() -> str:
             + "\n\n## Where each profile first departs from torch.amp.GradScaler\n\n"
             + markdown_table(["profile", "first step that differs", "attempts", "completed updates",
                               "skipped updates", "final scale"], divergence)
-            + "\n\n## Sources\n\n" + sources + "\n")
+            + "\n\n![profiles](plots/profiles.png)\n\n## Sources\n\n" + sources + "\n")
 
 
-def write_all(folder) -> list:
+def _matplotlib_missing() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is None
+
+
+def profiles_plot(folder: pathlib.Path) -> pathlib.Path:
+    from fpemu.reports.plots import scale_trajectories
+    traces = {name: simulate_scaler(DIVERGENCE_SEQUENCE, name, **_comparable_params(profile))
+              for name, profile in PROFILES.items() if profile.rules(**_comparable_params(profile)).dynamic}
+    return scale_trajectories(folder / "plots" / "profiles.png",
+                              "Every dynamic profile on one overflow sequence (interval 3, start 16)",
+                              {name: t.scales for name, t in traces.items()}, DIVERGENCE_SEQUENCE)
+
+
+def _load_traces(folder) -> list:
+    from fpemu.traces import read_trace
+    if folder is None or not pathlib.Path(folder).is_dir():
+        return []
+    return [read_trace(path) for path in sorted(pathlib.Path(folder).glob("*.json"))]
+
+
+def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) -> list:
+    """harness.md: every spec against every implementation, first divergences, and scale plots."""
+    import json
+
+    from fpemu.traces import decode_value
+    golden = {t.spec_name: t for t in _load_traces(golden_dir)}
+    observed = {}
+    for trace in _load_traces(observed_dir):
+        observed.setdefault(trace.spec_name, []).append(trace)
+    verdicts = json.loads(pathlib.Path(diff_file).read_text())["verdicts"] if diff_file else []
+    counts = {}
+    for verdict in verdicts:
+        counts[verdict["status"]] = counts.get(verdict["status"], 0) + 1
+    headline = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no comparisons"
+    rows = []
+    for v in verdicts:
+        div = v.get("divergence")
+        where = "-" if not div else f"step {div['step']}, {div['field']}: expected {div['expected']}, got {div['got']}"
+        cause = "-" if not div else div["cause"]
+        rows.append((v["spec"], v["implementation"], f"**{v['status']}**" if v["status"] == "diverged" else v["status"],
+                     where, cause, v.get("note") or "-"))
+    written = []
+    sections = []
+    plots_ok = not _matplotlib_missing()
+    for name, trace in golden.items():
+        spec = trace.metadata["spec"]
+        lines = [f"### {name}", "", spec["text"].split("\n")[0].removeprefix("description = ").strip('"'), "",
+                 f"profile `{trace.metadata['profile']}` ({trace.metadata.get('verified', '')}); "
+                 f"{trace.summary['attempts']} attempts, {trace.summary['completed_updates']} completed updates, "
+                 f"{trace.summary['skipped_updates']} skipped; final scale {decode_value(trace.summary, 'final_scale'):g}"]
+        if plots_ok and "scale" in trace.steps[0]:
+            from fpemu.reports.plots import scale_trajectories, shares_per_step
+            series = {"reference": trace.column("scale")}
+            for other in observed.get(name, []):
+                if "scale" in other.steps[0]:
+                    series[other.implementation] = other.column("scale")
+            plot = scale_trajectories(folder / "plots" / f"{name}.png", name, series, trace.column("overflow"))
+            written.append(plot)
+            lines += ["", f"![{name}](plots/{plot.name})"]
+            if "underflow_share" in trace.steps[0]:
+                shares = {label: trace.column(f"{label}_share") for label in ("underflow", "subnormal", "overflow")}
+                plot = shares_per_step(folder / "plots" / f"{name}.shares.png",
+                                       f"{name}: scaled gradients in {trace.metadata['spec']['name']}", shares)
+                written.append(plot)
+                lines += ["", f"![{name} shares](plots/{plot.name})"]
+        sections.append("\n".join(lines))
+    text = ("# Differential harness\n\n"
+            f"**{headline}.** Each real implementation was driven through each spec's overflow sequence and "
+            "compared with fpemu's golden trace, step by step: scales bit for bit (float hex), flags and counters "
+            "exactly. A `known divergence` is declared in the spec (with its reason) and is not a failure.\n\n"
+            + markdown_table(["spec", "implementation", "status", "first divergence", "likely cause", "note"], rows)
+            + ("\n\n_matplotlib is not installed: plots skipped._" if not plots_ok else "")
+            + "\n\n## Scenarios\n\n" + "\n\n".join(sections) + "\n")
+    written.insert(0, atomic_write(folder / "harness.md", text))
+    return written
+
+
+def index_report(folder: pathlib.Path) -> str:
+    """reports/README.md: what each report holds, benchmark results included."""
+    entries = [("formats.md", "number formats and what gradient tensors lose in each"),
+               ("profiles.md", "every loss-scaler profile side by side"),
+               ("harness.md", "real implementations vs golden traces (`fpemu run`)")]
+    for path in sorted(folder.glob("bench_*.md")) + sorted(folder.glob("exhaustive_*.md")):
+        title = path.read_text().splitlines()[0].lstrip("# ")
+        entries.append((path.name, f"benchmark: {title}"))
+    for path in sorted(folder.glob("*.md")):
+        if path.name not in {e[0] for e in entries} | {"README.md"}:
+            entries.append((path.name, path.read_text().splitlines()[0].lstrip("# ")))
+    rows = [(f"[{name}]({name})", what) for name, what in entries if (folder / name).exists()]
+    return "# fpemu reports\n\nWritten by `fpemu run` / `fpemu report`; benchmarks by `benchmarks/*.py`.\n\n" + \
+        markdown_table(["report", "what it shows"], rows) + "\n"
+
+
+def write_all(folder, golden_dir=None, observed_dir=None, diff_file=None) -> list:
+    """Write every report that the given inputs allow into ``folder``."""
     folder = pathlib.Path(folder)
-    return [atomic_write_text(folder / "formats.md", formats_report()),
-            atomic_write_text(folder / "profiles.md", profiles_report())]
+    written = [atomic_write(folder / "formats.md", formats_report()),
+               atomic_write(folder / "profiles.md", profiles_report())]
+    if not _matplotlib_missing():
+        written.append(profiles_plot(folder))
+    if golden_dir is not None:
+        written += harness_report(folder, golden_dir, observed_dir, diff_file)
+    written.append(atomic_write(folder / "README.md", index_report(folder)))
+    return written

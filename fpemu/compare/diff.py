@@ -1,0 +1,146 @@
+"""Compare two traces field by field and name the first divergence and its likely cause.
+
+Scales and flags compare bit for bit (the hex form of each float); tensor-like
+fields (loss, shares) compare by ulp distance in float32.  A divergence that
+the spec declares (``expect_divergence``) is reported as known, not as a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+
+from fpemu.traces import Trace, decode_value
+
+EXACT_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
+ULP_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
+
+MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The first step and field where two traces differ."""
+    step: int
+    field: str
+    expected: object
+    got: object
+    cause: str
+
+    def describe(self) -> str:
+        return (f"step {self.step}, {self.field}: expected {_show(self.expected)}, got {_show(self.got)}"
+                f" (likely cause: {self.cause})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The outcome of comparing one implementation's trace with the golden one."""
+    spec: str
+    implementation: str
+    status: str
+    divergence: Optional[Divergence] = None
+    note: str = ""
+    steps_compared: int = 0
+    max_ulp: dict = dataclasses.field(default_factory=dict)
+    packages: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == DIVERGED
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        if self.divergence is not None:
+            out["divergence"]["expected"] = _show(self.divergence.expected)
+            out["divergence"]["got"] = _show(self.divergence.got)
+            out["divergence"]["message"] = self.divergence.describe()
+        return out
+
+
+def _show(value) -> str:
+    if isinstance(value, float):
+        return f"{value!r} ({value.hex()})"
+    return repr(value)
+
+
+def ulp_distance_f32(a: float, b: float) -> int:
+    """Distance in float32 ulps (NaN vs NaN is 0; NaN vs a number is the int32 maximum)."""
+    if math.isnan(a) and math.isnan(b):
+        return 0
+    if math.isnan(a) or math.isnan(b):
+        return 2**31 - 1
+
+    def ordered(x):
+        bits = int(np.array(x, np.float32).view(np.int32))
+        return bits if bits >= 0 else -(bits & 0x7FFFFFFF)
+
+    return abs(ordered(a) - ordered(b))
+
+
+def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
+    """A heuristic reading of the first divergence."""
+    expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
+    before = step - 1
+    if field == "overflow":
+        return "the overflow flags differ: the implementation checks for inf/NaN elsewhere (scaled vs unscaled)"
+    if field == "applied":
+        return "skip policy: the implementation runs (or skips) the optimizer step on this outcome"
+    if field in ("growth_counter", "hysteresis"):
+        later = next((i for i in range(step, min(len(golden.steps), len(observed.steps)))
+                      if decode_value(golden.steps[i], "scale") != decode_value(observed.steps[i], "scale")), None)
+        if field == "growth_counter" and later is not None:
+            return (f"growth timing: the growth counter resets on a different step, and the scale "
+                    f"follows at step {later}")
+        return f"{field} bookkeeping differs (reset rule)"
+    if field != "scale" or before < 0:
+        return "different arithmetic"
+    previous_overflow = bool(golden.steps[before].get("overflow"))
+    if math.isinf(got) and not math.isinf(expected):
+        return "growth past float32 max: the implementation lets the scale become inf"
+    if math.isfinite(got) and math.isinf(expected):
+        return "growth past float32 max: the implementation keeps or clamps the scale"
+    if expected == 0 or got == 0:
+        return "floor: one scale reached 0 (no floor) where the other stopped"
+    ratio = got / expected
+    if abs(ratio - 1) <= 1e-6:
+        return "scale arithmetic: last-bit rounding (float32 multiply vs float64 rounded once)"
+    if previous_overflow:
+        return "backoff or floor: the scale shrinks differently after an overflow"
+    return "growth timing: the scale grows on a different good step (N vs N+1)"
+
+
+def compare_traces(golden: Trace, observed: Trace, expect_divergence: Optional[str] = None) -> Verdict:
+    """Compare ``observed`` with ``golden`` on every field both record."""
+    common = [f for f in EXACT_FIELDS + ULP_FIELDS
+              if golden.steps and observed.steps and f in golden.steps[0] and f in observed.steps[0]]
+    max_ulp = {f: 0 for f in common if f in ULP_FIELDS}
+    divergence = None
+    length = min(len(golden.steps), len(observed.steps))
+    for step in range(length):
+        for field in common:
+            expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
+            if field in ULP_FIELDS:
+                distance = ulp_distance_f32(expected, got)
+                max_ulp[field] = max(max_ulp[field], distance)
+                differs = distance != 0
+            elif isinstance(expected, float):
+                differs = expected.hex() != got.hex()
+            else:
+                differs = expected != got
+            if differs and divergence is None:
+                divergence = Divergence(step, field, expected, got, likely_cause(field, step, golden, observed))
+    if divergence is None and len(golden.steps) != len(observed.steps):
+        divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
+                                "one run stopped early (an implementation raised, e.g. at its minimum scale)")
+    if divergence is None:
+        status, note = MATCH, ""
+    elif expect_divergence:
+        status, note = KNOWN, expect_divergence
+    else:
+        status, note = DIVERGED, ""
+    return Verdict(spec=golden.spec_name, implementation=observed.implementation, status=status,
+                   divergence=divergence, note=note, steps_compared=length, max_ulp=max_ulp,
+                   packages=observed.metadata.get("packages", {}))

@@ -1,0 +1,24 @@
+"""Files are written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+
+def atomic_write(path, data, mode: str = "w") -> pathlib.Path:
+    """Write ``data`` (str, or bytes with mode="wb") through a temporary file in the same folder
+    and a rename, so a reader never sees a half-written file."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

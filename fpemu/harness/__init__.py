@@ -1,0 +1,8 @@
+"""The differential harness: golden traces, real implementations, comparison, upgrade audits."""
+
+from fpemu.harness.jobs import (AuditChange, audit, diff, implementations_for, record, stderr_progress,
+                                write_golden)
+from fpemu.harness.run import record_trace, reference_trace
+
+__all__ = ["AuditChange", "audit", "diff", "implementations_for", "record", "stderr_progress",
+           "write_golden", "record_trace", "reference_trace"]

@@ -1,0 +1,166 @@
+"""The harness's jobs: write golden traces, diff real implementations, audit an upgrade.
+
+Data flows one way: spec -> scenario -> reference model or real adapter -> trace
+-> comparison (-> report, in fpemu.reports).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+from typing import Callable, Optional
+
+from fpemu.compare import SKIPPED, Verdict, compare_traces
+from fpemu.errors import FpemuInputError
+from fpemu.harness.run import (REFERENCE, implementation_key, record_trace, reference_trace, skip_reason)
+from fpemu.specs import Implementation, Scenario, load_specs, parse_spec
+from fpemu.traces import read_trace, trace_filename, write_trace
+
+Progress = Callable[[int, int, str], None]
+
+
+def stderr_progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr (redrawn in place on a terminal)."""
+    width = 24
+    filled = width * done // max(total, 1)
+    line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}"
+    end = "\r" if sys.stderr.isatty() and done < total else "\n"
+    print(line[:120].ljust(120) if end == "\r" else line, end=end, file=sys.stderr, flush=True)
+
+
+def _quiet(done: int, total: int, label: str) -> None:
+    pass
+
+
+def parse_implementation(name: str) -> tuple:
+    adapter, _, device = name.partition("@")
+    return adapter, device or "cpu"
+
+
+def implementations_for(scenario: Scenario, requested: Optional[list]) -> list:
+    """The implementations to drive: those named (``torch``, ``torch@cuda``), else the spec's own,
+    else the real implementation of the scenario's profile when fpemu has an adapter for it."""
+    from fpemu.adapters import SCALER_ADAPTERS
+    if requested:
+        chosen = []
+        for name in requested:
+            adapter, device = parse_implementation(name)
+            if adapter not in SCALER_ADAPTERS:
+                raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(SCALER_ADAPTERS)}")
+            declared = next((i for i in scenario.implementations if i.name == adapter), None)
+            if declared is not None:
+                chosen.append(dataclasses.replace(declared, device=device))
+            elif adapter == scenario.profile:
+                chosen.append(Implementation(adapter, dict(scenario.params), device))
+        return chosen
+    if scenario.implementations:
+        return list(scenario.implementations)
+    if scenario.profile in SCALER_ADAPTERS:
+        return [Implementation(scenario.profile, dict(scenario.params))]
+    return []
+
+
+def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
+    """Write the reference trace of every spec into ``out_dir``; returns the paths written."""
+    scenarios = load_specs(spec_paths)
+    written = []
+    for index, scenario in enumerate(scenarios, 1):
+        written.append(write_trace(reference_trace(scenario), pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)))
+        progress(index, len(scenarios), scenario.name)
+    return written
+
+
+def _golden_for(scenario: Scenario, golden_dir) -> "Trace":
+    path = pathlib.Path(golden_dir) / trace_filename(scenario.name, REFERENCE)
+    if not path.exists():
+        raise FpemuInputError(f"{path}: no golden trace for spec {scenario.name!r}; run `fpemu golden` first")
+    golden = read_trace(path)
+    if golden.metadata["spec"]["sha256"] != scenario.sha256:
+        raise FpemuInputError(f"{path}: golden trace was made from another version of {scenario.path} "
+                              "(spec sha256 differs); regenerate it with `fpemu golden`")
+    return golden
+
+
+def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progress = _quiet) -> list:
+    """Drive the implementations through every spec and compare with the golden traces."""
+    scenarios = load_specs(spec_paths)
+    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)]
+    verdicts = []
+    for index, (scenario, impl) in enumerate(jobs, 1):
+        key = implementation_key(impl)
+        golden = _golden_for(scenario, golden_dir)
+        reason = skip_reason(impl)
+        if reason:
+            verdicts.append(Verdict(scenario.name, key, SKIPPED, note=reason))
+        else:
+            observed = record_trace(scenario, impl)
+            if save_dir is not None:
+                write_trace(observed, pathlib.Path(save_dir) / trace_filename(scenario.name, key))
+            verdicts.append(compare_traces(golden, observed, impl.expect_divergence))
+        progress(index, len(jobs), f"{scenario.name} / {key}")
+    return verdicts
+
+
+def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet) -> list:
+    """Record the real implementations' traces (an audit baseline) into ``out_dir``."""
+    scenarios = load_specs(spec_paths)
+    jobs = [(s, i) for s in scenarios for i in implementations_for(s, requested) if skip_reason(i) is None]
+    written = []
+    for index, (scenario, impl) in enumerate(jobs, 1):
+        path = pathlib.Path(out_dir) / trace_filename(scenario.name, implementation_key(impl))
+        written.append(write_trace(record_trace(scenario, impl), path))
+        progress(index, len(jobs), f"{scenario.name} / {implementation_key(impl)}")
+    return written
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditChange:
+    """One recorded behaviour that changed between the baseline and this environment."""
+    spec: str
+    implementation: str
+    verdict: Verdict
+    packages_before: dict
+    packages_now: dict
+    baseline_path: str
+
+
+def audit(baseline_dir, progress: Progress = _quiet) -> tuple:
+    """Re-record every real-implementation trace in ``baseline_dir`` here and list what changed.
+
+    Each baseline trace carries its spec's full text, so the scenario is rebuilt
+    from the trace itself.  Returns (changes, unchanged count, skipped list).
+    """
+    paths = sorted(p for p in pathlib.Path(baseline_dir).glob("*.json"))
+    baselines = [(p, read_trace(p)) for p in paths]
+    baselines = [(p, t) for p, t in baselines if t.implementation != REFERENCE]
+    if not baselines:
+        raise FpemuInputError(f"{baseline_dir}: no recorded implementation traces (run `fpemu record` to make a baseline)")
+    changes, unchanged, skipped = [], 0, []
+    for index, (path, before) in enumerate(baselines, 1):
+        spec = before.metadata["spec"]
+        scenario = parse_spec(spec["text"], spec["path"])
+        adapter, device = parse_implementation(before.implementation)
+        impl = Implementation(adapter, {k: v for k, v in before.metadata["params"].items()
+                                        if k in _explicit_params(scenario, adapter)}, device)
+        reason = skip_reason(impl)
+        if reason:
+            skipped.append((str(path), reason))
+        else:
+            now = record_trace(scenario, impl)
+            verdict = compare_traces(before, now)
+            if verdict.divergence is None:
+                unchanged += 1
+            else:
+                changes.append(AuditChange(scenario.name, before.implementation, verdict,
+                                           before.metadata.get("packages", {}), now.metadata.get("packages", {}),
+                                           str(path)))
+        progress(index, len(baselines), f"{before.spec_name} / {before.implementation}")
+    return changes, unchanged, skipped
+
+
+def _explicit_params(scenario: Scenario, adapter: str) -> set:
+    declared = next((i for i in scenario.implementations if i.name == adapter), None)
+    if declared is not None:
+        return set(declared.params)
+    return set(scenario.params) if adapter == scenario.profile else set()

@@ -1,0 +1,223 @@
+"""Load TOML scenario specs; every error names the file, the key and what was expected.
+
+A spec (one scenario per file)::
+
+    name = "torch-growth-timing"          # optional, defaults to the file name
+    description = "GradScaler grows on the N-th good step"
+    steps = 16
+
+    [scaler]
+    profile = "torch"
+    params = { init_scale = 16.0, growth_interval = 3 }
+
+    [overflow]
+    source = "explicit"                   # explicit | bernoulli | bursts | periodic | model
+    sequence = [false, false, false, true]
+
+    [record]
+    fields = ["scale", "overflow", "applied", "growth_counter"]
+
+    [implementations.torch]               # drive the real GradScaler (params default to the scaler's)
+    [implementations.flax]
+    params = { scale = 16.0, growth_interval = 3 }
+    expect_divergence = "flax grows on the (N+1)-th good step"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from fpemu.errors import FpemuInputError
+from fpemu.scalers.profiles import PROFILES, get_profile
+from fpemu.specs.scenario import OVERFLOW_SOURCES, Implementation, OverflowSource, Scenario
+
+SCALER_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
+MODEL_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
+MODELS = ("linear", "mlp")
+MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
+
+_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations"}
+_SOURCE_KEYS = {
+    "explicit": {"sequence"},
+    "bernoulli": {"rate", "seed"},
+    "bursts": {"rate", "seed", "length"},
+    "periodic": {"period", "offset", "length"},
+    "model": {"model", "seed", "compute", "lr"},
+}
+
+
+class SpecError(FpemuInputError):
+    """A spec file that cannot be used; the message names the file and the key."""
+
+
+class _Checker:
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, key: str, message: str):
+        raise SpecError(f"{self.path}: {key}: {message}")
+
+    def table(self, value, key: str, allowed) -> dict:
+        if not isinstance(value, dict):
+            self.fail(key, f"expected a table, got {type(value).__name__}")
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            self.fail(f"{key}.{unknown[0]}" if key else unknown[0],
+                      f"unknown key; allowed keys: {', '.join(sorted(allowed))}")
+        return value
+
+    def integer(self, value, key: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"expected an integer, got {value!r}")
+        if value < minimum:
+            self.fail(key, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def number(self, value, key: str, low: float, high: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(key, f"expected a finite number, got {value!r}")
+        if not low <= value <= high:
+            self.fail(key, f"expected a number in [{low}, {high}], got {value}")
+        return float(value)
+
+    def choice(self, value, key: str, options) -> str:
+        if value not in options:
+            self.fail(key, f"expected one of {', '.join(options)}, got {value!r}")
+        return value
+
+    def string(self, value, key: str) -> str:
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {value!r}")
+        return value
+
+
+def _overflow_source(check: _Checker, raw) -> OverflowSource:
+    if not isinstance(raw, dict) or "source" not in raw:
+        check.fail("overflow.source", f"expected one of {', '.join(OVERFLOW_SOURCES)}")
+    kind = check.choice(raw["source"], "overflow.source", OVERFLOW_SOURCES)
+    check.table(raw, "overflow", _SOURCE_KEYS[kind] | {"source"})
+    fields = {"kind": kind}
+    if kind == "explicit":
+        sequence = raw.get("sequence")
+        if not isinstance(sequence, list) or not all(isinstance(v, bool) for v in sequence):
+            check.fail("overflow.sequence", "expected a list of true/false")
+        fields["sequence"] = tuple(sequence)
+    if "rate" in raw or kind in ("bernoulli", "bursts"):
+        fields["rate"] = check.number(raw.get("rate"), "overflow.rate", 0.0, 1.0)
+    if "seed" in raw:
+        fields["seed"] = check.integer(raw["seed"], "overflow.seed", 0)
+    if "length" in raw:
+        fields["length"] = check.integer(raw["length"], "overflow.length", 1)
+    if kind == "periodic":
+        fields["period"] = check.integer(raw.get("period"), "overflow.period", 1)
+        fields["offset"] = check.integer(raw.get("offset", 0), "overflow.offset", 0)
+    if kind == "model":
+        fields["model"] = check.choice(raw.get("model", "linear"), "overflow.model", MODELS)
+        fields["compute"] = check.choice(raw.get("compute", "fp16"), "overflow.compute", MODEL_COMPUTE)
+        fields["lr"] = check.number(raw.get("lr", 0.05), "overflow.lr", 1e-12, 1e6)
+    return OverflowSource(**fields)
+
+
+def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
+    if not isinstance(params, dict):
+        check.fail(key, f"expected a table, got {type(params).__name__}")
+    try:
+        get_profile(profile).rules(**params)
+    except (TypeError, ValueError) as error:
+        check.fail(key, str(error))
+    return dict(params)
+
+
+def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
+    from fpemu.adapters import SCALER_ADAPTERS
+    if not isinstance(raw, dict):
+        check.fail("implementations", "expected a table of implementation tables")
+    out = []
+    for name, body in raw.items():
+        key = f"implementations.{name}"
+        adapter, _, device = name.partition("@")
+        if adapter not in SCALER_ADAPTERS:
+            check.fail(key, f"unknown implementation; known: {', '.join(SCALER_ADAPTERS)} "
+                            "(add @cuda to run on the GPU)")
+        check.choice(device or "cpu", key, ("cpu", "cuda"))
+        check.table(body, key, {"params", "expect_divergence"})
+        if "params" in body:
+            impl_params = _profile_params(check, adapter, body["params"], f"{key}.params")
+        elif adapter == profile:
+            impl_params = dict(params)
+        else:
+            check.fail(f"{key}.params", f"required: {adapter} runs under another profile than {profile}")
+        reason = body.get("expect_divergence")
+        if reason is not None:
+            check.string(reason, f"{key}.expect_divergence")
+        out.append(Implementation(adapter, impl_params, device or "cpu", reason))
+    return tuple(out)
+
+
+def parse_spec(text: str, path: str = "<string>") -> Scenario:
+    """Validate TOML ``text`` and build its :class:`Scenario`."""
+    check = _Checker(path)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{path}: not valid TOML: {error}") from None
+    check.table(raw, "", _TOP_KEYS)
+    for required in ("steps", "scaler", "overflow"):
+        if required not in raw:
+            check.fail(required, "missing required key")
+    steps = check.integer(raw["steps"], "steps", 1)
+    scaler = check.table(raw["scaler"], "scaler", {"profile", "params"})
+    profile = check.choice(scaler.get("profile"), "scaler.profile", tuple(PROFILES))
+    params = _profile_params(check, profile, scaler.get("params", {}), "scaler.params")
+    overflow = _overflow_source(check, raw["overflow"])
+    if overflow.kind == "explicit" and len(overflow.sequence) < steps:
+        check.fail("overflow.sequence", f"expected at least steps={steps} flags, got {len(overflow.sequence)}")
+    available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
+    record = check.table(raw.get("record", {}), "record", {"fields"})
+    fields = record.get("fields", list(available))
+    if not isinstance(fields, list):
+        check.fail("record.fields", "expected a list of field names")
+    for index, field in enumerate(fields):
+        check.choice(field, f"record.fields[{index}]", available)
+    name = raw.get("name", pathlib.Path(path).stem)
+    return Scenario(
+        name=check.string(name, "name"), description=check.string(raw.get("description", ""), "description"),
+        steps=steps, profile=profile, params=params, overflow=overflow,
+        implementations=_implementations(check, raw.get("implementations", {}), profile, params),
+        record=tuple(fields), path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text)
+
+
+def load_spec(path) -> Scenario:
+    """Load and validate one spec file."""
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecError(f"{path}: cannot read: {error.strerror}") from None
+    return parse_spec(text, str(path))
+
+
+def find_specs(paths) -> list:
+    """Spec files named by ``paths``: files as given, folders searched for ``*.toml`` (sorted)."""
+    found = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir():
+            found.extend(sorted(path.rglob("*.toml")))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise SpecError(f"{path}: no such spec file or folder")
+    if not found:
+        raise SpecError(f"no *.toml specs under {', '.join(map(str, paths))}")
+    return found
+
+
+def load_specs(paths) -> list:
+    return [load_spec(path) for path in find_specs(paths)]

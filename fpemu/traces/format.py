@@ -1,0 +1,150 @@
+"""The trace file format (version 1): what a run did, step by step, stored losslessly.
+
+A trace is JSON::
+
+    {
+      "format": "fpemu-trace",
+      "version": 1,
+      "metadata": {
+        "fpemu_version": "0.1.0",
+        "spec": {"name": ..., "path": ..., "sha256": ..., "text": ...},   # the full spec text
+        "implementation": "reference" | "torch@cpu" | "flax@cpu" | ...,
+        "profile": "torch",                  # the profile the parameters belong to
+        "params": {...},                     # every parameter, defaults included
+        "packages": {"numpy": "2.4.6", ...}, # versions of what computed it
+        "device": "cpu",
+        "platform": "Linux-...-x86_64"
+      },
+      "steps": [
+        {"step": 0, "scale": 16.0, "scale_hex": "0x1.0000000000000p+4", "overflow": false,
+         "applied": true, "growth_counter": 1},
+        ...
+      ],
+      "summary": {"attempts": 16, "completed_updates": 14, "skipped_updates": 2,
+                  "final_scale": 32.0, "final_scale_hex": "0x1.0000000000000p+5", "stopped_at": null},
+      "checksum": "sha256:<hex of the canonical JSON of everything above>"
+    }
+
+Every float is stored twice: a readable value and ``float.hex()`` of it, which
+round-trips exactly; comparisons read the hex.  Files are written with sorted
+keys and fixed separators (the same trace gives the same bytes), through a
+temporary file and a rename (never half-written).  A file whose checksum does
+not match its content is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+
+from fpemu.errors import FpemuInputError
+from fpemu.fileio import atomic_write
+
+FORMAT_NAME = "fpemu-trace"
+FORMAT_VERSION = 1
+FLOAT_FIELDS = ("scale", "loss", "underflow_share", "subnormal_share", "overflow_share")
+
+
+class TraceError(FpemuInputError):
+    """A trace file that is missing, malformed, of another version, or tampered with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """A trace in memory: metadata, per-step records and a summary (all plain JSON values)."""
+
+    metadata: dict
+    steps: tuple
+    summary: dict
+
+    @property
+    def implementation(self) -> str:
+        return self.metadata["implementation"]
+
+    @property
+    def spec_name(self) -> str:
+        return self.metadata["spec"]["name"]
+
+    def column(self, field: str) -> list:
+        """One field of every step, floats decoded from their hex form."""
+        return [decode_value(record, field) for record in self.steps]
+
+
+def encode_float(value: float) -> float | str:
+    """JSON has no inf/NaN: store them as strings; finite floats as themselves."""
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def float_fields(name: str, value) -> dict:
+    """``{name: readable, name_hex: exact}`` for one float."""
+    return {name: encode_float(value), f"{name}_hex": float(value).hex()}
+
+
+def decode_value(record: dict, field: str):
+    if f"{field}_hex" in record:
+        return float.fromhex(record[f"{field}_hex"])
+    return record.get(field)
+
+
+def _body(trace: Trace) -> dict:
+    return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "metadata": trace.metadata,
+            "steps": list(trace.steps), "summary": trace.summary}
+
+
+def _canonical(body: dict) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def checksum(body: dict) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+def dumps(trace: Trace) -> str:
+    body = _body(trace)
+    body["checksum"] = checksum(body)
+    return json.dumps(body, sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+
+def write_trace(trace: Trace, path) -> pathlib.Path:
+    return atomic_write(path, dumps(trace))
+
+
+def loads(text: str, path: str = "<string>") -> Trace:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{path}: not a trace file: invalid JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT_NAME:
+        raise TraceError(f"{path}: not a trace file: 'format' is not {FORMAT_NAME!r}")
+    if body.get("version") != FORMAT_VERSION:
+        raise TraceError(f"{path}: trace version {body.get('version')!r}; this fpemu reads version {FORMAT_VERSION}")
+    stored = body.pop("checksum", None)
+    if stored != checksum(body):
+        raise TraceError(f"{path}: checksum mismatch: the file was modified or corrupted after it was written")
+    for key in ("metadata", "steps", "summary"):
+        if key not in body:
+            raise TraceError(f"{path}: missing key {key!r}")
+    return Trace(body["metadata"], tuple(body["steps"]), body["summary"])
+
+
+def read_trace(path) -> Trace:
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read: {error.strerror}") from None
+    return loads(text, str(path))
+
+
+def trace_filename(spec_name: str, implementation: str) -> str:
+    """Where a trace of ``spec_name`` by ``implementation`` lives inside a folder."""
+    safe = implementation.replace("@", "-")
+    return f"{spec_name}.json" if implementation == "reference" else f"{spec_name}.{safe}.json"

@@ -1,0 +1,203 @@
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import pytest
+
+import fpemu
+from fpemu.cli import main
+from fpemu.harness import record_trace, reference_trace
+from fpemu.specs import SpecError, load_spec, load_specs, parse_spec
+from fpemu.traces import TraceError, dumps, loads, read_trace, write_trace
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+
+GOOD = """
+description = "test"
+steps = 6
+[scaler]
+profile = "torch"
+params = { init_scale = 16.0, growth_interval = 2 }
+[overflow]
+source = "explicit"
+sequence = [false, false, true, false, false, false]
+"""
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("steps = 3", "scaler: missing required key"),
+    (GOOD.replace("steps = 6", "steps = 0"), "steps: expected an integer >= 1, got 0"),
+    (GOOD.replace("steps = 6", 'steps = "6"'), "steps: expected an integer"),
+    (GOOD.replace('profile = "torch"', 'profile = "pytorch"'), "scaler.profile: expected one of torch"),
+    (GOOD.replace("growth_interval = 2", "period = 2"), "scaler.params: profile 'torch' has no parameter 'period'"),
+    (GOOD.replace("growth_interval = 2", "growth_interval = 0"), "scaler.params: profile 'torch': growth_interval must be at least 1"),
+    (GOOD.replace('source = "explicit"', 'source = "poisson"'), "overflow.source: expected one of explicit"),
+    (GOOD.replace("sequence = [false, false, true, false, false, false]", "sequence = [false]"),
+     "overflow.sequence: expected at least steps=6 flags, got 1"),
+    (GOOD.replace("sequence = [false, false, true, false, false, false]", "sequence = [0, 1]"),
+     "overflow.sequence: expected a list of true/false"),
+    (GOOD + "\n[record]\nfields = [\"loss\"]\n", r"record.fields\[0\]: expected one of scale"),
+    (GOOD + "\ncolour = 1\n", "colour: unknown key; allowed keys"),
+    (GOOD + "\n[implementations.pytorch]\n", "implementations.pytorch: unknown implementation"),
+    (GOOD + "\n[implementations.flax]\n", "implementations.flax.params: required"),
+    (GOOD + "\n[implementations.torch]\nexpect_divergence = 3\n", "implementations.torch.expect_divergence: expected a string"),
+    ("steps = [", "not valid TOML"),
+])
+def test_spec_errors_name_file_and_key(spec, words):
+    with pytest.raises(SpecError, match=f"^bad.toml: .*{words}"):
+        parse_spec(spec, "bad.toml")
+
+
+def test_shipped_specs_are_valid_and_cover_every_profile():
+    scenarios = load_specs([SPECS])
+    assert len(scenarios) >= 40
+    assert set(fpemu.PROFILES) <= {s.profile for s in scenarios}
+    assert {s.overflow.kind for s in scenarios} >= {"explicit", "bernoulli", "bursts", "periodic"}
+
+
+def test_traces_are_deterministic_lossless_and_checked(tmp_path):
+    scenario = load_spec(SPECS / "factor3_near_max_torch.toml")
+    first, second = dumps(reference_trace(scenario)), dumps(reference_trace(scenario))
+    assert first == second
+    trace = loads(first)
+    assert [float.fromhex(s["scale_hex"]) for s in trace.steps] == \
+        fpemu.simulate_scaler(scenario.overflow.flags(scenario.steps), "torch", **scenario.params).scales
+    path = write_trace(trace, tmp_path / "t.json")
+    assert path.read_text() == first and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    tampered = first.replace('"growth_counter": 0', '"growth_counter": 1', 1)
+    (tmp_path / "bad.json").write_text(tampered)
+    with pytest.raises(TraceError, match="bad.json: checksum mismatch"):
+        read_trace(tmp_path / "bad.json")
+    (tmp_path / "v2.json").write_text(first.replace('"version": 1', '"version": 2'))
+    with pytest.raises(TraceError, match="v2.json: trace version 2"):
+        read_trace(tmp_path / "v2.json")
+
+
+def test_plugin_assert_trace_matches(assert_trace_matches):
+    assert assert_trace_matches(reference_trace(load_spec(SPECS / "seed_example_1.toml"))).status == "match"
+    assert assert_trace_matches(reference_trace(load_spec(SPECS / "seed_example_2.toml"))).status == "match"
+
+
+@pytest.mark.fpemu_torch
+def test_plugin_real_torch_matches_golden(assert_trace_matches):
+    scenario = load_spec(SPECS / "seed_example_1.toml")
+    verdict = assert_trace_matches(record_trace(scenario, scenario.implementation("torch")), "seed_example_1")
+    assert verdict.status == "match" and verdict.steps_compared == 5
+
+
+@pytest.mark.fpemu_flax
+def test_plugin_known_divergence(assert_trace_matches):
+    scenario = load_spec(SPECS / "flax_vs_torch_timing.toml")
+    assert_trace_matches(reference_trace(scenario))
+    flax = scenario.implementation("flax")
+    verdict = assert_trace_matches(record_trace(scenario, flax), expect_divergence=flax.expect_divergence)
+    assert verdict.status == "known divergence" and verdict.divergence.cause.startswith("growth timing")
+
+
+# --- the CLI -----------------------------------------------------------------
+
+def run_cli(capsys, *argv):
+    code = main([*map(str, argv), "--quiet"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def spec_dir(tmp_path):
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for name in ("seed_example_1", "timing_torch", "flax_vs_torch_timing"):
+        shutil.copy(SPECS / f"{name}.toml", folder)
+    return folder
+
+
+@pytest.mark.fpemu_torch
+@pytest.mark.fpemu_flax
+def test_golden_and_diff(capsys, tmp_path, spec_dir):
+    golden = tmp_path / "golden"
+    assert run_cli(capsys, "golden", spec_dir, "--out", golden)[0] == 0
+    code, out, _ = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--json")
+    verdicts = json.loads(out)["verdicts"]
+    assert code == 0 and {v["status"] for v in verdicts} == {"match", "known divergence"}
+    code, out, _ = run_cli(capsys, "diff", spec_dir / "timing_torch.toml", "--golden", golden, "--impl", "torch@cuda")
+    assert code == 0  # skipped with a reason where CUDA is absent, compared where present
+    code, _, err = run_cli(capsys, "diff", spec_dir, "--golden", tmp_path / "nowhere")
+    assert code == 2 and "no golden trace for spec" in err
+
+
+@pytest.mark.fpemu_torch
+def test_diff_catches_a_gradscaler_that_grows_one_step_late(capsys, tmp_path, spec_dir, monkeypatch):
+    import torch
+
+    class LateGradScaler(torch.amp.GradScaler):
+        """Planted change: needs growth_interval + 1 good steps."""
+
+        def __init__(self, device, growth_interval=2000, **kwargs):
+            super().__init__(device, growth_interval=growth_interval + 1, **kwargs)
+
+    golden = tmp_path / "golden"
+    spec = spec_dir / "timing_torch.toml"
+    run_cli(capsys, "golden", spec, "--out", golden)
+    monkeypatch.setattr(torch.amp, "GradScaler", LateGradScaler)
+    code, out, _ = run_cli(capsys, "diff", spec, "--golden", golden, "--impl", "torch")
+    assert code == 1
+    assert "diverged  timing_torch / torch@cpu: first divergence at step 3, growth_counter: expected 0, got 4" in out
+    assert "growth timing" in out
+
+
+@pytest.mark.fpemu_torch
+def test_diff_catches_a_changed_profile_parameter(capsys, tmp_path, spec_dir, monkeypatch):
+    golden = tmp_path / "golden"
+    spec = spec_dir / "timing_torch.toml"
+    profile = fpemu.PROFILES["torch"]
+    planted = dataclasses.replace(profile, build=lambda p: dataclasses.replace(profile.build(p), arithmetic="fp32",
+                                                                               growth_factor=2.5))
+    monkeypatch.setitem(fpemu.PROFILES, "torch", planted)
+    run_cli(capsys, "golden", spec, "--out", golden)
+    monkeypatch.setitem(fpemu.PROFILES, "torch", profile)
+    code, out, _ = run_cli(capsys, "diff", spec, "--golden", golden)
+    assert code == 1 and "step 4, scale: expected 160.0" in out
+
+
+@pytest.mark.fpemu_torch
+def test_audit_lists_behaviour_changes_with_versions(capsys, tmp_path, spec_dir, monkeypatch):
+    import torch
+    baseline = tmp_path / "baseline"
+    assert run_cli(capsys, "record", spec_dir / "timing_torch.toml", spec_dir / "seed_example_1.toml",
+                   "--out", baseline, "--impl", "torch")[0] == 0
+    code, out, _ = run_cli(capsys, "audit", "--baseline", baseline)
+    assert code == 0 and out.startswith("2 recorded behaviours unchanged, 0 changed")
+
+    class SaturatingGradScaler(torch.amp.GradScaler):
+        """Planted upgrade: backs off by a quarter instead of the configured factor."""
+
+        def __init__(self, device, backoff_factor=0.5, **kwargs):
+            super().__init__(device, backoff_factor=0.25, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", SaturatingGradScaler)
+    code, out, _ = run_cli(capsys, "audit", "--baseline", baseline, "--json")
+    report = json.loads(out)
+    assert code == 1 and len(report["changes"]) == 2
+    change = report["changes"][0]
+    assert change["packages_before"]["torch"] == torch.__version__
+    assert "backoff or floor" in change["divergence"]["cause"]
+
+
+def test_cli_bad_input_exits_2_naming_the_file(capsys, tmp_path):
+    bad = tmp_path / "broken.toml"
+    bad.write_text(GOOD.replace("steps = 6", "steps = -1"))
+    code, _, err = run_cli(capsys, "golden", bad, "--out", tmp_path / "g")
+    assert code == 2 and "broken.toml: steps: expected an integer >= 1" in err
+    assert not (tmp_path / "g").exists()
+    golden = tmp_path / "g2"
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    run_cli(capsys, "golden", good, "--out", golden)
+    trace_file = golden / "good.json"
+    trace_file.write_text(trace_file.read_text().replace("16.0", "32.0", 1))
+    code, _, err = run_cli(capsys, "diff", good, "--golden", golden, "--impl", "torch")
+    assert code == 2 and "good.json: checksum mismatch" in err
+    code, _, err = run_cli(capsys, "audit", "--baseline", tmp_path / "empty")
+    assert code == 2 and "no recorded implementation traces" in err
