@@ -1,0 +1,464 @@
+"""Audit a real torch mixed-precision training loop against the GradScaler contract.
+
+``with audit_torch(scaler, optimizer, scheduler) as audit:`` runs the user's loop
+unchanged while it watches, for the duration of the block:
+
+* the GradScaler's ``unscale_`` and ``step`` (instance attributes that call the bound methods;
+  ``step`` reaches ``unscale_`` through them too);
+* each optimizer, through ``register_step_post_hook``, and its parameters, through a
+  multi-grad hook that fires once per backward pass;
+* the scheduler's ``step``;
+* ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched in ``torch.nn.utils``
+  and ``torch.nn.utils.clip_grad`` (a name imported into the loop's module before the
+  audit began is not seen);
+* autocast, through a global module forward pre-hook.
+
+Everything is restored on exit.  The wrappers pass the loop's own arguments to the real
+calls, and every measurement works on copies, so the loop computes what it computes
+unaudited.  Reading the scale costs a device sync per backward pass: an audit is for a
+debugging run.  Steps are counted per optimizer: a finding's ``step`` is the index of that
+optimizer's update attempt.  torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Optional
+
+from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
+from fpemu.formats import range_stats
+
+# clipping function -> the name of its limit argument
+_CLIPS = {"clip_grad_norm_": "max_norm", "clip_grad_value_": "clip_value"}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _flat(tensors):
+    """The tensors' values as one float64 vector."""
+    torch = _torch()
+    if not tensors:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
+
+
+def _norm(tensors) -> float:
+    """Euclidean norm of all the tensors' values together, in float64."""
+    return float(_torch().linalg.vector_norm(_flat(tensors)))
+
+
+@dataclasses.dataclass
+class _OptimizerLog:
+    """What the audit tracks for one optimizer while the loop runs."""
+
+    index: int
+    optimizer: object
+    param_ids: frozenset
+    attempts: int = 0
+    completed: int = 0
+    scaled: bool = False  # its gradients hold scaled values: a backward ran since the last unscale_
+    unscaled: bool = False  # unscale_ ran since the last backward pass
+    stepping: bool = False  # inside scaler.step(optimizer)
+    update_ran: bool = False  # the real update ran inside the current scaler.step
+    # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
+    # before it) at each backward pass whose scale differs from the one before
+    window: list = dataclasses.field(default_factory=list)
+    snapshots: list = dataclasses.field(default_factory=list)
+    attempts_at_scheduler_step: int = 0
+    completed_at_scheduler_step: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"optimizer[{self.index}]"
+
+    def params(self) -> list:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def grads(self) -> list:
+        """Each parameter's gradient, zeros where it has none."""
+        torch = _torch()
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params()]
+
+    def start_window(self) -> None:
+        self.window, self.snapshots = [], []
+
+
+def _as_list(value, name: str, check, expected: str) -> list:
+    """``value`` (one object or a sequence of them) as a list, each item passing ``check``."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for index, item in enumerate(items):
+        if not check(item):
+            where = f"{name}[{index}]" if isinstance(value, (list, tuple)) else name
+            raise TypeError(f"{where} must be {expected}, got {type(item).__name__}")
+    return items
+
+
+class TorchLoopAudit:
+    """Records one run of a torch training loop and what it did against the mixed-precision contract.
+
+    Use :func:`audit_torch` to create one.  While the ``with`` block runs, :attr:`findings` and
+    :attr:`accounting` show what has been seen so far; the run-level findings (every update
+    skipped, fp16 autocast without a scaler, a scaler under bf16 autocast) are added on exit.
+    """
+
+    def __init__(self, scaler, optimizers, scheduler=None, *, batch_size: Optional[int] = None):
+        torch = _torch()
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {type(scaler).__name__}")
+        optimizers = _as_list(optimizers, "optimizers", lambda o: isinstance(o, torch.optim.Optimizer),
+                              "a torch.optim.Optimizer")
+        if not optimizers:
+            raise ValueError("optimizers must name at least one torch.optim.Optimizer")
+        self._schedulers = [] if scheduler is None else _as_list(
+            scheduler, "scheduler", lambda s: callable(getattr(s, "step", None)),
+            "an LR scheduler with a step() method")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        self._scaler = scaler
+        self._batch_size = batch_size
+        self._logs = [_OptimizerLog(i, opt, frozenset(id(p) for g in opt.param_groups for p in g["params"]))
+                      for i, opt in enumerate(optimizers)]
+        self._findings: list = []
+        self._scheduler_steps = [0] * len(self._schedulers)
+        self._backward_passes = 0
+        self._first_scale: Optional[float] = None
+        self._autocast: dict = {}  # autocast dtype -> attempt index where first seen
+        self._grad_stats: Optional[dict] = None  # format -> RangeStats of the first update's gradients
+        self._devices: set = set()  # device types of the parameters, where autocast is looked for
+        self._undo: list = []
+        self._state = "new"
+
+    # --- results -------------------------------------------------------------------
+
+    @property
+    def findings(self) -> tuple:
+        return tuple(self._findings)
+
+    @property
+    def accounting(self) -> LoopAccounting:
+        attempts = sum(log.attempts for log in self._logs)
+        completed = sum(log.completed for log in self._logs)
+        return LoopAccounting(
+            attempts=attempts, completed_updates=completed, skipped_updates=attempts - completed,
+            backward_passes=self._backward_passes,
+            examples=None if self._batch_size is None else self._backward_passes * self._batch_size,
+            scheduler_steps=sum(self._scheduler_steps))
+
+    @property
+    def result(self) -> AuditResult:
+        return AuditResult(self.findings, self.accounting)
+
+    def summary(self) -> str:
+        return self.result.summary()
+
+    # --- instrumenting ---------------------------------------------------------------
+
+    def __enter__(self) -> "TorchLoopAudit":
+        if self._state != "new":
+            raise RuntimeError("an audit records one run; create a new one with audit_torch(...)")
+        self._state = "running"
+        try:
+            self._instrument()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+        self._state = "closed"
+        self._findings.extend(self._run_findings())
+
+    def _restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _set(self, owner, name: str, value) -> None:
+        """Set ``owner.name`` to ``value`` until the audit ends."""
+        own = vars(owner)
+        had, old = name in own, own.get(name)
+        setattr(owner, name, value)
+        self._undo.append(lambda: setattr(owner, name, old) if had else delattr(owner, name))
+
+    def _instrument(self) -> None:
+        torch = _torch()
+        graph = torch.autograd.graph
+        trainable = [p for log in self._logs for p in log.params() if p.requires_grad]
+        if trainable:
+            hook = graph.register_multi_grad_hook(trainable, self._count_backward, mode="any")
+            self._undo.append(hook.remove)
+        for log in self._logs:
+            params = [p for p in log.params() if p.requires_grad]
+            if params:
+                on_backward = functools.partial(self._on_backward, log)
+                hook = graph.register_multi_grad_hook(params, on_backward, mode="any")
+                self._undo.append(hook.remove)
+            self._undo.append(log.optimizer.register_step_post_hook(self._on_update).remove)
+        self._devices = {p.device.type for p in trainable}
+        self._undo.append(torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward).remove)
+        if self._scaler is not None:
+            scaler = self._scaler
+            unscale, step = scaler.unscale_, scaler.step
+            self._set(scaler, "unscale_", lambda optimizer: self._unscale(unscale, optimizer))
+            self._set(scaler, "step", lambda optimizer, *a, **k: self._scaler_step(step, optimizer, *a, **k))
+        for index, scheduler in enumerate(self._schedulers):
+            real = scheduler.step
+            self._set(scheduler, "step",
+                      lambda *a, index=index, real=real, **k: self._scheduler_step(real, index, *a, **k))
+        for name, limit_name in _CLIPS.items():
+            wrapper = self._clip_wrapper(getattr(torch.nn.utils.clip_grad, name), name, limit_name)
+            self._set(torch.nn.utils.clip_grad, name, wrapper)
+            self._set(torch.nn.utils, name, wrapper)
+
+    # --- state --------------------------------------------------------------------
+
+    @property
+    def _scaling(self) -> bool:
+        return self._scaler is not None and self._scaler.is_enabled()
+
+    def _scale(self) -> float:
+        return float(self._scaler.get_scale()) if self._scaling else 1.0
+
+    def _log_for(self, optimizer) -> Optional[_OptimizerLog]:
+        return next((log for log in self._logs if log.optimizer is optimizer), None)
+
+    def _add(self, kind: str, step: int, call: str, effect: dict, detail: str) -> None:
+        self._findings.append(make_finding(kind, step, call, effect, detail))
+
+    def _finish_attempt(self, log: _OptimizerLog, completed: bool) -> None:
+        log.attempts += 1
+        log.completed += int(completed)
+        log.start_window()
+
+    # --- hooks and wrappers --------------------------------------------------------
+
+    def _count_backward(self, _grads) -> None:
+        self._backward_passes += 1
+
+    def _on_backward(self, log: _OptimizerLog, _grads) -> None:
+        """Runs before this backward pass adds into the optimizer's .grad tensors."""
+        scale = self._scale()
+        if self._first_scale is None:
+            self._first_scale = scale
+        if log.window and scale != log.window[-1]:
+            log.snapshots.append((len(log.window), _flat(log.grads())))
+        log.window.append(scale)
+        log.scaled, log.unscaled = self._scaling, False
+
+    def _on_forward(self, _module, _args) -> None:
+        torch = _torch()
+        for device in self._devices:
+            if torch.is_autocast_enabled(device):
+                self._autocast.setdefault(torch.get_autocast_dtype(device), self._logs[0].attempts)
+
+    def _on_update(self, optimizer, _args, _kwargs) -> None:
+        """Step post-hook: the optimizer's real update ran (unless a fused optimizer found infs)."""
+        log = self._log_for(optimizer)
+        found_inf = getattr(optimizer, "found_inf", None)
+        ran = found_inf is None or float(found_inf) == 0
+        if self._autocast and self._grad_stats is None and ran:
+            grads = _flat(log.grads()).float().numpy()
+            self._grad_stats = {fmt: range_stats(grads, fmt) for fmt in ("fp16", "bf16")}
+        if log.stepping:
+            log.update_ran = ran
+        else:
+            self._finish_attempt(log, completed=True)
+
+    def _scaler_step(self, real, optimizer, *args, **kwargs):
+        log = self._log_for(optimizer)
+        if log is None:
+            return real(optimizer, *args, **kwargs)
+        log.stepping, log.update_ran = True, False
+        try:
+            result = real(optimizer, *args, **kwargs)
+        finally:
+            log.stepping = False
+        self._finish_attempt(log, completed=log.update_ran)
+        return result
+
+    def _unscale(self, real, optimizer) -> None:
+        log = self._log_for(optimizer)
+        if log is None:
+            return real(optimizer)
+        call = f"scaler.step({log.name}) (its own unscale_)" if log.stepping else f"scaler.unscale_({log.name})"
+        if log.unscaled:
+            return self._unscale_again(real, log, call)
+        if len(set(log.window)) > 1:
+            self._record_scale_change(log, call)
+        real(optimizer)
+        log.scaled, log.unscaled = False, True
+        log.start_window()
+        return None
+
+    def _unscale_again(self, real, log: _OptimizerLog, call: str) -> None:
+        """unscale_ on gradients already unscaled since the last backward pass: measure and pass on."""
+        scale, before = self._scale(), _norm(log.grads())
+        try:
+            real(log.optimizer)
+        except RuntimeError as error:
+            self._add("unscale_twice", log.attempts, call, {"scale": scale, "grad_norm": before},
+                      f"unscale_ ran again on gradients already unscaled since the last backward pass; "
+                      f"torch raised: {error}")
+            raise
+        after = _norm(log.grads())
+        self._add("unscale_twice", log.attempts, call,
+                  {"scale": scale, "grad_norm_before": before, "grad_norm_after": after},
+                  f"gradients already unscaled were divided by the scale {scale:g} again: "
+                  f"norm {before:.4g} -> {after:.4g}")
+
+    def _record_scale_change(self, log: _OptimizerLog, call: str) -> None:
+        """The accumulated microbatches carry different scales; one division by the current scale
+        weights microbatch i by S_i / S.  Measures the weights and the gradient's relative error."""
+        scale = self._scale()
+        total = _flat(log.grads())
+        bounds = [0] + [index for index, _ in log.snapshots] + [len(log.window)]
+        cumulative = [_torch().zeros_like(total)] + [snapshot for _, snapshot in log.snapshots] + [total]
+        intended = sum((cumulative[r + 1] - cumulative[r]) / log.window[bounds[r]]  # each run at its own scale
+                       for r in range(len(bounds) - 1))
+        actual = total / scale
+        reference = float(intended.norm())
+        error = float((actual - intended).norm()) / reference if reference else float("inf")
+        weights = tuple(s / scale for s in log.window)
+        self._add("scale_changed_in_accumulation", log.attempts, call,
+                  {"scales": tuple(log.window), "unscale_scale": scale, "weights": weights,
+                   "relative_gradient_error": error},
+                  f"{len(log.window)} accumulated microbatches were scaled by {list(log.window)} and "
+                  f"unscaled once by {scale:g}: they weigh {list(weights)} instead of 1 each, and the "
+                  f"gradient is off by {error:.1%} of its norm")
+
+    def _scheduler_step(self, real, index: int, *args, **kwargs):
+        result = real(*args, **kwargs)
+        self._scheduler_steps[index] += 1
+        scheduler = self._schedulers[index]
+        log = self._log_for(getattr(scheduler, "optimizer", None))
+        if log is None and len(self._logs) == 1:
+            log = self._logs[0]
+        if log is None:
+            return result
+        if log.attempts > log.attempts_at_scheduler_step and log.completed == log.completed_at_scheduler_step:
+            lr = float(log.optimizer.param_groups[0]["lr"])
+            self._add("scheduler_on_skipped_update", log.attempts - 1, f"{type(scheduler).__name__}.step()",
+                      {"scheduler_steps": self._scheduler_steps[index], "completed_updates": log.completed,
+                       "skipped_updates": log.attempts - log.completed, "lr": lr},
+                      f"the scheduler advanced although {log.name}'s update was skipped: "
+                      f"{self._scheduler_steps[index]} scheduler steps for {log.completed} completed updates "
+                      f"(lr now {lr:g})")
+        log.attempts_at_scheduler_step, log.completed_at_scheduler_step = log.attempts, log.completed
+        return result
+
+    def _clip_wrapper(self, real, name: str, limit_name: str):
+        signature = inspect.signature(real)
+
+        def clip(parameters, *args, **kwargs):
+            torch = _torch()
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            ids = {id(p) for p in params}
+            owners = [log for log in self._logs if log.scaled and log.param_ids & ids]
+            if not owners:
+                return real(params, *args, **kwargs)
+            limit = float(signature.bind(params, *args, **kwargs).arguments[limit_name])
+            scale = self._scale()
+            inv_scale = torch.tensor(scale, dtype=torch.float64).reciprocal().float()  # as unscale_ computes it
+            grads = [p.grad for p in params if p.grad is not None]
+            stand_ins = []  # parameters holding the unscaled gradients: the correct order, on copies
+            for grad in grads:
+                stand_in = torch.zeros_like(grad)
+                stand_in.grad = grad.detach() * inv_scale.to(grad.device)
+                stand_ins.append(stand_in)
+            true_norm = _norm([s.grad for s in stand_ins])
+            result = real(params, *args, **kwargs)
+            real(stand_ins, *args, **kwargs)
+            correct = _norm([s.grad for s in stand_ins])
+            this_order = _norm([g * inv_scale.to(g.device) for g in grads])
+            shrink = correct / this_order if this_order else float("inf")
+            call = f"torch.nn.utils.{name}({limit_name}={limit:g})"
+            self._add("clip_before_unscale", owners[0].attempts, call,
+                      {"scale": scale, "limit": limit, "true_grad_norm": true_norm,
+                       "update_norm_correct_order": correct, "update_norm_this_order": this_order,
+                       "shrink": shrink},
+                      f"clipped gradients still multiplied by the scale {scale:g}: the update's norm is "
+                      f"{this_order:.4g} instead of {correct:.4g} ({shrink:.4g}x too small)")
+            return result
+
+        return clip
+
+    # --- run-level findings ---------------------------------------------------------
+
+    def _run_findings(self) -> list:
+        """Findings about the whole run: every update skipped, and the scaler against the autocast dtype."""
+        torch = _torch()
+        accounting, found = self.accounting, []
+        if self._scaling and accounting.attempts and not accounting.completed_updates:
+            last = max(self._logs, key=lambda log: log.attempts)
+            found.append(make_finding(
+                "all_updates_skipped", last.attempts - 1, f"scaler.step({last.name})",
+                {"attempts": accounting.attempts, "first_scale": self._first_scale,
+                 "final_scale": self._scale()},
+                f"all {accounting.attempts} updates were skipped for non-finite gradients; the scale fell from "
+                f"{self._first_scale:g} to {self._scale():g}"))
+        if torch.float16 in self._autocast and not self._scaling:
+            found.append(self._autocast_finding(
+                "fp16_autocast_without_scaler", torch.float16, "torch.autocast(dtype=torch.float16)",
+                "fp16", {},
+                "fp16 autocast ran with no loss scaling, so gradients below about 2^-25 rounded to zero"))
+        if torch.bfloat16 in self._autocast and torch.float16 not in self._autocast and self._scaling:
+            found.append(self._autocast_finding(
+                "scaler_under_bf16", torch.bfloat16,
+                "torch.amp.GradScaler under torch.autocast(dtype=torch.bfloat16)", "bf16",
+                {"attempts": accounting.attempts, "skipped_updates": accounting.skipped_updates},
+                f"a GradScaler ran under bf16 autocast, whose range is float32's, and skipped "
+                f"{accounting.skipped_updates} of {accounting.attempts} updates"))
+        return found
+
+    def _autocast_finding(self, kind: str, dtype, call: str, fmt: str, effect: dict, detail: str):
+        """A finding about the autocast dtype, with what ``fmt`` did to the first update's gradients."""
+        if self._grad_stats is not None:
+            stats = self._grad_stats[fmt]
+            effect = {**effect, "zero_share": stats.zeros_share,
+                      f"{fmt}_subnormal_share": stats.subnormal_share,
+                      f"{fmt}_underflow_share": stats.underflow_share}
+            detail += (f"; at the first update {stats.zeros_share:.1%} of gradient elements were zero, and "
+                       f"{fmt} would round {stats.underflow_share:.1%} more to zero and "
+                       f"{stats.subnormal_share:.1%} to subnormals")
+        return make_finding(kind, self._autocast[dtype], call, effect, detail)
+
+
+def audit_torch(scaler, optimizers, scheduler=None, *, batch_size: Optional[int] = None) -> TorchLoopAudit:
+    """Watch a torch training loop for breaches of the mixed-precision contract.
+
+    Args:
+      scaler: the loop's ``torch.amp.GradScaler`` (or subclass), or None where the loop has none.
+      optimizers: the loop's optimizer, or a list of them.
+      scheduler: the loop's LR scheduler, a list of them, or None.
+      batch_size: examples per backward pass, to count examples processed; None to leave them uncounted.
+
+    Returns:
+      A :class:`TorchLoopAudit` to use as a context manager around the loop; after the block its
+      ``findings``, ``accounting`` and ``summary()`` tell what the loop did.
+
+    Example:
+      >>> import torch
+      >>> weight = torch.nn.Parameter(torch.zeros(2))
+      >>> optimizer = torch.optim.SGD([weight], lr=0.1)
+      >>> scaler = torch.amp.GradScaler("cpu", init_scale=100.0)
+      >>> with audit_torch(scaler, optimizer) as audit:
+      ...     scaler.scale((weight * torch.tensor([3.0, 4.0])).sum()).backward()
+      ...     norm = torch.nn.utils.clip_grad_norm_([weight], max_norm=2.0)   # before unscale_
+      ...     scaler.step(optimizer)
+      ...     scaler.update()
+      >>> finding = audit.findings[0]
+      >>> finding.kind, finding.step, finding.call
+      ('clip_before_unscale', 0, 'torch.nn.utils.clip_grad_norm_(max_norm=2)')
+      >>> [round(finding.effect[k], 6) for k in ("update_norm_correct_order", "update_norm_this_order")]
+      [2.0, 0.02]
+    """
+    return TorchLoopAudit(scaler, optimizers, scheduler, batch_size=batch_size)
+
+
+__all__ = ["TorchLoopAudit", "audit_torch"]
