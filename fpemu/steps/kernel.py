@@ -1,0 +1,299 @@
+"""The arithmetic of a step: float32 ops with optional FTZ/DAZ, FMA, casts, dots and sums.
+
+:class:`Kernel` binds a :class:`StepSemantics` to a compute format.  Every float32
+operation of the emulated step goes through it, so every rounding point is one
+call: ``add``/``sub``/``mul``/``div``/``fma`` round once to float32, ``cast``
+rounds once to the compute format, and ``dot``/``total``/``batch_sum`` fix the
+accumulation order.
+
+Without FTZ, + - * / are numpy's float32 ops (IEEE, correctly rounded).  With FTZ
+they are evaluated in float64 and rounded once to float32, which is correctly
+rounded for float32 operands (53 >= 2 * 24 + 2 bits) and lets the flush see the
+unbounded-exponent result.  An FMA computes the float64 sum in round-to-odd
+first, which makes its second rounding correct too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fpemu.formats import Format, quantize
+from fpemu.steps.semantics import StepSemantics
+
+F32 = np.float32
+_TINY = F32(np.finfo(np.float32).tiny)  # 2**-126, the smallest normal float32
+_NO_FLAGS = dict(all="ignore")
+
+
+def _odd_sum(product: np.ndarray, addend: np.ndarray) -> np.ndarray:
+    """product + addend in float64 rounded to odd (so a later rounding to float32 is exact).
+
+    The float64 sum is rounded to nearest; its exact error comes from TwoSum.  Where it
+    is not zero, the sum is truncated toward zero and its last bit set.
+    """
+    total = product + addend
+    back = total - addend
+    error = (product - back) + (addend - (total - back))
+    inexact = np.isfinite(total) & (error != 0)
+    truncated = np.where(inexact & (np.sign(error) != np.sign(total)), np.nextafter(total, 0.0), total)
+    odd = (truncated.view(np.uint64) | np.uint64(1)).view(np.float64)
+    return np.where(inexact, odd, total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """float32 arithmetic and compute-format casts under one semantics.
+
+    Args:
+      semantics: the implementation's rounding behaviour.
+      fmt: the compute format (``fp32`` makes every cast exact).
+    """
+
+    semantics: StepSemantics
+    fmt: Format
+
+    # -- float32 arithmetic ------------------------------------------------
+    def _operand(self, a) -> np.ndarray:
+        """a as float64; with DAZ, float32 subnormals read as signed zero."""
+        a = np.asarray(a, F32)
+        if self.semantics.flush_subnormals:
+            a = np.where(np.abs(a) < _TINY, np.copysign(F32(0), a), a)
+        return a.astype(np.float64)
+
+    def _round(self, exact: np.ndarray) -> np.ndarray:
+        """Round float64 values to float32 (nearest even); with FTZ, results that are tiny
+        *after* rounding (x86 detects tininess after rounding) become signed zero."""
+        with np.errstate(**_NO_FLAGS):
+            rounded = exact.astype(F32)
+        if not self.semantics.flush_subnormals:
+            return rounded
+        small = np.abs(rounded) < _TINY
+        if not np.any(small):
+            return rounded
+        with np.errstate(**_NO_FLAGS):
+            # Rounded with an unbounded exponent range (scaled by 2**64): reaches 2**-62 exactly
+            # when the value rounds up to the smallest normal, which x86 then keeps.
+            unbounded = (exact * 2.0 ** 64).astype(F32)
+        keeps_tiny = small & (np.abs(unbounded) >= F32(2.0 ** -62))
+        flushed = np.where(keeps_tiny, np.copysign(_TINY, exact).astype(F32), np.copysign(F32(0), exact).astype(F32))
+        return np.where(small, flushed, rounded).astype(F32)
+
+    def _binary(self, op, a, b):
+        """op(a, b) rounded once to float32.  Without FTZ numpy's float32 op is already IEEE
+        (correctly rounded, gradual underflow); with FTZ it is evaluated in float64 first."""
+        with np.errstate(**_NO_FLAGS):
+            if not self.semantics.flush_subnormals:
+                return op(np.asarray(a, F32), np.asarray(b, F32))
+            return self._round(op(self._operand(a), self._operand(b)))
+
+    def add(self, a, b):
+        return self._binary(np.add, a, b)
+
+    def sub(self, a, b):
+        return self._binary(np.subtract, a, b)
+
+    def mul(self, a, b):
+        return self._binary(np.multiply, a, b)
+
+    def div(self, a, b):
+        return self._binary(np.divide, a, b)
+
+    def fma(self, a, b, c):
+        """a * b + c with one rounding (the product of two float32 values is exact in float64)."""
+        with np.errstate(**_NO_FLAGS):
+            return self._round(_odd_sum(self._operand(a) * self._operand(b), self._operand(c)))
+
+    def mul_add(self, a, b, c):
+        """a * b + c as the semantics evaluates it: one FMA, or a rounded product then a rounded sum."""
+        return self.fma(a, b, c) if self.semantics.fma else self.add(self.mul(a, b), c)
+
+    # -- the compute format ------------------------------------------------
+    def cast(self, a) -> np.ndarray:
+        """float32 -> compute format -> float32: one rounding to nearest even, never through
+        float64 (ml_dtypes rounds float64 -> bf16 twice).  The widening back is exact."""
+        a = np.asarray(a, F32)
+        if self.fmt.name == "fp32":
+            return a
+        return quantize(a, self.fmt)
+
+    # -- matmuls -----------------------------------------------------------
+    def dot(self, a, b, role: str) -> np.ndarray:
+        """a @ b of compute-format values, accumulated in float32 and *not* yet rounded.
+
+        ``role`` is ``"forward"`` (x @ w) or ``"grad_w"`` (x.T @ cotangent): the XLA:CPU
+        order depends on which dot it is and on the shape.
+        """
+        order = self.semantics.dot
+        if order == "blas":
+            with np.errstate(**_NO_FLAGS):
+                product = np.matmul(a, b)
+            return self._round(product.astype(np.float64)) if self.semantics.flush_subnormals else product
+        if order == "sequential":
+            return _chain(self, a, b, "fma0" if self.semantics.fma else "add0")
+        if order == "torch_cpu":
+            return _chain(self, a, b, _torch_cpu_dot_mode(a, role))
+        return _xla_cpu_dot(self, a, b, role)
+
+    # -- reductions --------------------------------------------------------
+    def sum_of_squares(self, e: np.ndarray, rows: int) -> np.ndarray:
+        """sum(e * e) over the flattened (rows, -1) array ``e`` in the semantics' order."""
+        order = self.semantics.reduce
+        flat = e.reshape(-1)
+        if order == "pairwise":
+            with np.errstate(**_NO_FLAGS):
+                return np.sum(self.mul(flat, flat), dtype=F32)
+        if order == "torch_cpu":
+            return _torch_cpu_sum(self, self.mul(flat, flat))
+        if order == "sequential":
+            total = F32(0)
+            for value in flat:
+                total = self.mul_add(value, value, total)
+            return total
+        return _xla_cpu_sum_of_squares(self, e.reshape(rows, -1))
+
+    def batch_sum(self, ct: np.ndarray) -> np.ndarray:
+        """Sum of the cotangent rows (the bias gradient), rounded to the compute format."""
+        if self.semantics.reduce == "pairwise":
+            with np.errstate(**_NO_FLAGS):
+                return self.cast(np.sum(ct, axis=0, dtype=F32))
+        if self.semantics.bias_grad_rounds_partials:
+            if ct.shape[0] == 1:  # XLA: a one-row reduce is a copy
+                return ct[0]
+            total = np.zeros(ct.shape[1], F32)
+            for row in ct:
+                total = self.cast(self.add(total, row))  # the bf16 reducer rounds every partial sum
+            return total
+        total = np.zeros(ct.shape[1], F32)
+        for row in ct:
+            total = self.add(total, row)  # float32 accumulator from +0 ...
+        return self.cast(total)  # ... rounded once
+
+
+def _chain(k: Kernel, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
+    """(M, L) @ (L, N) in float32, sequential over l.
+
+    ``fma0``: t = +0, t = fma(a_l, b_l, t); ``fmap0``: t = a_0 * b_0, then fma;
+    ``seq``: t = a_0 * b_0, then t + a_l * b_l (rounded separately); ``add0``: t = +0,
+    then t + a_l * b_l; ``mul``: L == 1, a plain product.
+    """
+    terms = [(a[:, l:l + 1], b[l:l + 1, :]) for l in range(a.shape[1])]
+    if mode in ("fmap0", "seq", "mul"):
+        total, terms = k.mul(*terms[0]), terms[1:]
+    else:
+        total = np.zeros((a.shape[0], b.shape[1]), F32)
+    for left, right in terms:
+        total = k.fma(left, right, total) if mode in ("fma0", "fmap0") else k.add(total, k.mul(left, right))
+    return total
+
+
+def _torch_cpu_dot_mode(a: np.ndarray, role: str) -> str:
+    """torch 2.13's CPU bf16 matmul, fitted on overflowing and underflowing products.
+
+    ``x @ w`` (contiguous operands): products rounded, then summed from +0 (two products of
+    +-2^128 give NaN; an underflowing product gives +0).  ``x.T @ ct`` (the weight gradient,
+    a transposed operand): fused multiply-adds from +0 (an underflowing product keeps its
+    sign, -0; +-2^128 gives inf), except for a 1x1 operand, which is rounded then added.
+    """
+    if role == "grad_w" and a.shape != (1, 1):
+        return "fma0"
+    return "add0"
+
+
+def _two_output_gemv(k: Kernel, a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+    """Eigen's GEMV with two outputs and a contraction of 3 or more: the first output is
+    accumulated unfused (``seq``), the second fused (``fmap0``)."""
+    if axis == 1:
+        parts = [_chain(k, a, b[:, 0:1], "seq"), _chain(k, a, b[:, 1:2], "fmap0")]
+    else:
+        parts = [_chain(k, a[0:1], b, "seq"), _chain(k, a[1:2], b, "fmap0")]
+    return np.concatenate(parts, axis=axis)
+
+
+def _xla_cpu_dot(k: Kernel, a: np.ndarray, b: np.ndarray, role: str) -> np.ndarray:
+    """XLA:CPU's bf16 dot: an f32 dot of the upcast operands, fitted by probes (docs/steps.md).
+
+    forward x (B, D) @ w (D, K): D == 1 multiply; B == 1, K == 2, D >= 3 two-output GEMV;
+    B == 1, K >= 2 ``fmap0``; otherwise ``fma0``.
+    grad_w x.T (D, B) @ ct (B, K): B == 1 multiply; one of D, K is 1: ``fmap0``, or the
+    two-output GEMV when D * K == 2 and B >= 3; otherwise ``fma0``.
+    """
+    rows, inner, cols = a.shape[0], a.shape[1], b.shape[1]
+    if inner == 1:
+        return _chain(k, a, b, "mul")
+    if role == "forward":
+        if rows == 1 and cols == 2 and inner >= 3:
+            return _two_output_gemv(k, a, b, axis=1)
+        return _chain(k, a, b, "fmap0" if rows == 1 and cols > 1 else "fma0")
+    if (rows == 1) != (cols == 1):
+        if rows * cols == 2 and inner >= 3:
+            return _two_output_gemv(k, a, b, axis=1 if rows == 1 else 0)
+        return _chain(k, a, b, "fmap0")
+    return _chain(k, a, b, "fma0")
+
+
+def _xla_cpu_sum_of_squares(k: Kernel, e: np.ndarray) -> np.ndarray:
+    """XLA:CPU's reduce of e * e: the adds carry ``reassoc`` and mul + add become FMAs.
+
+    n == 1: e * e.  One row or one column: fma chain started from e0*e0 + e1*e1.  Two or
+    three rows: fma chain from +0 in row-major order.  Four rows: one fma chain per row,
+    combined as (r0 + r2) + (r1 + r3).
+    """
+    rows, cols = e.shape
+    flat = e.reshape(-1)
+    if flat.size == 1:
+        return k.mul(flat[0], flat[0])
+    if rows == 1 or cols == 1:
+        total = k.fma(flat[0], flat[0], k.mul(flat[1], flat[1]))
+        for value in flat[2:]:
+            total = k.fma(value, value, total)
+        return total
+    lanes = []
+    for row in (e if rows == 4 else [flat]):
+        lane = F32(0)
+        for value in row:
+            lane = k.fma(value, value, lane)
+        lanes.append(lane)
+    if rows != 4:
+        return lanes[0]
+    return k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+
+
+_TORCH_LANES = 8  # ATen's Vectorized<float> width in its sum kernel here (measured: docs/steps.md)
+_TORCH_ILP = 4
+
+
+def _torch_cpu_sum(k: Kernel, values: np.ndarray) -> np.ndarray:
+    """ATen's CPU sum of a contiguous float32 vector (no cascade: fewer than 64 * 8 values).
+
+    Below 8 values: 4 accumulators take v[i] for i = 0, 1, 2, 3 mod 4 of the first 4 * (n // 4)
+    values, the tail goes to accumulator 0, then acc0 + acc1 + acc2 + acc3.  From 8 values:
+    the same 4-way scheme over 8-lane vectors; then +0 plus the scalar tail, plus the 8 lanes
+    in order.
+    """
+    n = values.size
+    if n >= 16 * _TORCH_ILP * _TORCH_LANES:
+        raise ValueError(f"the torch_cpu sum order is modelled for fewer than "
+                         f"{16 * _TORCH_ILP * _TORCH_LANES} values, got {n}")
+    if n < _TORCH_LANES:
+        return _ilp_sum(k, list(values))
+    vectors = n // _TORCH_LANES
+    lanes = _ilp_sum(k, [values[i * _TORCH_LANES:(i + 1) * _TORCH_LANES] for i in range(vectors)])
+    total = F32(0)
+    for value in list(values[vectors * _TORCH_LANES:]) + list(lanes):
+        total = k.add(total, value)
+    return total
+
+
+def _ilp_sum(k: Kernel, items: list):
+    """ATen's row_sum: 4 interleaved accumulators from +0, tail into the first, then combined."""
+    accumulators = [np.zeros_like(np.asarray(items[0], F32)) for _ in range(_TORCH_ILP)]
+    full = len(items) // _TORCH_ILP * _TORCH_ILP
+    for i, item in enumerate(items):
+        slot = i % _TORCH_ILP if i < full else 0
+        accumulators[slot] = k.add(accumulators[slot], item)
+    total = accumulators[0]
+    for accumulator in accumulators[1:]:
+        total = k.add(total, accumulator)
+    return total

@@ -1,0 +1,115 @@
+"""What a framework really computes in a mixed-precision step, as one frozen value.
+
+Every way in which JAX (XLA on the CPU) and torch eager compute something other
+than the literal float32/bf16 reading of a training step is a field of
+:class:`StepSemantics`; the named presets in :data:`SEMANTICS` reproduce a real
+implementation bit for bit (see ``docs/steps.md`` for what each field models and
+how it was found).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DOT_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "blas")
+REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "pairwise")
+FITTED_ORDERS = ("xla_cpu", "torch_cpu")
+FITTED_MAX_DIM = 4  # the fitted orders were probed for B, D, K in 1..4 only
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSemantics:
+    """The rounding behaviour of one implementation of the step.
+
+    Attributes:
+      name: preset name, recorded in traces and reports.
+      excess_precision: XLA's ``--xla_allow_excess_precision`` (true by default): inside a
+        fusion, f32 -> bf16 -> f32 convert pairs are dropped, so the bias add's result is not
+        rounded to the compute format, nor is the weight gradient of a 1x1 weight (fused
+        with the unscale).  False: every low-precision op rounds its result.
+      flush_subnormals: every float32 op runs with x86 FTZ + DAZ (XLA:CPU sets MXCSR):
+        subnormal operands read as signed zero and results tiny after rounding become
+        signed zero.  Casts to the compute format are not affected.
+      fma: contract ``p - lr * g`` (and the ``sequential`` reduce accumulation) into fused
+        multiply-adds with one rounding.
+      dot: accumulation of the low-precision matmuls (exact products, float32 sums, one
+        rounding to the compute format): ``xla_cpu`` (XLA/Eigen's shape-dependent fused and
+        unfused chains), ``torch_cpu`` (ATen's bf16 matmul: unfused forward, fused
+        transposed weight gradient), ``sequential`` (from +0 over the contraction), ``blas`` (numpy's
+        float32 matmul, order unspecified: for traces, not for bit-exact checks).
+      reduce: order of the loss's sum and of the bias gradient's batch sum: ``xla_cpu``
+        (LLVM's reassociated, FMA-contracted loops), ``torch_cpu`` (ATen's 4-way ILP and
+        8-lane vector sum), ``sequential``, ``pairwise`` (numpy's sum).
+      mean_by_reciprocal: the mean multiplies by float32(1/n) (XLA folds the divide);
+        False divides by n (torch).
+      folded_cotangent: the loss cotangent is ``sub * f32(S * f32(2/n))`` (XLA folds the
+        constants; ``S * (sub * 2)`` when n == 1); False: ``(S / n) * (2 * sub)`` as
+        autograd's MeanBackward and PowBackward chain it (torch).
+      bias_grad_rounds_partials: the bias gradient's batch sum rounds every partial sum to
+        the compute format (XLA keeps the bf16 reducer); False accumulates in float32 and
+        rounds once (torch).
+      unscale_by_reciprocal: unscale as ``g * f32(1/S)`` (torch's GradScaler); False
+        divides ``g / S`` (the seed, and both frameworks' literal ``grad / S``).
+    """
+
+    name: str
+    excess_precision: bool = False
+    flush_subnormals: bool = False
+    fma: bool = False
+    dot: str = "sequential"
+    reduce: str = "sequential"
+    mean_by_reciprocal: bool = False
+    folded_cotangent: bool = False
+    bias_grad_rounds_partials: bool = False
+    unscale_by_reciprocal: bool = False
+
+    def __post_init__(self):
+        if self.dot not in DOT_ORDERS:
+            raise ValueError(f"dot must be one of {DOT_ORDERS}, got {self.dot!r}")
+        if self.reduce not in REDUCE_ORDERS:
+            raise ValueError(f"reduce must be one of {REDUCE_ORDERS}, got {self.reduce!r}")
+        if self.reduce == "pairwise" and self.bias_grad_rounds_partials:
+            raise ValueError("bias_grad_rounds_partials needs an ordered reduce, not 'pairwise'")
+
+    @property
+    def fitted(self) -> bool:
+        """Whether an order was fitted to one implementation for small shapes only."""
+        return self.dot in FITTED_ORDERS or self.reduce in FITTED_ORDERS
+
+
+_XLA = dict(flush_subnormals=True, fma=True, dot="xla_cpu", reduce="xla_cpu", mean_by_reciprocal=True,
+            folded_cotangent=True, bias_grad_rounds_partials=True)
+
+SEMANTICS = {
+    # The seed's text read literally: IEEE float32 ops in program order, every bf16 op rounded.
+    "seed": StepSemantics("seed"),
+    # jax.jit on XLA:CPU with default flags (jax 0.10, x86-64): bf16 adds kept in float32.
+    "jax_cpu": StepSemantics("jax_cpu", excess_precision=True, **_XLA),
+    # XLA_FLAGS=--xla_allow_excess_precision=false: the flags that give the seed's outputs.
+    "jax_cpu_strict": StepSemantics("jax_cpu_strict", excess_precision=False, **_XLA),
+    # torch eager on the CPU (torch 2.13): no FTZ, no FMA, ATen's sum order.
+    "torch_cpu": StepSemantics("torch_cpu", dot="torch_cpu", reduce="torch_cpu"),
+    # torch's optimizer-side unscale: GradScaler multiplies by float32(1/S).
+    "torch_cpu_grad_scaler": StepSemantics("torch_cpu_grad_scaler", dot="torch_cpu", reduce="torch_cpu",
+                                           unscale_by_reciprocal=True),
+    # Fast, shape-independent semantics for model-driven traces (BLAS matmul, numpy sums).
+    "numpy": StepSemantics("numpy", dot="blas", reduce="pairwise"),
+}
+
+DEFAULT_SEMANTICS = "jax_cpu_strict"
+
+
+def get_semantics(mode) -> StepSemantics:
+    """A preset by name, or a :class:`StepSemantics` passed through.
+
+    Raises:
+      ValueError: unknown preset name (the message lists them).
+      TypeError: neither a name nor a StepSemantics.
+    """
+    if isinstance(mode, StepSemantics):
+        return mode
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a preset name or a StepSemantics, got {type(mode).__name__}")
+    if mode not in SEMANTICS:
+        raise ValueError(f"mode: unknown semantics {mode!r}; presets: {', '.join(SEMANTICS)}")
+    return SEMANTICS[mode]

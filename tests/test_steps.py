@@ -1,0 +1,260 @@
+"""Seed 002's mixed-precision step: the seed's examples, bad input, bit-exact differential
+tests against real JAX (both XLA flag modes) and torch, and model-driven traces."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+import fpemu.steps.step
+import fpemu.steps.train
+from fpemu.adapters import available
+from fpemu.steps import SEMANTICS, StepSemantics, mixed_precision_step, train_trace
+
+SEED_EXAMPLES = [
+    (dict(params={"w": [[0.5], [-1.25]], "b": [0.1]}, x=[[1.0, 2.0], [0.5, -1.0]], y=[[-1.9], [1.5]],
+          loss_scale=1024.0, good_steps=0, lr=0.1, growth_interval=2),
+     {"loss": 0.005159, "params": {"w": [[0.494775], [-1.240137]], "b": [0.089697]}, "loss_scale": 1024.0,
+      "good_steps": 1, "grads_finite": True}),
+    (dict(params={"w": [[1.3], [0.7]], "b": [-0.2]}, x=[[0.9, 1.1], [-0.4, 2.2]], y=[[1.94], [0.81]],
+          loss_scale=512.0, good_steps=2, lr=0.05, growth_interval=3),
+     {"loss": 0.021242, "params": {"w": [[1.309521], [0.709766]], "b": [-0.19043]}, "loss_scale": 1024.0,
+      "good_steps": 0, "grads_finite": True}),
+    (dict(params={"w": [[0.5], [-1.25]], "b": [0.1]}, x=[[1.0, 2.0], [0.5, -1.0]], y=[[40.0], [-30.0]],
+          loss_scale=3e38, good_steps=0, lr=0.1, growth_interval=2),
+     {"loss": 1377.068848, "params": {"w": [[0.5], [-1.25]], "b": [0.1]}, "loss_scale": 1.5e38,
+      "good_steps": 0, "grads_finite": False}),
+]
+
+
+def rounded(out):
+    """The seed's printed form: six decimals (the scale to seven significant digits)."""
+    return {"loss": round(float(out["loss"]), 6),
+            "params": {k: np.round(np.asarray(v, np.float64), 6).tolist() for k, v in out["params"].items()},
+            "loss_scale": float(f"{float(out['loss_scale']):.7g}"), "good_steps": int(out["good_steps"]),
+            "grads_finite": bool(out["grads_finite"])}
+
+
+@pytest.mark.parametrize("inputs,expected", SEED_EXAMPLES)
+def test_seed_examples(inputs, expected):
+    out = mixed_precision_step(**inputs)
+    assert rounded(out) == expected
+    assert out["loss"].dtype == np.float32 and out["params"]["w"].dtype == np.float32
+    assert out["good_steps"].dtype == np.int32 and out["grads_finite"].dtype == np.bool_
+
+
+def test_default_xla_flags_do_not_give_the_seed_outputs():
+    """With excess precision (XLA's default) the bias add stays float32: a different step."""
+    out = mixed_precision_step(**SEED_EXAMPLES[0][0], mode="jax_cpu")
+    assert round(float(out["loss"]), 6) == 0.00501 and rounded(out) != SEED_EXAMPLES[0][1]
+    assert float(mixed_precision_step(**SEED_EXAMPLES[2][0])["loss_scale"]) == float(np.float32(3e38) / 2)
+
+
+def test_fp16_compute_rounds_differently():
+    bf16 = mixed_precision_step(**SEED_EXAMPLES[0][0])
+    fp16 = mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp16")
+    assert fp16["loss"] != bf16["loss"] and abs(float(fp16["loss"]) - 0.00516) < 2e-4
+
+
+def bad(**changes):
+    return {**SEED_EXAMPLES[0][0], **changes}
+
+
+@pytest.mark.parametrize("inputs,error,words", [
+    (bad(x=[[1.0, 2.0, 3.0]]), ValueError, r"params\['w'\] must have shape \(D, K\) with D = x.shape\[1\] = 3"),
+    (bad(y=[[1.0, 2.0], [3.0, 4.0]]), ValueError, r"y must have shape \(B, K\) = \(2, 1\)"),
+    (bad(params={"w": [[0.5], [1.0]], "b": [0.1, 0.2]}), ValueError, r"params\['b'\] must have shape \(K,\)"),
+    (bad(x=[1.0, 2.0]), ValueError, "x must be a non-empty 2-d array"),
+    (bad(params={"w": [[1.0]]}), TypeError, "params must be a dict with keys 'w' and 'b'"),
+    (bad(growth_interval=0), ValueError, "growth_interval must be at least 1"),
+    (bad(growth_interval=2.0), TypeError, "growth_interval must be an int"),
+    (bad(good_steps=2), ValueError, "good_steps must be from 0 to 1"),
+    (bad(loss_scale=0.0), ValueError, "loss_scale must be a positive finite float32"),
+    (bad(loss_scale=1e39), ValueError, "loss_scale must be a positive finite float32"),
+    (bad(lr=-0.1), ValueError, "lr must be a positive finite float32"),
+    (bad(lr="0.1"), TypeError, "lr must be a number"),
+])
+def test_bad_input(inputs, error, words):
+    with pytest.raises(error, match=words):
+        mixed_precision_step(**inputs)
+
+
+def test_bad_compute_and_mode():
+    with pytest.raises(ValueError, match="compute: unknown format 'bf8'.*compute formats: bf16, fp16"):
+        mixed_precision_step(**SEED_EXAMPLES[0][0], compute="bf8")
+    with pytest.raises(ValueError, match="compute: 'tf32' is not a compute format"):
+        mixed_precision_step(**SEED_EXAMPLES[0][0], compute="tf32")
+    with pytest.raises(ValueError, match="mode: unknown semantics 'xla'; presets: seed, jax_cpu"):
+        mixed_precision_step(**SEED_EXAMPLES[0][0], mode="xla")
+    with pytest.raises(ValueError, match="mode 'jax_cpu': its orders were fitted for dimensions 1..4, got B=5"):
+        mixed_precision_step({"w": np.ones((1, 1)), "b": np.ones(1)}, np.ones((5, 1)), np.ones((5, 1)), 1.0, 0, 0.1, 1,
+                             mode="jax_cpu")
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        StepSemantics("mine", reduce="tree")
+
+
+# --- differential tests against the real frameworks ---------------------------------------------
+
+def bits(value):
+    return np.asarray(value, np.float32).reshape(-1).view(np.uint32)
+
+
+def ulps(a, b):
+    """Distance in float32 steps between bit patterns (sign-magnitude mapped onto a line)."""
+    def line(u):
+        u = u.astype(np.int64)
+        return np.where(u & 0x80000000, -(u & 0x7FFFFFFF), u)
+    return np.abs(line(bits(a)) - line(bits(b)))
+
+
+def differences(emulated, real) -> list:
+    """Every output whose bit pattern differs (NaNs of any payload are equal), with ulp distances."""
+    found = []
+    for name, a, b in [("loss", emulated["loss"], real["loss"]), ("w", emulated["params"]["w"], real["params"]["w"]),
+                       ("b", emulated["params"]["b"], real["params"]["b"]),
+                       ("loss_scale", emulated["loss_scale"], real["loss_scale"])]:
+        a32, b32 = np.asarray(a, np.float32).reshape(-1), np.asarray(b, np.float32).reshape(-1)
+        if not np.all((bits(a32) == bits(b32)) | (np.isnan(a32) & np.isnan(b32))):
+            found.append(f"{name}: emulated {a32.tolist()} real {b32.tolist()} ulps {ulps(a32, b32).tolist()}")
+    for name in ("good_steps", "grads_finite"):
+        if emulated[name] != real[name]:
+            found.append(f"{name}: emulated {emulated[name]} real {real[name]}")
+    return found
+
+
+def finite_f32(array):
+    with np.errstate(over="ignore"):
+        return np.clip(array, -3.4028234e38, 3.4028234e38).astype(np.float32)
+
+
+def f32_arrays(shape):
+    """Arrays whose magnitudes reach float32/bf16 underflow and overflow: small values times
+    one power of two per array, or any finite float32 per element."""
+    mantissas = arrays(np.float64, shape, elements=st.floats(-8, 8, allow_subnormal=False))
+    scaled = st.tuples(mantissas, st.integers(-150, 126)).map(lambda t: finite_f32(t[0] * 2.0 ** t[1]))
+    anything = arrays(np.float32, shape, elements=st.floats(width=32, allow_nan=False, allow_infinity=False))
+    return st.one_of(scaled, scaled, anything)
+
+
+@st.composite
+def step_cases(draw):
+    batch, dim, out = (draw(st.integers(1, 4)) for _ in range(3))
+    interval = draw(st.integers(1, 3))
+    scale = draw(st.one_of(st.integers(0, 127).map(lambda e: 2.0 ** e), st.floats(1e-5, 3.2e38)))
+    lr = draw(st.one_of(st.floats(1e-6, 1e2), st.floats(1e2, 1e38)))
+    return dict(params={"w": draw(f32_arrays((dim, out))), "b": draw(f32_arrays((out,)))},
+                x=draw(f32_arrays((batch, dim))), y=draw(f32_arrays((batch, out))), loss_scale=float(np.float32(scale)),
+                good_steps=draw(st.integers(0, interval - 1)), lr=float(np.float32(lr)), growth_interval=interval)
+
+
+needs_jax = pytest.mark.skipif(not available("jmp"), reason="jax not installed")
+needs_torch = pytest.mark.skipif(not available("torch"), reason="torch not installed")
+
+
+@needs_jax
+@pytest.mark.parametrize("mode", ["jax_cpu", "jax_cpu_strict"])
+@settings(max_examples=120, deadline=None)
+@given(case=step_cases())
+def test_bit_exact_with_jax(mode, case):
+    from fpemu.adapters.jax_step import run_jax_steps
+    [real] = run_jax_steps([case], mode=mode)
+    assert not differences(mixed_precision_step(**case, mode=mode), real), \
+        f"mode {mode}: {differences(mixed_precision_step(**case, mode=mode), real)}"
+
+
+@needs_torch
+@pytest.mark.parametrize("mode,unscale", [("torch_cpu", "divide"), ("torch_cpu_grad_scaler", "reciprocal")])
+@settings(max_examples=120, deadline=None)
+@given(case=step_cases())
+def test_bit_exact_with_torch(mode, unscale, case):
+    from fpemu.adapters.torch_step import torch_step
+    real = torch_step(**case, unscale=unscale)
+    found = differences(mixed_precision_step(**case, mode=mode), real)
+    assert not found, f"mode {mode}: {found}"
+
+
+@needs_torch
+@pytest.mark.parametrize("n", range(1, 33))
+def test_torch_sum_order(n):
+    """ATen's CPU sum (4-way ILP, 8-lane vectors, scalar tail first) for 1..32 values, the
+    loss's B * K = 6 and 12 included, which no single-level order reproduces."""
+    import torch
+    from fpemu.steps.kernel import Kernel
+    from fpemu.formats import FORMATS
+    k = Kernel(SEMANTICS["torch_cpu"], FORMATS["fp32"])
+    values = (np.random.default_rng(n).standard_normal((50, n)) * 2.0 ** np.arange(-20, 20, 40 / n)[:n])
+    for row in values.astype(np.float32):
+        squares = row * row
+        assert bits(k.sum_of_squares(row, rows=1)) == bits(torch.from_numpy(squares).sum().numpy())
+
+
+# --- model-driven traces ------------------------------------------------------------------------
+
+def test_fp16_gradients_underflow_without_loss_scaling():
+    unscaled = train_trace("mlp", compute="fp16", profile="static", steps=10, target_scale=1e-4)
+    scaled = train_trace("mlp", compute="fp16", profile="torch", steps=10, target_scale=1e-4)
+    assert unscaled.scales == [1.0] * 10 and scaled.scales[0] == 65536.0
+    assert np.all(unscaled.shares("underflow") > 0.6) and np.all(unscaled.shares("subnormal") > 0.2)
+    assert scaled.shares("underflow").max() < 0.01 and np.all(scaled.shares("overflow") == 0)
+    assert scaled.skipped_updates == 0 and scaled.losses[-1] < scaled.losses[0]
+
+
+def test_bf16_needs_no_loss_scaling():
+    trace = train_trace("mlp", compute="bf16", profile="static", steps=10, target_scale=1e-4)
+    assert np.all(trace.shares("underflow") == 0) and np.all(trace.shares("subnormal") == 0)
+    assert trace.completed_updates == 10 and trace.losses[-1] < trace.losses[0]
+
+
+def test_scale_settles_below_overflow():
+    trace = train_trace("mlp", compute="fp16", profile="torch", steps=120, target_scale=1e-4,
+                        scaler_params=dict(init_scale=2.0 ** 40, growth_interval=10))
+    exponents = np.log2(trace.scales)
+    first_good = trace.completed_updates and next(i for i, s in enumerate(trace.steps) if not s.skipped)
+    assert trace.skipped[:first_good] == list(range(first_good)) and exponents[first_good] < 31
+    assert np.all((exponents[first_good:] >= 27) & (exponents[first_good:] <= 31))
+    later = np.array(trace.skipped[first_good:])
+    assert len(later) >= 3 and np.all(np.diff(later) > 1)  # one overflow per growth, then it backs off
+    assert np.nanmax(trace.shares("overflow")) > 0 and trace.attempts == 120
+    assert trace.attempts == trace.completed_updates + trace.skipped_updates
+
+
+def test_fp8_trace_and_linear_model():
+    trace = train_trace("linear", compute="fp8_e5m2", profile="jmp", scaler_params=dict(loss_scale=2.0 ** 15),
+                        steps=5, target_scale=1e-3)
+    assert trace.attempts == 5 and trace.compute == "fp8_e5m2" and trace.profile == "jmp"
+    assert trace.final_params[0][0].dtype == np.float32
+
+
+def test_trace_bad_input():
+    with pytest.raises(ValueError, match="model must be one of"):
+        train_trace("cnn")
+    with pytest.raises(ValueError, match="mode 'jax_cpu' has orders fitted"):
+        train_trace(mode="jax_cpu")
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        train_trace(steps=0)
+
+
+def test_docstring_examples():
+    import doctest
+    for module in (fpemu.steps.step, fpemu.steps.train):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0
+
+
+@needs_torch
+@pytest.mark.parametrize("mode,unscale", [("torch_cpu", "divide"), ("torch_cpu_grad_scaler", "reciprocal")])
+@pytest.mark.parametrize("w,x,y", [
+    # x.T @ ct: an underflowing product keeps its sign (fused accumulation from +0)
+    ([[-0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[7.6293945e-06, 7.6293945e-06]], [[1.83671e-40] * 3]),
+    # x @ w: two products of +-2^128 are rounded to +-inf before the sum: NaN, not inf
+    ([[-2.0**124], [2.0**124]], [[16.0, 16.0]], [[0.0]]),
+    # exact zeros: the matmuls start from +0
+    ([[-0.0, -0.0], [-0.0, -0.0]], [[0.0, 0.0]], [[1.0, 1.0]]),
+    ([[-0.0]], [[0.0]], [[0.0]]),
+])
+def test_torch_matmul_edges(mode, unscale, w, x, y):
+    from fpemu.adapters.torch_step import torch_step
+    w = np.array(w, np.float32)
+    case = dict(params={"w": w, "b": np.zeros(w.shape[1], np.float32)}, x=np.array(x, np.float32),
+                y=np.array(y, np.float32), loss_scale=1.0, good_steps=0, lr=1.0, growth_interval=1)
+    assert not differences(mixed_precision_step(**case, mode=mode), torch_step(**case, unscale=unscale))
