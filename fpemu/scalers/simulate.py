@@ -61,10 +61,23 @@ class ScalerTrace:
 
 
 def _check_overflows(overflows) -> np.ndarray:
-    """overflows as a 1-d bool array; anything but a sequence of bools is a TypeError."""
+    """overflows as a 1-d bool array; anything but a sequence of bools is a TypeError.
+
+    A bool array passes through as it is; a list or tuple of Python bools is
+    checked and converted in C (bytes of its 0/1 values); anything else goes
+    through np.asarray, whose dtype must come out bool.
+    """
     if isinstance(overflows, (str, bytes)) or not hasattr(overflows, "__iter__"):
         raise TypeError(f"overflows must be a sequence of bools, got {type(overflows).__name__}")
-    flags = np.asarray(list(overflows) if not isinstance(overflows, np.ndarray) else overflows)
+    if isinstance(overflows, np.ndarray):
+        flags = overflows
+    else:
+        items = overflows if isinstance(overflows, (list, tuple)) else list(overflows)
+        if not items:
+            return np.zeros(0, dtype=bool)
+        if set(map(type, items)) == {bool}:
+            return np.frombuffer(bytes(items), dtype=bool)
+        flags = np.asarray(items)
     if flags.size == 0:
         return np.zeros(0, dtype=bool)
     if flags.dtype != bool or flags.ndim != 1:
@@ -89,29 +102,42 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
     ``zero_scale_is_overflow``); the caller then runs the step loop.
     """
     overflow = flags
-    steps = np.arange(overflow.size)
-    last_overflow = np.maximum.accumulate(np.where(overflow, steps, -1))
-    good_run = steps - last_overflow  # 1 for the first good step after an overflow
+    n = overflow.size
+    overflow_steps = np.flatnonzero(overflow)
+    # Steps since the last overflow (since step -1 before any), one run per overflow.
+    run_starts = np.concatenate(([0], overflow_steps))
+    counters = np.arange(n, dtype=np.int64)
+    counters -= np.repeat(np.concatenate(([-1], overflow_steps)), np.diff(np.append(run_starts, n)))
     period = rules.growth_interval + (1 if rules.growth_timing == "N+1" else 0)
-    grows = ~overflow & (good_run % period == 0)
-    counters = np.where(overflow, 0, good_run % period)
-    events = np.flatnonzero(grows | overflow)
-    scale = first = rules.init().scale
-    after_event = []
-    for index in events:
-        scale = rules._backed_off_clamped(scale) if overflow[index] else rules._grown(scale)
-        after_event.append(scale)
-    starts = np.concatenate([[0], events + 1])
-    values = np.array([first] + after_event)
-    lengths = np.diff(np.concatenate([starts, [overflow.size]]))
-    scales_used = np.repeat(values, np.maximum(lengths, 0))[:overflow.size].tolist()
-    if rules.zero_scale_is_overflow and 0.0 in scales_used:
+    np.remainder(counters, period, out=counters)
+    counters[overflow_steps] = 0                     # an overflow resets the counter
+    events = np.flatnonzero(counters == 0).tolist()  # growths and overflows
+    event_overflows = overflow[events].tolist()
+    # The scale after each growth or backoff; a scale sequence has few distinct values, so the
+    # float32 arithmetic runs once per (scale, kind) and the rest are dictionary look-ups.
+    scale = float(rules.init().scale)
+    values = [scale]
+    cache = {}
+    for is_overflow in event_overflows:
+        key = (scale, is_overflow)
+        following = cache.get(key)
+        if following is None:
+            following = float(rules._backed_off_clamped(scale) if is_overflow else rules._grown(scale))
+            cache[key] = following
+        values.append(following)
+        scale = following
+    bounds = [0, *(index + 1 for index in events), n]
+    lengths = [stop - start for start, stop in zip(bounds, bounds[1:])]
+    if rules.zero_scale_is_overflow and any(v == 0.0 for v, length in zip(values, lengths) if length):
         return None
-    final = values[-1]
+    # One Python float object per segment, referenced once per step of it.
+    scales_used = []
+    for value, length in zip(values, lengths):
+        scales_used += [value] * length
     return ScalerTrace(
         profile=profile, params=dict(params or {}), scales=scales_used,
-        skipped=np.flatnonzero(overflow).tolist(), final_scale=float(final), overflow=overflow,
-        applied=~overflow, growth_counter=counters.astype(np.int64), hysteresis=None, events=[])
+        skipped=overflow_steps.tolist(), final_scale=float(values[-1]), overflow=overflow,
+        applied=~overflow, growth_counter=counters, hysteresis=None, events=[])
 
 
 def run_rules(rules: ScalerRules, overflows: Sequence[bool], profile: str = "custom",
