@@ -54,7 +54,7 @@ def test_shipped_specs_are_valid_and_cover_every_profile():
     scenarios = load_specs([SPECS])
     assert len(scenarios) >= 40
     assert set(fpemu.PROFILES) <= {s.profile for s in scenarios}
-    assert {s.overflow.kind for s in scenarios} >= {"explicit", "bernoulli", "bursts", "periodic"}
+    assert {s.overflow.kind for s in scenarios} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
 
 
 def test_traces_are_deterministic_lossless_and_checked(tmp_path):
@@ -201,3 +201,16 @@ def test_cli_bad_input_exits_2_naming_the_file(capsys, tmp_path):
     assert code == 2 and "good.json: checksum mismatch" in err
     code, _, err = run_cli(capsys, "audit", "--baseline", tmp_path / "empty")
     assert code == 2 and "no recorded implementation traces" in err
+
+
+def test_model_driven_specs_show_why_fp16_needs_loss_scaling():
+    traces = {name: reference_trace(load_spec(SPECS / f"{name}.toml"))
+              for name in ("model_fp16_mlp_unscaled", "model_fp16_mlp_torch", "model_bf16_mlp_unscaled")}
+    unscaled = traces["model_fp16_mlp_unscaled"].column("underflow_share")
+    assert min(unscaled) > 0.5
+    assert max(traces["model_fp16_mlp_torch"].column("underflow_share")) < 0.01
+    assert max(traces["model_bf16_mlp_unscaled"].column("underflow_share")) == 0.0
+    with pytest.raises(SpecError, match="overflow.source: a model-driven source needs a scaler that skips"):
+        parse_spec(GOOD.replace('profile = "torch"', 'profile = "optax"').replace(
+            "params = { init_scale = 16.0, growth_interval = 2 }", "params = { max_consecutive_errors = 1 }").replace(
+            'source = "explicit"\nsequence = [false, false, true, false, false, false]', 'source = "model"'), "m.toml")

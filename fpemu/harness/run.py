@@ -50,14 +50,22 @@ def scenario_flags(scenario: Scenario):
     """The overflow flags of every step, and the model's per-step records when a model decides them."""
     if scenario.overflow.kind != "model":
         return scenario.overflow.flags(scenario.steps), None
-    from fpemu.steps import train_model
+    from fpemu.steps import train_trace
     source = scenario.overflow
-    run = train_model(source.model, steps=scenario.steps, compute=source.compute, profile=scenario.profile,
-                      seed=source.seed, lr=source.lr, **scenario.params)
-    return np.array(run.overflow, dtype=bool), run
+    run = train_trace(source.model, compute=source.compute, profile=scenario.profile,
+                      scaler_params=scenario.params, steps=scenario.steps, lr=source.lr,
+                      target_scale=source.target_scale, seed=source.seed)
+    # Under a dynamic or static scaler a step is skipped exactly when its scaled gradients
+    # overflowed (the loader refuses profiles that let non-finite steps through).
+    return np.array(run.skipped_mask, dtype=bool), _model_columns(run)
 
 
-def _steps(scaler_trace, fields, model_run=None) -> tuple:
+def _model_columns(run) -> dict:
+    return {"loss": run.losses, "underflow_share": run.shares("underflow").tolist(),
+            "subnormal_share": run.shares("subnormal").tolist(), "overflow_share": run.shares("overflow").tolist()}
+
+
+def _steps(scaler_trace, fields, model_columns=None) -> tuple:
     records = []
     for step in range(scaler_trace.attempts):
         record = {"step": step}
@@ -71,10 +79,10 @@ def _steps(scaler_trace, fields, model_run=None) -> tuple:
             record["growth_counter"] = int(scaler_trace.growth_counter[step])
         if "hysteresis" in fields and scaler_trace.hysteresis is not None:
             record["hysteresis"] = scaler_trace.hysteresis[step]
-        if model_run is not None:
-            for field in ("loss", "underflow_share", "subnormal_share", "overflow_share"):
+        if model_columns is not None:
+            for field, column in model_columns.items():
                 if field in fields:
-                    record.update(float_fields(field, getattr(model_run, field)[step]))
+                    record.update(float_fields(field, column[step]))
         records.append(record)
     return tuple(records)
 
@@ -88,7 +96,7 @@ def _summary(scaler_trace) -> dict:
 
 def reference_trace(scenario: Scenario) -> Trace:
     """The golden trace: the scenario run on fpemu's reference model."""
-    flags, model_run = scenario_flags(scenario)
+    flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
     metadata = {
         "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario), "implementation": REFERENCE,
@@ -96,7 +104,7 @@ def reference_trace(scenario: Scenario) -> Trace:
         "packages": package_versions(["numpy", "ml_dtypes"]), "device": "cpu", "platform": platform.platform(),
         "verified": get_profile(scenario.profile).verified,
     }
-    return Trace(metadata, _steps(simulated, scenario.record, model_run), _summary(simulated))
+    return Trace(metadata, _steps(simulated, scenario.record, model_columns), _summary(simulated))
 
 
 def record_trace(scenario: Scenario, impl: Implementation) -> Trace:

@@ -188,7 +188,7 @@ def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) ->
             if "underflow_share" in trace.steps[0]:
                 shares = {label: trace.column(f"{label}_share") for label in ("underflow", "subnormal", "overflow")}
                 plot = shares_per_step(folder / "plots" / f"{name}.shares.png",
-                                       f"{name}: scaled gradients in {trace.metadata['spec']['name']}", shares)
+                                       f"{name}: what the scaled gradients lose in the compute format", shares)
                 written.append(plot)
                 lines += ["", f"![{name} shares](plots/{plot.name})"]
         sections.append("\n".join(lines))

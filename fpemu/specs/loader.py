@@ -49,7 +49,7 @@ _SOURCE_KEYS = {
     "bernoulli": {"rate", "seed"},
     "bursts": {"rate", "seed", "length"},
     "periodic": {"period", "offset", "length"},
-    "model": {"model", "seed", "compute", "lr"},
+    "model": {"model", "seed", "compute", "lr", "target_scale"},
 }
 
 
@@ -122,6 +122,7 @@ def _overflow_source(check: _Checker, raw) -> OverflowSource:
         fields["model"] = check.choice(raw.get("model", "linear"), "overflow.model", MODELS)
         fields["compute"] = check.choice(raw.get("compute", "fp16"), "overflow.compute", MODEL_COMPUTE)
         fields["lr"] = check.number(raw.get("lr", 0.05), "overflow.lr", 1e-12, 1e6)
+        fields["target_scale"] = check.number(raw.get("target_scale", 1e-3), "overflow.target_scale", 1e-30, 1e30)
     return OverflowSource(**fields)
 
 
@@ -177,6 +178,9 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     profile = check.choice(scaler.get("profile"), "scaler.profile", tuple(PROFILES))
     params = _profile_params(check, profile, scaler.get("params", {}), "scaler.params")
     overflow = _overflow_source(check, raw["overflow"])
+    if overflow.kind == "model" and get_profile(profile).rules(**params).pass_after_consecutive is not None:
+        check.fail("overflow.source", f"a model-driven source needs a scaler that skips every non-finite step; "
+                                      f"{profile} lets some through")
     if overflow.kind == "explicit" and len(overflow.sequence) < steps:
         check.fail("overflow.sequence", f"expected at least steps={steps} flags, got {len(overflow.sequence)}")
     available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())

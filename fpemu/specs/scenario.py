@@ -28,7 +28,9 @@ class OverflowSource:
       seed: seed of the random processes and of the model's data.
       length: burst length (``bursts``) or overflowing steps per period (``periodic``).
       period, offset: ``periodic``: steps ``offset, offset + period, ...`` start an overflow run.
-      model: ``linear`` or ``mlp`` for ``model``; compute: the emulated compute format.
+      model: ``linear`` or ``mlp`` for ``model``; compute: the emulated compute format;
+        lr and target_scale: the model's learning rate and the size of its targets (and
+        so of its gradients).
     """
 
     kind: str
@@ -41,6 +43,7 @@ class OverflowSource:
     model: str = "linear"
     compute: str = "fp16"
     lr: float = 0.05
+    target_scale: float = 1e-3
 
     def flags(self, steps: int) -> np.ndarray:
         """The overflow flag of each of ``steps`` steps (not for ``model``, which needs the scaler)."""

@@ -79,6 +79,11 @@ class TrainTrace:
         return [i for i, s in enumerate(self.steps) if s.skipped]
 
     @property
+    def skipped_mask(self) -> list:
+        """Per step, whether its update did not run."""
+        return [s.skipped for s in self.steps]
+
+    @property
     def attempts(self) -> int:
         """Batches processed."""
         return len(self.steps)
