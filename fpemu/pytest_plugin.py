@@ -8,7 +8,7 @@ Fixtures:
   ``fpemu_golden(name)``: load a golden trace.
 
 Markers: ``fpemu_torch``, ``fpemu_torch_sharded``, ``fpemu_jmp``, ``fpemu_flax``,
-``fpemu_keras``, ``fpemu_optax``: the test drives that real implementation and is
+``fpemu_keras``, ``fpemu_optax``, ``fpemu_jax_step``, ``fpemu_torch_step``: the test drives that real implementation and is
 skipped, with the reason, where its packages are missing.
 
 The golden folder is the ini option ``fpemu_golden_dir`` (default ``tests/golden``),
@@ -30,8 +30,8 @@ def pytest_addoption(parser):
 
 
 def _marker_names():
-    from fpemu.adapters import SCALER_ADAPTERS
-    return {f"fpemu_{name}": name for name in SCALER_ADAPTERS}
+    from fpemu.adapters import ADAPTERS
+    return {f"fpemu_{name}": name for name in ADAPTERS}
 
 
 def pytest_configure(config):

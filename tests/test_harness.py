@@ -214,3 +214,32 @@ def test_model_driven_specs_show_why_fp16_needs_loss_scaling():
         parse_spec(GOOD.replace('profile = "torch"', 'profile = "optax"').replace(
             "params = { init_scale = 16.0, growth_interval = 2 }", "params = { max_consecutive_errors = 1 }").replace(
             'source = "explicit"\nsequence = [false, false, true, false, false, false]', 'source = "model"'), "m.toml")
+
+
+@pytest.mark.fpemu_jax_step
+@pytest.mark.fpemu_torch_step
+def test_step_scenarios_are_bit_exact_with_jax_and_torch(capsys, tmp_path):
+    specs = [SPECS / f"step_bf16_{name}.toml" for name in ("jax_strict", "torch")]
+    golden = tmp_path / "golden"
+    run_cli(capsys, "golden", *specs, "--out", golden)
+    code, out, _ = run_cli(capsys, "diff", *specs, "--golden", golden, "--json")
+    verdicts = {(v["spec"], v["implementation"]): v for v in json.loads(out)["verdicts"]}
+    assert code == 0
+    assert verdicts[("step_bf16_jax_strict", "jax_step@cpu")]["status"] == "match"
+    assert verdicts[("step_bf16_torch", "torch_step@cpu")]["status"] == "match"
+    assert verdicts[("step_bf16_jax_strict", "jax_step@cpu")]["max_ulp"] == {"loss": 0, "params": 0}
+    torch_vs_xla = verdicts[("step_bf16_jax_strict", "torch_step@cpu")]
+    assert torch_vs_xla["status"] == "known divergence" and torch_vs_xla["max_ulp"]["loss"] > 0
+
+
+@pytest.mark.parametrize("extra,words", [
+    ('[scaler]\nprofile = "torch"\n', r"scaler: a \[step\] scenario has its own scale rule"),
+    ("[implementations.jmp]\n", "implementations.jmp: unknown step implementation"),
+    ('[implementations.jax_step]\nparams = { mode = "torch_cpu" }\n', "implementations.jax_step.params.mode: expected one of"),
+])
+def test_step_spec_errors(extra, words):
+    base = "steps = 4\n[step]\nbatch = 2\n"
+    with pytest.raises(SpecError, match=words):
+        parse_spec(base + extra, "s.toml")
+    with pytest.raises(SpecError, match=r"s.toml: step.batch: expected an integer in 1..4"):
+        parse_spec("steps = 4\n[step]\nbatch = 9\n", "s.toml")

@@ -20,12 +20,19 @@ SCALER_ADAPTERS = {
     "optax": ("fpemu.adapters.jax_scalers", ("jax", "optax")),
 }
 
+# Seed 002's mixed-precision step, run by the real frameworks (for step scenarios).
+STEP_ADAPTERS = {
+    "jax_step": ("fpemu.adapters.jax_step", ("jax",)),
+    "torch_step": ("fpemu.adapters.torch_step", ("torch",)),
+}
+ADAPTERS = {**SCALER_ADAPTERS, **STEP_ADAPTERS}
+
 
 def unavailable_reason(name: str):
     """None if adapter ``name`` can run here, else the reason it cannot."""
-    if name not in SCALER_ADAPTERS:
-        return f"no adapter named {name!r}; adapters: {', '.join(SCALER_ADAPTERS)}"
-    missing = [pkg for pkg in SCALER_ADAPTERS[name][1] if importlib.util.find_spec(pkg) is None]
+    if name not in ADAPTERS:
+        return f"no adapter named {name!r}; adapters: {', '.join(ADAPTERS)}"
+    missing = [pkg for pkg in ADAPTERS[name][1] if importlib.util.find_spec(pkg) is None]
     return f"{', '.join(missing)} not installed" if missing else None
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from fpemu.traces import Trace, decode_value
 
 EXACT_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
-ULP_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
+ULP_FIELDS = ("loss", "params", "underflow_share", "subnormal_share", "overflow_share")
 
 MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"
 
@@ -95,6 +95,9 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
             return (f"growth timing: the growth counter resets on a different step, and the scale "
                     f"follows at step {later}")
         return f"{field} bookkeeping differs (reset rule)"
+    if field in ULP_FIELDS:
+        return ("tensor arithmetic: the implementation rounds, orders or fuses the step's operations "
+                "differently (see docs/steps.md)")
     if field != "scale" or before < 0:
         return "different arithmetic"
     previous_overflow = bool(golden.steps[before].get("overflow"))
@@ -123,7 +126,10 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence: Optional[s
         for field in common:
             expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
             if field in ULP_FIELDS:
-                distance = ulp_distance_f32(expected, got)
+                if isinstance(expected, list):
+                    distance = max((ulp_distance_f32(a, b) for a, b in zip(expected, got)), default=0)
+                else:
+                    distance = ulp_distance_f32(expected, got)
                 max_ulp[field] = max(max_ulp[field], distance)
                 differs = distance != 0
             elif isinstance(expected, float):

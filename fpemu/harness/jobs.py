@@ -41,17 +41,17 @@ def parse_implementation(name: str) -> tuple:
 def implementations_for(scenario: Scenario, requested: Optional[list]) -> list:
     """The implementations to drive: those named (``torch``, ``torch@cuda``), else the spec's own,
     else the real implementation of the scenario's profile when fpemu has an adapter for it."""
-    from fpemu.adapters import SCALER_ADAPTERS
+    from fpemu.adapters import ADAPTERS, SCALER_ADAPTERS
     if requested:
         chosen = []
         for name in requested:
             adapter, device = parse_implementation(name)
-            if adapter not in SCALER_ADAPTERS:
-                raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(SCALER_ADAPTERS)}")
+            if adapter not in ADAPTERS:
+                raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(ADAPTERS)}")
             declared = next((i for i in scenario.implementations if i.name == adapter), None)
             if declared is not None:
                 chosen.append(dataclasses.replace(declared, device=device))
-            elif adapter == scenario.profile:
+            elif adapter == scenario.profile or (scenario.step is not None and adapter.endswith("_step")):
                 chosen.append(Implementation(adapter, dict(scenario.params), device))
         return chosen
     if scenario.implementations:

@@ -13,6 +13,7 @@ from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs.scenario import Implementation, Scenario
 from fpemu.traces import Trace, float_fields
+from fpemu.traces.format import encode_float
 
 REFERENCE = "reference"
 
@@ -94,8 +95,83 @@ def _summary(scaler_trace) -> dict:
             "events": [[step, text] for step, text in scaler_trace.events]}
 
 
+def _run_steps(scenario: Scenario, step_fn) -> tuple:
+    """Iterate seed 002's step over the scenario's data, feeding each result into the next step.
+
+    Returns (step records, summary) in the trace layout.
+    """
+    source = scenario.step
+    params, data = source.inputs(scenario.steps)
+    scale, good = np.float32(source.init_scale), np.int32(0)
+    records, applied = [], []
+    for index, (x, y) in enumerate(data):
+        out = step_fn(params=params, x=x, y=y, loss_scale=scale, good_steps=good, lr=np.float32(source.lr),
+                      growth_interval=source.growth_interval)
+        finite = bool(out["grads_finite"])
+        record = {"step": index}
+        if "scale" in scenario.record:
+            record.update(float_fields("scale", float(scale)))
+        if "overflow" in scenario.record:
+            record["overflow"] = not finite
+        if "applied" in scenario.record:
+            record["applied"] = finite
+        if "growth_counter" in scenario.record:
+            record["growth_counter"] = int(out["good_steps"])
+        if "loss" in scenario.record:
+            record.update(float_fields("loss", float(out["loss"])))
+        params = {"w": np.asarray(out["params"]["w"], np.float32), "b": np.asarray(out["params"]["b"], np.float32)}
+        if "params" in scenario.record:
+            flat = np.concatenate([params["w"].ravel(), params["b"].ravel()]).astype(np.float64)
+            record["params"] = [encode_float(v) for v in flat]
+            record["params_hex"] = [float(v).hex() for v in flat]
+        records.append(record)
+        applied.append(finite)
+        scale, good = np.float32(out["loss_scale"]), np.int32(out["good_steps"])
+    summary = {"attempts": len(records), "completed_updates": sum(applied),
+               "skipped_updates": len(records) - sum(applied), **float_fields("final_scale", float(scale)),
+               "stopped_at": None, "events": []}
+    return tuple(records), summary
+
+
+def _reference_step_trace(scenario: Scenario) -> Trace:
+    from fpemu.steps import mixed_precision_step
+    source = scenario.step
+    steps, summary = _run_steps(scenario, lambda **case: mixed_precision_step(**case, compute=source.compute,
+                                                                              mode=source.mode))
+    metadata = {
+        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario), "implementation": REFERENCE,
+        "profile": scenario.profile, "params": {"mode": source.mode, "compute": source.compute},
+        "packages": package_versions(["numpy", "ml_dtypes"]), "device": "cpu", "platform": platform.platform(),
+        "verified": "driven",
+    }
+    return Trace(metadata, steps, summary)
+
+
+def _recorded_step_trace(scenario: Scenario, impl: Implementation) -> Trace:
+    source = scenario.step
+    if impl.name == "jax_step":
+        from fpemu.adapters.jax_step import jax_step
+        mode = impl.params.get("mode", source.mode if source.mode.startswith("jax") else "jax_cpu_strict")
+        steps, summary = _run_steps(scenario, lambda **case: jax_step(**case, mode=mode, compute=source.compute))
+        params, packages = {"mode": mode}, ["jax", "jaxlib"]
+    else:
+        from fpemu.adapters.torch_step import torch_step
+        unscale = impl.params.get("unscale", "divide")
+        steps, summary = _run_steps(scenario, lambda **case: torch_step(**case, compute=source.compute,
+                                                                          device=impl.device, unscale=unscale))
+        params, packages = {"unscale": unscale}, ["torch"]
+    metadata = {
+        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario),
+        "implementation": implementation_key(impl), "profile": impl.name, "params": params,
+        "packages": package_versions(packages), "device": impl.device, "platform": platform.platform(),
+    }
+    return Trace(metadata, steps, summary)
+
+
 def reference_trace(scenario: Scenario) -> Trace:
     """The golden trace: the scenario run on fpemu's reference model."""
+    if scenario.step is not None:
+        return _reference_step_trace(scenario)
     flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
     metadata = {
@@ -108,7 +184,9 @@ def reference_trace(scenario: Scenario) -> Trace:
 
 
 def record_trace(scenario: Scenario, impl: Implementation) -> Trace:
-    """Drive the real implementation ``impl`` through the scenario's overflow flags."""
+    """Drive the real implementation ``impl`` through the scenario's overflow flags (or its steps)."""
+    if scenario.step is not None:
+        return _recorded_step_trace(scenario, impl)
     flags, _ = scenario_flags(scenario)
     kwargs = dict(impl.params)
     if impl.name.startswith("torch"):

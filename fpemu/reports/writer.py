@@ -191,6 +191,14 @@ def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) ->
                                        f"{name}: what the scaled gradients lose in the compute format", shares)
                 written.append(plot)
                 lines += ["", f"![{name} shares](plots/{plot.name})"]
+            if "loss" in trace.steps[0] and observed.get(name):
+                distances = _ulp_distances(trace, observed[name])
+                if distances:
+                    from fpemu.reports.plots import ulp_histogram
+                    plot = ulp_histogram(folder / "plots" / f"{name}.ulp.png",
+                                         f"{name}: ulp distance to the emulation, per step", distances)
+                    written.append(plot)
+                    lines += ["", _ulp_table(distances), "", f"![{name} ulp](plots/{plot.name})"]
         sections.append("\n".join(lines))
     text = ("# Differential harness\n\n"
             f"**{headline}.** Each real implementation was driven through each spec's overflow sequence and "
@@ -201,6 +209,27 @@ def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) ->
             + "\n\n## Scenarios\n\n" + "\n\n".join(sections) + "\n")
     written.insert(0, atomic_write(folder / "harness.md", text))
     return written
+
+
+def _ulp_distances(golden, traces) -> dict:
+    """'implementation: field' -> per-step float32 ulp distances (elementwise max for tensors)."""
+    from fpemu.compare import ulp_distance_f32
+    out = {}
+    for trace in traces:
+        for field in ("loss", "params"):
+            if field not in trace.steps[0]:
+                continue
+            values = []
+            for expected, got in zip(golden.column(field), trace.column(field)):
+                pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
+                values.append(max((ulp_distance_f32(a, b) for a, b in pairs), default=0))
+            out[f"{trace.implementation}: {field}"] = values
+    return out
+
+
+def _ulp_table(distances: dict) -> str:
+    rows = [(label, len(values), sum(v == 0 for v in values), max(values)) for label, values in distances.items()]
+    return markdown_table(["implementation: output", "steps", "bit-exact steps", "max ulp"], rows)
 
 
 def index_report(folder: pathlib.Path) -> str:

@@ -25,6 +25,7 @@ A spec (one scenario per file)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import pathlib
@@ -36,14 +37,19 @@ except ModuleNotFoundError:  # Python 3.10
 
 from fpemu.errors import FpemuInputError
 from fpemu.scalers.profiles import PROFILES, get_profile
-from fpemu.specs.scenario import OVERFLOW_SOURCES, Implementation, OverflowSource, Scenario
+from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, Implementation, OverflowSource, Scenario,
+                                  StepSource)
 
 SCALER_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
 MODEL_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
-_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations"}
+_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step"}
+STEP_FIELDS = ("scale", "overflow", "applied", "growth_counter", "loss", "params")
+STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
+_STEP_IMPL_PARAMS = {"jax_step": {"mode": ("jax_cpu", "jax_cpu_strict")},
+                     "torch_step": {"unscale": ("divide", "reciprocal")}}
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
     "bernoulli": {"rate", "seed"},
@@ -162,6 +168,70 @@ def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
     return tuple(out)
 
 
+def _step_source(check: _Checker, raw) -> StepSource:
+    keys = {f.name for f in dataclasses.fields(StepSource)}
+    check.table(raw, "step", keys)
+    fields = {}
+    if "mode" in raw:
+        fields["mode"] = check.choice(raw["mode"], "step.mode", STEP_MODES)
+    if "compute" in raw:
+        fields["compute"] = check.choice(raw["compute"], "step.compute", ("bf16", "fp16"))
+    for key in ("batch", "features", "outputs"):
+        if key in raw:
+            fields[key] = check.integer(raw[key], f"step.{key}", 1)
+            if fields[key] > 4:
+                check.fail(f"step.{key}", f"expected an integer in 1..4 (the fitted step orders), got {fields[key]}")
+    for key, low, high in (("magnitude", 1e-30, 1e30), ("spread", 0.0, 100.0), ("lr", 1e-12, 1e30),
+                           ("init_scale", 1e-30, 3.2e38)):
+        if key in raw:
+            fields[key] = check.number(raw[key], f"step.{key}", low, high)
+    for key in ("seed", "growth_interval"):
+        if key in raw:
+            fields[key] = check.integer(raw[key], f"step.{key}", 0 if key == "seed" else 1)
+    return StepSource(**fields)
+
+
+def _step_implementations(check: _Checker, raw) -> tuple:
+    if not isinstance(raw, dict):
+        check.fail("implementations", "expected a table of implementation tables")
+    out = []
+    for name, body in raw.items():
+        key = f"implementations.{name}"
+        adapter, _, device = name.partition("@")
+        if adapter not in _STEP_IMPL_PARAMS:
+            check.fail(key, f"unknown step implementation; known: {', '.join(_STEP_IMPL_PARAMS)}")
+        check.choice(device or "cpu", key, ("cpu", "cuda"))
+        check.table(body, key, {"params", "expect_divergence"})
+        params = check.table(body.get("params", {}), f"{key}.params", _STEP_IMPL_PARAMS[adapter])
+        for param, value in params.items():
+            check.choice(value, f"{key}.params.{param}", _STEP_IMPL_PARAMS[adapter][param])
+        reason = body.get("expect_divergence")
+        if reason is not None:
+            check.string(reason, f"{key}.expect_divergence")
+        out.append(Implementation(adapter, dict(params), device or "cpu", reason))
+    return tuple(out)
+
+
+def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> Scenario:
+    for key in ("scaler", "overflow"):
+        if key in raw:
+            check.fail(key, "a [step] scenario has its own scale rule and data; remove this table")
+    steps = check.integer(raw["steps"], "steps", 1)
+    step = _step_source(check, raw["step"])
+    record = check.table(raw.get("record", {}), "record", {"fields"})
+    fields = record.get("fields", list(STEP_FIELDS))
+    if not isinstance(fields, list):
+        check.fail("record.fields", "expected a list of field names")
+    for index, field in enumerate(fields):
+        check.choice(field, f"record.fields[{index}]", STEP_FIELDS)
+    name = raw.get("name", pathlib.Path(path).stem)
+    return Scenario(
+        name=check.string(name, "name"), description=check.string(raw.get("description", ""), "description"),
+        steps=steps, profile=SEED_STEP, params={}, overflow=OverflowSource("model"),
+        implementations=_step_implementations(check, raw.get("implementations", {})), record=tuple(fields),
+        path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, step=step)
+
+
 def parse_spec(text: str, path: str = "<string>") -> Scenario:
     """Validate TOML ``text`` and build its :class:`Scenario`."""
     check = _Checker(path)
@@ -170,6 +240,10 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
     check.table(raw, "", _TOP_KEYS)
+    if "step" in raw:
+        if "steps" not in raw:
+            check.fail("steps", "missing required key")
+        return _parse_step_spec(check, raw, text, path)
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
             check.fail(required, "missing required key")

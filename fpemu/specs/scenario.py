@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 OVERFLOW_SOURCES = ("explicit", "bernoulli", "bursts", "periodic", "model")
+SEED_STEP = "seed_step"  # the profile name of step scenarios: seed 002's own scale rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,48 @@ class OverflowSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepSource:
+    """A run of seed 002's mixed-precision step on seeded data (small shapes, B, D, K <= 4).
+
+    Attributes:
+      mode: the StepSemantics preset of the golden trace (``jax_cpu_strict``, ``jax_cpu``,
+        ``torch_cpu``, ...).
+      compute: the compute format.
+      batch, features, outputs: B, D and K.
+      seed: seed of the initial weights and of every step's data.
+      magnitude: data are normal * magnitude * 2^U(-spread, spread): large values overflow
+        the scaled gradients, small ones underflow.
+      spread: see magnitude.
+      lr, growth_interval, init_scale: the step's learning rate, growth interval and first scale.
+    """
+
+    mode: str = "jax_cpu_strict"
+    compute: str = "bf16"
+    batch: int = 2
+    features: int = 3
+    outputs: int = 2
+    seed: int = 0
+    magnitude: float = 1.0
+    spread: float = 0.0
+    lr: float = 0.05
+    growth_interval: int = 4
+    init_scale: float = 65536.0
+
+    def inputs(self, steps: int):
+        """(initial params, [(x, y) per step]) as float32 arrays."""
+        rng = np.random.default_rng(self.seed)
+        params = {"w": rng.standard_normal((self.features, self.outputs)).astype(np.float32),
+                  "b": (0.1 * rng.standard_normal(self.outputs)).astype(np.float32)}
+
+        def data(shape):
+            spread = np.exp2(rng.uniform(-self.spread, self.spread, shape))
+            return (rng.standard_normal(shape) * self.magnitude * spread).astype(np.float32)
+
+        return params, [(data((self.batch, self.features)), data((self.batch, self.outputs)))
+                        for _ in range(steps)]
+
+
+@dataclasses.dataclass(frozen=True)
 class Implementation:
     """A real implementation to drive: an adapter name, its parameters, and a declared divergence."""
 
@@ -89,9 +132,11 @@ class Scenario:
     path: str = ""
     sha256: str = ""
     text: str = ""
+    step: Optional[StepSource] = None
 
     def implementation(self, name: str) -> Implementation:
         for impl in self.implementations:
             if impl.name == name:
                 return impl
-        return Implementation(name, dict(self.params) if name == self.profile else {})
+        own = name == self.profile or (self.step is not None and name.endswith("_step"))
+        return Implementation(name, dict(self.params) if own else {})

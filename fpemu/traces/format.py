@@ -89,8 +89,12 @@ def float_fields(name: str, value) -> dict:
 
 
 def decode_value(record: dict, field: str):
-    if f"{field}_hex" in record:
-        return float.fromhex(record[f"{field}_hex"])
+    """A field of a step record, floats (and lists of floats) read exactly from their hex form."""
+    exact = record.get(f"{field}_hex")
+    if isinstance(exact, list):
+        return [float.fromhex(v) for v in exact]
+    if exact is not None:
+        return float.fromhex(exact)
     return record.get(field)
 
 
