@@ -46,13 +46,13 @@ _INTERVAL_NAMES = ("growth_interval", "period", "dynamic_growth_steps", "scale_w
 _SCALE_NAMES = ("init_scale", "loss_scale", "scale", "initial_scale", "init_loss_scaling")
 
 
-def _comparable_params(profile) -> dict:
+def _comparable_params(profile, start: float = 16.0, interval: int = 3) -> dict:
     params = {}
     for name, default in profile.defaults.items():
         if name in _INTERVAL_NAMES:
-            params[name] = 3
+            params[name] = interval
         elif name in _SCALE_NAMES:
-            params[name] = 16.0
+            params[name] = start
         elif default is REQUIRED:
             params[name] = 1
     return params
@@ -109,6 +109,15 @@ def profiles_report() -> str:
                      None)
         divergence.append((name, "-" if first is None else first, trace.attempts, trace.completed_updates,
                            trace.skipped_updates, f"{trace.final_scale:g}"))
+    extremes = []
+    for name, profile in PROFILES.items():
+        if not profile.rules(**_comparable_params(profile)).dynamic:
+            continue
+        ceiling = simulate_scaler([False] * 6, name, **_comparable_params(profile, 1e38, 1))
+        floor = simulate_scaler([True] * 12, name, **_comparable_params(profile, 2.0**-120, 1))
+        stopped = f" (raised at step {floor.stopped_at})" if floor.stopped_at is not None else ""
+        extremes.append((name, f"{ceiling.final_scale:.9g} ({float(ceiling.final_scale).hex()})",
+                         f"{floor.final_scale:.6g}{stopped}"))
     sources = markdown_table(["profile", "source read", "notes"],
                              [(p.name, p.source, p.notes) for p in PROFILES.values()])
     return ("# Loss-scaler profiles\n\n"
@@ -122,7 +131,13 @@ def profiles_report() -> str:
             + "\n\n## Where each profile first departs from torch.amp.GradScaler\n\n"
             + markdown_table(["profile", "first step that differs", "attempts", "completed updates",
                               "skipped updates", "final scale"], divergence)
-            + "\n\n![profiles](plots/profiles.png)\n\n## Sources\n\n" + sources + "\n")
+            + "\n\n![profiles](plots/profiles.png)\n\n## At the edges of float32\n\n"
+            "Six good steps from a scale of 1e38 with growth every step (where growth overflows: keep, "
+            "clamp, inf, or a Python float that grows past float32), and twelve overflows from 2^-120 "
+            "(floors, flush to zero, a raise).\n\n"
+            + markdown_table(["profile", "scale after 6 growths from 1e38", "scale after 12 overflows from 2^-120"],
+                             extremes)
+            + "\n\n## Sources\n\n" + sources + "\n")
 
 
 def _matplotlib_missing() -> bool:
