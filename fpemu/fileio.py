@@ -22,3 +22,12 @@ def atomic_write(path, data, mode: str = "w") -> pathlib.Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def read_text(path, error: type) -> str:
+    """The UTF-8 text of ``path``; an unreadable file raises ``error`` naming it."""
+    try:
+        return pathlib.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as problem:
+        reason = getattr(problem, "strerror", None) or str(problem)
+        raise error(f"{path}: cannot read: {reason}") from None

@@ -54,7 +54,8 @@ def test_shipped_specs_are_valid_and_cover_every_profile():
     scenarios = load_specs([SPECS])
     assert len(scenarios) >= 40
     assert set(fpemu.PROFILES) <= {s.profile for s in scenarios}
-    assert {s.overflow.kind for s in scenarios} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
+    assert {s.overflow.kind for s in scenarios if s.overflow} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
+    assert {i.name for s in scenarios if s.step for i in s.implementations} == {"jax_step", "torch_step"}
 
 
 def test_traces_are_deterministic_lossless_and_checked(tmp_path):

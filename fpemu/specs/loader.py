@@ -36,6 +36,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fpemu.errors import FpemuInputError
+from fpemu.fileio import read_text
 from fpemu.scalers.profiles import PROFILES, get_profile
 from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, Implementation, OverflowSource, Scenario,
                                   StepSource)
@@ -142,30 +143,52 @@ def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
     return dict(params)
 
 
-def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
-    from fpemu.adapters import SCALER_ADAPTERS
+def _implementation_tables(check: _Checker, raw, known, what: str):
+    """Yield (key, adapter, device, body, declared divergence) for each [implementations.X] table."""
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
-    out = []
     for name, body in raw.items():
         key = f"implementations.{name}"
         adapter, _, device = name.partition("@")
-        if adapter not in SCALER_ADAPTERS:
-            check.fail(key, f"unknown implementation; known: {', '.join(SCALER_ADAPTERS)} "
-                            "(add @cuda to run on the GPU)")
+        if adapter not in known:
+            check.fail(key, f"unknown {what}; known: {', '.join(known)} (add @cuda to run on the GPU)")
         check.choice(device or "cpu", key, ("cpu", "cuda"))
         check.table(body, key, {"params", "expect_divergence"})
+        reason = body.get("expect_divergence")
+        if reason is not None:
+            check.string(reason, f"{key}.expect_divergence")
+        yield key, adapter, device or "cpu", body, reason
+
+
+def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
+    from fpemu.adapters import SCALER_ADAPTERS
+    out = []
+    for key, adapter, device, body, reason in _implementation_tables(check, raw, SCALER_ADAPTERS, "implementation"):
         if "params" in body:
             impl_params = _profile_params(check, adapter, body["params"], f"{key}.params")
         elif adapter == profile:
             impl_params = dict(params)
         else:
             check.fail(f"{key}.params", f"required: {adapter} runs under another profile than {profile}")
-        reason = body.get("expect_divergence")
-        if reason is not None:
-            check.string(reason, f"{key}.expect_divergence")
-        out.append(Implementation(adapter, impl_params, device or "cpu", reason))
+        out.append(Implementation(adapter, impl_params, device, reason))
     return tuple(out)
+
+
+def _record_fields(check: _Checker, raw: dict, available) -> tuple:
+    record = check.table(raw.get("record", {}), "record", {"fields"})
+    fields = record.get("fields", list(available))
+    if not isinstance(fields, list):
+        check.fail("record.fields", "expected a list of field names")
+    for index, field in enumerate(fields):
+        check.choice(field, f"record.fields[{index}]", available)
+    return tuple(fields)
+
+
+def _scenario(check: _Checker, raw: dict, text: str, path: str, **fields) -> Scenario:
+    name = raw.get("name", pathlib.Path(path).stem)
+    return Scenario(name=check.string(name, "name"),
+                    description=check.string(raw.get("description", ""), "description"),
+                    path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, **fields)
 
 
 def _step_source(check: _Checker, raw) -> StepSource:
@@ -192,23 +215,13 @@ def _step_source(check: _Checker, raw) -> StepSource:
 
 
 def _step_implementations(check: _Checker, raw) -> tuple:
-    if not isinstance(raw, dict):
-        check.fail("implementations", "expected a table of implementation tables")
     out = []
-    for name, body in raw.items():
-        key = f"implementations.{name}"
-        adapter, _, device = name.partition("@")
-        if adapter not in _STEP_IMPL_PARAMS:
-            check.fail(key, f"unknown step implementation; known: {', '.join(_STEP_IMPL_PARAMS)}")
-        check.choice(device or "cpu", key, ("cpu", "cuda"))
-        check.table(body, key, {"params", "expect_divergence"})
+    for key, adapter, device, body, reason in _implementation_tables(check, raw, _STEP_IMPL_PARAMS,
+                                                                     "step implementation"):
         params = check.table(body.get("params", {}), f"{key}.params", _STEP_IMPL_PARAMS[adapter])
         for param, value in params.items():
             check.choice(value, f"{key}.params.{param}", _STEP_IMPL_PARAMS[adapter][param])
-        reason = body.get("expect_divergence")
-        if reason is not None:
-            check.string(reason, f"{key}.expect_divergence")
-        out.append(Implementation(adapter, dict(params), device or "cpu", reason))
+        out.append(Implementation(adapter, dict(params), device, reason))
     return tuple(out)
 
 
@@ -216,20 +229,10 @@ def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> Scenar
     for key in ("scaler", "overflow"):
         if key in raw:
             check.fail(key, "a [step] scenario has its own scale rule and data; remove this table")
-    steps = check.integer(raw["steps"], "steps", 1)
-    step = _step_source(check, raw["step"])
-    record = check.table(raw.get("record", {}), "record", {"fields"})
-    fields = record.get("fields", list(STEP_FIELDS))
-    if not isinstance(fields, list):
-        check.fail("record.fields", "expected a list of field names")
-    for index, field in enumerate(fields):
-        check.choice(field, f"record.fields[{index}]", STEP_FIELDS)
-    name = raw.get("name", pathlib.Path(path).stem)
-    return Scenario(
-        name=check.string(name, "name"), description=check.string(raw.get("description", ""), "description"),
-        steps=steps, profile=SEED_STEP, params={}, overflow=OverflowSource("model"),
-        implementations=_step_implementations(check, raw.get("implementations", {})), record=tuple(fields),
-        path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, step=step)
+    return _scenario(check, raw, text, path, steps=check.integer(raw["steps"], "steps", 1), profile=SEED_STEP,
+                     params={}, overflow=None, step=_step_source(check, raw["step"]),
+                     implementations=_step_implementations(check, raw.get("implementations", {})),
+                     record=_record_fields(check, raw, STEP_FIELDS))
 
 
 def parse_spec(text: str, path: str = "<string>") -> Scenario:
@@ -258,28 +261,14 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     if overflow.kind == "explicit" and len(overflow.sequence) < steps:
         check.fail("overflow.sequence", f"expected at least steps={steps} flags, got {len(overflow.sequence)}")
     available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
-    record = check.table(raw.get("record", {}), "record", {"fields"})
-    fields = record.get("fields", list(available))
-    if not isinstance(fields, list):
-        check.fail("record.fields", "expected a list of field names")
-    for index, field in enumerate(fields):
-        check.choice(field, f"record.fields[{index}]", available)
-    name = raw.get("name", pathlib.Path(path).stem)
-    return Scenario(
-        name=check.string(name, "name"), description=check.string(raw.get("description", ""), "description"),
-        steps=steps, profile=profile, params=params, overflow=overflow,
-        implementations=_implementations(check, raw.get("implementations", {}), profile, params),
-        record=tuple(fields), path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text)
+    return _scenario(check, raw, text, path, steps=steps, profile=profile, params=params, overflow=overflow,
+                     implementations=_implementations(check, raw.get("implementations", {}), profile, params),
+                     record=_record_fields(check, raw, available))
 
 
 def load_spec(path) -> Scenario:
     """Load and validate one spec file."""
-    path = pathlib.Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise SpecError(f"{path}: cannot read: {error.strerror}") from None
-    return parse_spec(text, str(path))
+    return parse_spec(read_text(path, SpecError), str(path))
 
 
 def find_specs(paths) -> list:

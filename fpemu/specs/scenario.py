@@ -126,7 +126,7 @@ class Scenario:
     steps: int
     profile: str
     params: dict
-    overflow: OverflowSource
+    overflow: Optional[OverflowSource]  # None for step scenarios
     implementations: tuple
     record: tuple
     path: str = ""

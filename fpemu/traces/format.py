@@ -41,7 +41,7 @@ import math
 import pathlib
 
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import atomic_write
+from fpemu.fileio import atomic_write, read_text
 
 FORMAT_NAME = "fpemu-trace"
 FORMAT_VERSION = 1
@@ -140,12 +140,7 @@ def loads(text: str, path: str = "<string>") -> Trace:
 
 
 def read_trace(path) -> Trace:
-    path = pathlib.Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise TraceError(f"{path}: cannot read: {error.strerror}") from None
-    return loads(text, str(path))
+    return loads(read_text(path, TraceError), str(path))
 
 
 def trace_filename(spec_name: str, implementation: str) -> str:
