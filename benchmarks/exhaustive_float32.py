@@ -91,8 +91,10 @@ def merge(shards: int) -> dict:
     columns = [("format", "format"), ("inputs", "float32 inputs"), ("mismatches", "mismatches"),
                ("fpemu_s", "fpemu kernel s"), ("native_s", "native cast s"),
                ("fpemu_mvals", "fpemu M values/s")]
-    notes = ["Every float32 bit pattern, rounded by fpemu's bit kernel and by the numpy/ml_dtypes cast "
-             "(nearest even, IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison.",
+    notes = ["Every float32 bit pattern, rounded by fpemu's bit kernel (both as quantize runs it and as "
+             "round_to_format runs it, with overflow flags) and by the numpy/ml_dtypes cast (nearest even, "
+             "IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison. 'mismatches' counts inputs "
+             "where either kernel path differs from the cast; the kernel time is quantize's path.",
              f"Times are summed over {shards} shards (CPU seconds of each process)."]
     write_report("exhaustive_float32", "Exhaustive float32 sweep", result, rows, columns, notes)
     return result

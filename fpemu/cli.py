@@ -40,8 +40,12 @@ def _cmd_golden(args) -> int:
 
 def _cmd_record(args) -> int:
     from fpemu.harness import record
-    written = record(args.specs, args.out, args.impl, _progress(args))
-    _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
+    written, skipped = record(args.specs, args.out, args.impl, _progress(args))
+    _emit(args, {"written": [str(p) for p in written], "skipped": [list(s) for s in skipped]},
+          [f"wrote {p}" for p in written] + [f"skipped {spec} / {impl}: {why}" for spec, impl, why in skipped])
+    if not written:
+        print("fpemu record: error: nothing recorded (every implementation was skipped)", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -99,7 +103,7 @@ def _cmd_run(args) -> int:
     golden_dir, observed_dir = reports / "golden", reports / "observed"
     progress = _progress(args)
     write_golden([args.specs], golden_dir, progress)
-    verdicts = diff([args.specs], golden_dir, None, observed_dir, progress)
+    verdicts = diff([args.specs], golden_dir, None, observed_dir, progress, allow_none=True)
     diff_file = atomic_write(reports / "diff.json",
                              json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
     written = write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
@@ -121,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         return cmd
 
     specs_help = "spec files or folders of *.toml specs"
-    impl_help = "implementations to drive: torch, torch_sharded, jmp, flax, keras, optax (add @cuda for the GPU)"
+    impl_help = ("implementations to drive: torch, torch_sharded, jmp, flax, keras, optax, and jax_step, "
+                 "torch_step for [step] specs (add @cuda for the GPU)")
     golden = command("golden", "write the reference (golden) trace of each spec", _cmd_golden)
     golden.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     golden.add_argument("--out", type=pathlib.Path, required=True, help="folder for the golden traces")
@@ -161,6 +166,10 @@ def main(argv=None) -> int:
         return args.handler(args)
     except FpemuInputError as error:
         print(f"fpemu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # an output path that cannot be written (a file where a folder must be, ...)
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"fpemu {args.command}: error: cannot write {where}{error.strerror or error}", file=sys.stderr)
         return 2
 
 

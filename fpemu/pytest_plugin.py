@@ -73,7 +73,9 @@ def assert_trace_matches(request):
         if update and trace.implementation == "reference":
             write_trace(trace, path)
         elif not path.exists():
-            pytest.fail(f"{path}: no golden trace; run pytest with --fpemu-update-golden to create it")
+            pytest.fail(f"{path}: no golden trace. Golden traces come from the reference model: write it with "
+                        f"`fpemu golden SPEC --out {folder}`, or by passing reference_trace(scenario) to "
+                        "assert_trace_matches under --fpemu-update-golden", pytrace=False)
         verdict = compare_traces(read_trace(path), trace, expect_divergence)
         if verdict.failed:
             pytest.fail(f"{trace.implementation} diverges from {path.name}: {verdict.divergence.describe()}",

@@ -24,7 +24,7 @@ def test_run_writes_reports(tmp_path, capsys):
     assert {v["status"] for v in result["verdicts"]} == {"match", "known divergence"}
     assert "| fp8_e4m3fn | 1-4-3 | 7 | fn | 448 |" in (reports / "formats.md").read_text()
     harness = (reports / "harness.md").read_text()
-    assert "| flax_vs_torch_timing | flax@cpu | known divergence | step 2, growth_counter" in harness
+    assert "| [flax_vs_torch_timing](#flax_vs_torch_timing) | flax@cpu | known divergence | step 2, growth_counter" in harness
     for png in ("profiles.png", "seed_example_1.png", "flax_vs_torch_timing.png"):
         assert (reports / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     assert "[harness.md](harness.md)" in (reports / "README.md").read_text()

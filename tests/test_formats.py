@@ -253,6 +253,11 @@ def test_make_format_defaults_and_cache():
     (lambda: fpemu.quantize(1.0, 3), TypeError, "fmt must be a Format"),
     (lambda: fpemu.decode([1.5], "fp16"), TypeError, "bits must be an integer array"),
     (lambda: fpemu.range_stats([1.0], "fp16", scale=0), ValueError, "scale must be positive"),
+    (lambda: fpemu.make_format(exponent_bits=0, mantissa_bits=3), ValueError, "exponent_bits must be in 1..11"),
+    (lambda: fpemu.quantize([1e-6], "fp16", subnormals="no"), TypeError, "subnormals must be True or False"),
+    (lambda: fpemu.quantize([1.0], "fp16", rounding="stochastic", seed=-1), ValueError, "seed must be a non-negative int"),
+    (lambda: fpemu.decode([0x10000], "fp16"), ValueError, "bits must be codes of the 16-bit format fp16"),
+    (lambda: fpemu.decode([-1], "fp8_e4m3fn"), ValueError, "bits must be codes of the 8-bit format"),
 ])
 def test_bad_input_names_the_argument(call, error, words):
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):

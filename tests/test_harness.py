@@ -35,7 +35,7 @@ sequence = [false, false, true, false, false, false]
     (GOOD.replace("growth_interval = 2", "growth_interval = 0"), "scaler.params: profile 'torch': growth_interval must be at least 1"),
     (GOOD.replace('source = "explicit"', 'source = "poisson"'), "overflow.source: expected one of explicit"),
     (GOOD.replace("sequence = [false, false, true, false, false, false]", "sequence = [false]"),
-     "overflow.sequence: expected at least steps=6 flags, got 1"),
+     "overflow.sequence: expected steps=6 flags, got 1"),
     (GOOD.replace("sequence = [false, false, true, false, false, false]", "sequence = [0, 1]"),
      "overflow.sequence: expected a list of true/false"),
     (GOOD + "\n[record]\nfields = [\"loss\"]\n", r"record.fields\[0\]: expected one of scale"),
@@ -244,3 +244,20 @@ def test_step_spec_errors(extra, words):
         parse_spec(base + extra, "s.toml")
     with pytest.raises(SpecError, match=r"s.toml: step.batch: expected an integer in 1..4"):
         parse_spec("steps = 4\n[step]\nbatch = 9\n", "s.toml")
+
+
+def test_cli_refuses_work_it_cannot_do(capsys, tmp_path, spec_dir):
+    spec = spec_dir / "timing_torch.toml"
+    code, _, err = run_cli(capsys, "record", spec, "--out", tmp_path / "r", "--impl", "torch@tpu")
+    assert code == 2 and "--impl torch@tpu: unknown device 'tpu'" in err
+    code, _, err = run_cli(capsys, "record", spec, "--out", tmp_path / "r", "--impl", "jmp")
+    assert code == 2 and "nothing to run: no spec declares or matches --impl jmp" in err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run_cli(capsys, "golden", spec, "--out", blocker)
+    assert code == 2 and "cannot write" in err
+    golden = tmp_path / "golden"
+    run_cli(capsys, "golden", spec, "--out", golden)
+    save = tmp_path / "saved"
+    code, _, err = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--save", save)
+    assert code == 2 and "no golden trace for spec" in err and not save.exists()  # checked before any run

@@ -226,6 +226,8 @@ def make_format(*, exponent_bits: int, mantissa_bits: int, bias: Optional[int] =
     """
     if not isinstance(exponent_bits, (int, np.integer)) or isinstance(exponent_bits, bool):
         raise TypeError(f"exponent_bits must be an int, got {exponent_bits!r}")
+    if not 1 <= exponent_bits <= _MAX_EXPONENT_BITS:
+        raise ValueError(f"exponent_bits must be in 1..{_MAX_EXPONENT_BITS}, got {exponent_bits}")
     if bias is None:
         bias = (1 << (exponent_bits - 1)) - (0 if special == "fnuz" else 1)
     if name is None:

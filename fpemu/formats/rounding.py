@@ -50,7 +50,11 @@ _FAST_NATIVE_CASTS = {
 }
 
 
-def _check_modes(rounding: str, overflow: str, seed) -> None:
+def _check_modes(rounding: str, overflow: str, seed, subnormals=True) -> None:
+    if not isinstance(subnormals, (bool, np.bool_)):
+        raise TypeError(f"subnormals must be True or False, got {subnormals!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
     if overflow not in OVERFLOW_MODES:
@@ -111,7 +115,7 @@ def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
       [65504.0, inf]
     """
     fmt = get_format(fmt)
-    _check_modes(rounding, overflow, seed)
+    _check_modes(rounding, overflow, seed, subnormals)
     arr = as_float_array(x)
     if _use_native_cast(arr.dtype, fmt, rounding, overflow, subnormals):
         with np.errstate(over="ignore", invalid="ignore"):
@@ -139,7 +143,7 @@ def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even"
                     overflow: str = "inf", subnormals: bool = True,
                     seed: Optional[int] = None) -> Rounded:
     """The generic bit-level kernel behind :func:`quantize` (never a native cast)."""
-    _check_modes(rounding, overflow, seed)
+    _check_modes(rounding, overflow, seed, subnormals)
     return _round_array(arr, fmt, rounding, overflow, subnormals, seed, flags=True)
 
 
@@ -579,7 +583,7 @@ def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
     """Values of ``fmt``'s bit patterns ``bits`` (unsigned or signed integers).
 
     Args:
-      bits: integer codes; only the low ``fmt.bits`` bits are read.
+      bits: integer codes in ``0 .. 2**fmt.bits - 1``.
       fmt: a Format or name.
       dtype: float64 (default) or float32 for the result.
 
@@ -591,6 +595,9 @@ def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
     codes = np.asarray(bits)
     if codes.dtype.kind not in "iu":
         raise TypeError(f"bits must be an integer array, got dtype {codes.dtype}")
+    if codes.size and (codes.min() < 0 or codes.max() >= (1 << fmt.bits)):
+        raise ValueError(f"bits must be codes of the {fmt.bits}-bit format {fmt.name} "
+                         f"(0 .. {(1 << fmt.bits) - 1}), got values in [{codes.min()}, {codes.max()}]")
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
     codes = codes.astype(np.uint64) & np.uint64((1 << fmt.bits) - 1)

@@ -21,21 +21,30 @@ Progress = Callable[[int, int, str], None]
 
 
 def stderr_progress(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr (redrawn in place on a terminal)."""
+    """A one-line progress bar on stderr, redrawn in place; silent when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return
     width = 24
     filled = width * done // max(total, 1)
     line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}"
-    end = "\r" if sys.stderr.isatty() and done < total else "\n"
-    print(line[:120].ljust(120) if end == "\r" else line, end=end, file=sys.stderr, flush=True)
+    end = "\r" if done < total else "\n"
+    print(line[:120].ljust(120), end=end, file=sys.stderr, flush=True)
 
 
 def _quiet(done: int, total: int, label: str) -> None:
     pass
 
 
+DEVICES = ("cpu", "cuda")
+
+
 def parse_implementation(name: str) -> tuple:
+    """``torch@cuda`` -> ("torch", "cuda"); the device defaults to cpu."""
     adapter, _, device = name.partition("@")
-    return adapter, device or "cpu"
+    device = device or "cpu"
+    if device not in DEVICES:
+        raise FpemuInputError(f"--impl {name}: unknown device {device!r}; devices: {', '.join(DEVICES)}")
+    return adapter, device
 
 
 def implementations_for(scenario: Scenario, requested: Optional[list]) -> list:
@@ -82,14 +91,20 @@ def _golden_for(scenario: Scenario, golden_dir) -> "Trace":
     return golden
 
 
-def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progress = _quiet) -> list:
-    """Drive the implementations through every spec and compare with the golden traces."""
+def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progress = _quiet,
+         allow_none: bool = False) -> list:
+    """Drive the implementations through every spec and compare with the golden traces.
+
+    Every golden trace is read (and checked) before anything runs; no implementation to
+    run is an error unless ``allow_none`` (``fpemu run`` over specs of source-derived profiles).
+    """
     scenarios = load_specs(spec_paths)
-    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)]
+    jobs = _jobs(scenarios, requested, allow_none)
+    goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs}  # all, before any run
     verdicts = []
     for index, (scenario, impl) in enumerate(jobs, 1):
         key = implementation_key(impl)
-        golden = _golden_for(scenario, golden_dir)
+        golden = goldens[scenario.name]
         reason = skip_reason(impl)
         if reason:
             verdicts.append(Verdict(scenario.name, key, SKIPPED, note=reason))
@@ -102,16 +117,33 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
     return verdicts
 
 
-def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet) -> list:
-    """Record the real implementations' traces (an audit baseline) into ``out_dir``."""
-    scenarios = load_specs(spec_paths)
-    jobs = [(s, i) for s in scenarios for i in implementations_for(s, requested) if skip_reason(i) is None]
-    written = []
+def _jobs(scenarios, requested, allow_none: bool = False) -> list:
+    """(scenario, implementation) pairs; finding none is an error unless ``allow_none``."""
+    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)]
+    if not jobs and not allow_none:
+        named = f"--impl {' '.join(requested)}" if requested else "any implementation"
+        raise FpemuInputError(f"nothing to run: no spec declares or matches {named} "
+                              "(a spec runs its profile's own adapter and those under [implementations])")
+    return jobs
+
+
+def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet) -> tuple:
+    """Record the real implementations' traces (an audit baseline) into ``out_dir``.
+
+    Returns (paths written, [(spec, implementation, why skipped)]).
+    """
+    jobs = _jobs(load_specs(spec_paths), requested)
+    written, skipped = [], []
     for index, (scenario, impl) in enumerate(jobs, 1):
-        path = pathlib.Path(out_dir) / trace_filename(scenario.name, implementation_key(impl))
-        written.append(write_trace(record_trace(scenario, impl), path))
-        progress(index, len(jobs), f"{scenario.name} / {implementation_key(impl)}")
-    return written
+        key = implementation_key(impl)
+        reason = skip_reason(impl)
+        if reason:
+            skipped.append((scenario.name, key, reason))
+        else:
+            path = pathlib.Path(out_dir) / trace_filename(scenario.name, key)
+            written.append(write_trace(record_trace(scenario, impl), path))
+        progress(index, len(jobs), f"{scenario.name} / {key}")
+    return written, skipped
 
 
 @dataclasses.dataclass(frozen=True)

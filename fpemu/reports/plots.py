@@ -28,25 +28,31 @@ def _log_scale(values):
     return [v if v > 0 and math.isfinite(v) else float("nan") for v in values]
 
 
-def scale_trajectories(path, title: str, series: dict, overflow, skipped: dict = None) -> pathlib.Path:
-    """Scale per step, one line per implementation; red marks on overflow steps, hollow marks on skips.
+def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: dict = None) -> pathlib.Path:
+    """Scale per step, one line per implementation; red marks on overflow steps.
 
     Args:
-      series: label -> list of scales (the first is drawn thickest: the reference);
-        identical trajectories are drawn once, labelled "a = b".
+      series: label -> list of scales (the first is drawn thickest: the reference).
       overflow: per-step overflow flags of the scenario.
-      skipped: label -> list of skipped step indices.
+      diverges_at: label -> first divergent step, for implementations that depart from the
+        reference: they get a line of their own and a dashed marker at that step.  Other
+        labels with identical trajectories share one line, labelled "a = b".
     """
+    diverges_at = diverges_at or {}
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.4))
     merged = {}
-    for label, scales in series.items():  # identical trajectories share one line and one label
-        key = tuple(float(v).hex() for v in scales)
+    for label, scales in series.items():
+        key = (label,) if label in diverges_at else tuple(float(v).hex() for v in scales)
         merged.setdefault(key, (scales, []))[1].append(label)
     for rank, (scales, labels) in enumerate(merged.values()):
         label = " = ".join(labels)
-        ax.step(range(len(scales)), _log_scale(scales), where="post", label=label,
-                linewidth=3.0 if rank == 0 else 1.6, alpha=0.6 if rank == 0 else 0.95)
+        if labels[0] in diverges_at:
+            label += f" (differs from step {diverges_at[labels[0]]})"
+        line = ax.step(range(len(scales)), _log_scale(scales), where="post", label=label,
+                       linewidth=3.0 if rank == 0 else 1.6, alpha=0.6 if rank == 0 else 0.95)[0]
+        if labels[0] in diverges_at:
+            ax.axvline(diverges_at[labels[0]], color=line.get_color(), linestyle="--", linewidth=1)
     first = next(iter(series.values()))
     marks = [i for i, flag in enumerate(overflow) if flag and i < len(first)]
     if marks:
@@ -88,8 +94,8 @@ def ulp_histogram(path, title: str, distances: dict) -> pathlib.Path:
         ax.bar([b + index * width for b in range(len(buckets))], counts, width=width, label=label)
     ax.set_xticks([b + 0.4 - width / 2 for b in range(len(buckets))], buckets)
     ax.set_xlabel("ulp distance (float32)")
-    ax.set_ylabel("cases")
-    ax.set_yscale("symlog")
+    ax.set_ylabel("steps (log scale)")
+    ax.set_yscale("symlog", linthresh=1)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     return _save(fig, path)

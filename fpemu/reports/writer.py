@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import numpy as np
@@ -125,7 +126,14 @@ def profiles_report() -> str:
             "implementation has those parameters (other parameters: the implementation's defaults). "
             "`driven` profiles are checked bit for bit against the installed package by the test "
             "suite; `source-derived` ones are pinned by trajectories worked out from their source.\n\n"
-            + semantics + "\n\n## The same overflow sequence through every profile\n\n"
+            + semantics + "\n\n"
+            "Terms. grows on: `N` the N-th consecutive good step, `N+1` the step after, `window` whenever the "
+            "steps since the last overflow are a multiple of N, `window+1` DeepSpeed FP16_Optimizer's "
+            "stable_interval rule. arithmetic: `fp32` float32 multiply, `fp64_to_fp32` float64 product rounded "
+            "once to float32, `python` Python floats. backoff: `multiply` by backoff_factor, `divide` by the "
+            "growth factor, `reciprocal` multiply by float32(1/factor). unscale: `mul_recip_fp64` "
+            "g * float32(1/float64(s)), `mul_recip_fp32` g * (float32(1)/s), `divide` g / s. FTZ: subnormal "
+            "results flush to zero (XLA on the CPU).\n\n## The same overflow sequence through every profile\n\n"
             "Scale used at each step; `skip` marks a step whose optimizer update did not run; X marks "
             "an overflow.\n\n" + markdown_table(header, step_rows)
             + "\n\n## Where each profile first departs from torch.amp.GradScaler\n\n"
@@ -161,65 +169,100 @@ def _load_traces(folder) -> list:
     return [read_trace(path) for path in sorted(pathlib.Path(folder).glob("*.json"))]
 
 
-def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) -> list:
-    """harness.md: every spec against every implementation, first divergences, and scale plots."""
-    import json
+_STATUS_ORDER = ("diverged", "known divergence", "skipped", "match")
+_STATUS_NOUNS = {"diverged": ("diverged", "diverged"), "known divergence": ("known divergence", "known divergences"),
+                 "skipped": ("skipped", "skipped"), "match": ("match", "matches")}
 
+
+def _headline(verdicts) -> str:
+    parts = []
+    for status in _STATUS_ORDER:
+        count = sum(v["status"] == status for v in verdicts)
+        if count:
+            parts.append(f"{count} {_STATUS_NOUNS[status][count != 1]}")
+    return ", ".join(parts) or "no comparisons"
+
+
+def _linked(text: str) -> str:
+    return text.replace("docs/steps.md", "[docs/steps.md](../docs/steps.md)")
+
+
+def _verdict_rows(verdicts) -> list:
+    rows = []
+    for v in sorted(verdicts, key=lambda v: (_STATUS_ORDER.index(v["status"]), v["spec"])):
+        div = v.get("divergence")
+        where = "-" if not div else f"step {div['step']}, {div['field']}: expected {div['expected']}, got {div['got']}"
+        status = f"**{v['status']}**" if v["status"] == "diverged" else v["status"]
+        rows.append((f"[{v['spec']}](#{v['spec']})", v["implementation"], status, where,
+                     _linked(div["cause"]) if div else "-", _linked(v.get("note") or "-")))
+    return rows
+
+
+def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tuple:
+    """The markdown of one scenario and the plots it wrote."""
     from fpemu.traces import decode_value
+    spec = trace.metadata["spec"]
+    final = decode_value(trace.summary, "final_scale")
+    lines = [f"### {name}", "", spec["text"].split("\n")[0].removeprefix("description = ").strip('"'), "",
+             f"profile `{trace.metadata['profile']}` ({trace.metadata.get('verified', '')}); "
+             f"{trace.summary['attempts']} attempts, {trace.summary['completed_updates']} completed updates, "
+             f"{trace.summary['skipped_updates']} skipped; final scale {final:.9g} (`{final.hex()}`)", ""]
+    diverges_at = {}
+    for v in verdicts:
+        step = v["divergence"]["step"] if v.get("divergence") else None
+        if step is not None:
+            diverges_at[v["implementation"]] = step
+        lines.append(f"- {v['implementation']}: **{v['status']}**"
+                     + (f" from step {step} ({v['divergence']['field']})" if step is not None else "")
+                     + (f"; {v['note']}" if v.get("note") and v["status"] == "skipped" else ""))
+    written = []
+    if not plots_ok or "scale" not in trace.steps[0]:
+        return "\n".join(lines), written
+    from fpemu.reports.plots import scale_trajectories, shares_per_step, ulp_histogram
+    series = {"reference": trace.column("scale")}
+    series.update({other.implementation: other.column("scale") for other in observed if "scale" in other.steps[0]})
+    status = ", ".join(f"{v['implementation']} {v['status']}" for v in verdicts) or "reference only"
+    plot = scale_trajectories(folder / "plots" / f"{name}.png", f"{name}: {status}", series,
+                              trace.column("overflow"), diverges_at)
+    written.append(plot)
+    lines += ["", f"![{name}](plots/{plot.name})"]
+    if "underflow_share" in trace.steps[0]:
+        shares = {label: trace.column(f"{label}_share") for label in ("underflow", "subnormal", "overflow")}
+        plot = shares_per_step(folder / "plots" / f"{name}.shares.png",
+                               f"{name}: what the scaled gradients lose in the compute format", shares)
+        written.append(plot)
+        lines += ["", f"![{name} shares](plots/{plot.name})"]
+    distances = _ulp_distances(trace, observed) if "loss" in trace.steps[0] else {}
+    if distances:
+        plot = ulp_histogram(folder / "plots" / f"{name}.ulp.png",
+                             f"{name}: float32 ulp distance to the emulation, per step", distances)
+        written.append(plot)
+        lines += ["", _ulp_table(trace, observed, distances), "", f"![{name} ulp](plots/{plot.name})"]
+    return "\n".join(lines), written
+
+
+def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) -> list:
+    """harness.md: every spec against every implementation, first divergences, and plots."""
+    import json
     golden = {t.spec_name: t for t in _load_traces(golden_dir)}
     observed = {}
     for trace in _load_traces(observed_dir):
         observed.setdefault(trace.spec_name, []).append(trace)
     verdicts = json.loads(pathlib.Path(diff_file).read_text())["verdicts"] if diff_file else []
-    counts = {}
-    for verdict in verdicts:
-        counts[verdict["status"]] = counts.get(verdict["status"], 0) + 1
-    headline = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no comparisons"
-    rows = []
-    for v in verdicts:
-        div = v.get("divergence")
-        where = "-" if not div else f"step {div['step']}, {div['field']}: expected {div['expected']}, got {div['got']}"
-        cause = "-" if not div else div["cause"]
-        rows.append((v["spec"], v["implementation"], f"**{v['status']}**" if v["status"] == "diverged" else v["status"],
-                     where, cause, v.get("note") or "-"))
-    written = []
-    sections = []
     plots_ok = not _matplotlib_missing()
+    written, sections = [], []
     for name, trace in golden.items():
-        spec = trace.metadata["spec"]
-        lines = [f"### {name}", "", spec["text"].split("\n")[0].removeprefix("description = ").strip('"'), "",
-                 f"profile `{trace.metadata['profile']}` ({trace.metadata.get('verified', '')}); "
-                 f"{trace.summary['attempts']} attempts, {trace.summary['completed_updates']} completed updates, "
-                 f"{trace.summary['skipped_updates']} skipped; final scale {decode_value(trace.summary, 'final_scale'):g}"]
-        if plots_ok and "scale" in trace.steps[0]:
-            from fpemu.reports.plots import scale_trajectories, shares_per_step
-            series = {"reference": trace.column("scale")}
-            for other in observed.get(name, []):
-                if "scale" in other.steps[0]:
-                    series[other.implementation] = other.column("scale")
-            plot = scale_trajectories(folder / "plots" / f"{name}.png", name, series, trace.column("overflow"))
-            written.append(plot)
-            lines += ["", f"![{name}](plots/{plot.name})"]
-            if "underflow_share" in trace.steps[0]:
-                shares = {label: trace.column(f"{label}_share") for label in ("underflow", "subnormal", "overflow")}
-                plot = shares_per_step(folder / "plots" / f"{name}.shares.png",
-                                       f"{name}: what the scaled gradients lose in the compute format", shares)
-                written.append(plot)
-                lines += ["", f"![{name} shares](plots/{plot.name})"]
-            if "loss" in trace.steps[0] and observed.get(name):
-                distances = _ulp_distances(trace, observed[name])
-                if distances:
-                    from fpemu.reports.plots import ulp_histogram
-                    plot = ulp_histogram(folder / "plots" / f"{name}.ulp.png",
-                                         f"{name}: ulp distance to the emulation, per step", distances)
-                    written.append(plot)
-                    lines += ["", _ulp_table(distances), "", f"![{name} ulp](plots/{plot.name})"]
-        sections.append("\n".join(lines))
+        section, plots = _scenario_section(folder, name, trace, observed.get(name, []),
+                                           [v for v in verdicts if v["spec"] == name], plots_ok)
+        sections.append(section)
+        written += plots
     text = ("# Differential harness\n\n"
-            f"**{headline}.** Each real implementation was driven through each spec's overflow sequence and "
-            "compared with fpemu's golden trace, step by step: scales bit for bit (float hex), flags and counters "
-            "exactly. A `known divergence` is declared in the spec (with its reason) and is not a failure.\n\n"
-            + markdown_table(["spec", "implementation", "status", "first divergence", "likely cause", "note"], rows)
+            f"**{_headline(verdicts)}.** Each real implementation was driven through each spec's overflow sequence "
+            "(or, for step specs, its data) and compared with fpemu's golden trace, step by step: scales bit for "
+            "bit (float hex), flags and counters exactly, losses and weights by float32 ulp distance. A `known "
+            "divergence` is declared in the spec (with its reason) and is not a failure. Divergences come first.\n\n"
+            + markdown_table(["spec", "implementation", "status", "first divergence", "likely cause", "note"],
+                             _verdict_rows(verdicts))
             + ("\n\n_matplotlib is not installed: plots skipped._" if not plots_ok else "")
             + "\n\n## Scenarios\n\n" + "\n\n".join(sections) + "\n")
     written.insert(0, atomic_write(folder / "harness.md", text))
@@ -242,9 +285,24 @@ def _ulp_distances(golden, traces) -> dict:
     return out
 
 
-def _ulp_table(distances: dict) -> str:
-    rows = [(label, len(values), sum(v == 0 for v in values), max(values)) for label, values in distances.items()]
-    return markdown_table(["implementation: output", "steps", "bit-exact steps", "max ulp"], rows)
+def _ulp_table(golden, traces, distances: dict) -> str:
+    """Per implementation and output: bit-exact steps, max ulp, and the max relative error."""
+    rows = []
+    for trace in traces:
+        for field in ("loss", "params"):
+            label = f"{trace.implementation}: {field}"
+            if label not in distances:
+                continue
+            relative = 0.0
+            for expected, got in zip(golden.column(field), trace.column(field)):
+                pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
+                for a, b in pairs:
+                    if math.isfinite(a) and math.isfinite(b) and a != b:
+                        relative = max(relative, abs(a - b) / max(abs(a), abs(b)))
+            values = distances[label]
+            rows.append((label, len(values), sum(v == 0 for v in values), max(values), f"{relative:.3g}"))
+    return markdown_table(["implementation: output", "steps", "bit-exact steps", "max ulp",
+                           "max relative error (finite values)"], rows)
 
 
 def index_report(folder: pathlib.Path) -> str:

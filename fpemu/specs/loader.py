@@ -163,7 +163,8 @@ def _implementation_tables(check: _Checker, raw, known, what: str):
 def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
     from fpemu.adapters import SCALER_ADAPTERS
     out = []
-    for key, adapter, device, body, reason in _implementation_tables(check, raw, SCALER_ADAPTERS, "implementation"):
+    for key, adapter, device, body, reason in _implementation_tables(
+            check, raw, SCALER_ADAPTERS, "implementation for a scaler scenario (jax_step and torch_step run [step] specs)"):
         if "params" in body:
             impl_params = _profile_params(check, adapter, body["params"], f"{key}.params")
         elif adapter == profile:
@@ -244,6 +245,9 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
     check.table(raw, "", _TOP_KEYS)
     if "step" in raw:
+        if not isinstance(raw["step"], dict):
+            check.fail("step", f"expected a [step] table (the step scenario's settings), got {raw['step']!r}; "
+                               "the number of steps is `steps`")
         if "steps" not in raw:
             check.fail("steps", "missing required key")
         return _parse_step_spec(check, raw, text, path)
@@ -258,8 +262,8 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     if overflow.kind == "model" and get_profile(profile).rules(**params).pass_after_consecutive is not None:
         check.fail("overflow.source", f"a model-driven source needs a scaler that skips every non-finite step; "
                                       f"{profile} lets some through")
-    if overflow.kind == "explicit" and len(overflow.sequence) < steps:
-        check.fail("overflow.sequence", f"expected at least steps={steps} flags, got {len(overflow.sequence)}")
+    if overflow.kind == "explicit" and len(overflow.sequence) != steps:
+        check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
     available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
     return _scenario(check, raw, text, path, steps=steps, profile=profile, params=params, overflow=overflow,
                      implementations=_implementations(check, raw.get("implementations", {}), profile, params),

@@ -132,7 +132,8 @@ def loads(text: str, path: str = "<string>") -> Trace:
         raise TraceError(f"{path}: trace version {body.get('version')!r}; this fpemu reads version {FORMAT_VERSION}")
     stored = body.pop("checksum", None)
     if stored != checksum(body):
-        raise TraceError(f"{path}: checksum mismatch: the file was modified or corrupted after it was written")
+        raise TraceError(f"{path}: checksum mismatch: the file was modified or corrupted after it was written "
+                         "(regenerate it: `fpemu golden` for golden traces, `fpemu record` for baselines)")
     for key in ("metadata", "steps", "summary"):
         if key not in body:
             raise TraceError(f"{path}: missing key {key!r}")
