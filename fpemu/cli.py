@@ -41,11 +41,11 @@ def _cmd_golden(args) -> int:
 def _cmd_record(args) -> int:
     from fpemu.harness import record
     written, skipped = record(args.specs, args.out, args.impl, _progress(args))
-    _emit(args, {"written": [str(p) for p in written], "skipped": [list(s) for s in skipped]},
-          [f"wrote {p}" for p in written] + [f"skipped {spec} / {impl}: {why}" for spec, impl, why in skipped])
+    skips = [f"skipped {spec} / {impl}: {why}" for spec, impl, why in skipped]
     if not written:
-        print("fpemu record: error: nothing recorded (every implementation was skipped)", file=sys.stderr)
-        return 2
+        return _fail(args, "nothing recorded, every implementation was skipped: " + "; ".join(skips))
+    _emit(args, {"written": [str(p) for p in written], "skipped": [list(s) for s in skipped]},
+          [f"wrote {p}" for p in written] + skips)
     return 0
 
 
@@ -77,7 +77,8 @@ def _cmd_audit(args) -> int:
     for change in changes:
         before = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_before.items()))
         now = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_now.items()))
-        lines.append(f"CHANGED {change.spec} / {change.implementation}: {change.verdict.divergence.describe()}")
+        lines.append(f"CHANGED {change.spec} / {change.implementation}: "
+                     f"{change.verdict.divergence.describe('baseline', 'now')}")
         lines.append(f"        baseline: {before}  ->  now: {now}")
     lines += [f"skipped {path}: {reason}" for path, reason in skipped]
     payload = {"unchanged": unchanged, "skipped": [list(s) for s in skipped],
@@ -159,18 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(args, message: str) -> int:
+    print(f"fpemu {args.command}: error: {message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"error": message, "exit_code": 2}))
+    return 2
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except FpemuInputError as error:
-        print(f"fpemu {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return _fail(args, str(error))
     except OSError as error:  # an output path that cannot be written (a file where a folder must be, ...)
         where = f"{error.filename}: " if error.filename else ""
-        print(f"fpemu {args.command}: error: cannot write {where}{error.strerror or error}", file=sys.stderr)
-        return 2
+        return _fail(args, f"cannot write {where}{error.strerror or error}")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ class Divergence:
     got: object
     cause: str
 
-    def describe(self) -> str:
-        return (f"step {self.step}, {self.field}: expected {_show(self.expected)}, got {_show(self.got)}"
+    def describe(self, expected: str = "expected", got: str = "got") -> str:
+        return (f"step {self.step}, {self.field}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
                 f" (likely cause: {self.cause})")
 
 
