@@ -185,6 +185,18 @@ def test_audit_lists_behaviour_changes_with_versions(capsys, tmp_path, spec_dir,
     assert change["packages_before"]["torch"] == torch.__version__
     assert "backoff or floor" in change["divergence"]["cause"]
 
+    class LateGradScaler(torch.amp.GradScaler):
+        """Planted upgrade: needs growth_interval + 1 good steps."""
+
+        def __init__(self, device, growth_interval=2000, **kwargs):
+            super().__init__(device, growth_interval=growth_interval + 1, **kwargs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", LateGradScaler)
+    code, out, _ = run_cli(capsys, "audit", "--baseline", baseline)
+    assert code == 1
+    assert ("CHANGED timing_torch / torch@cpu: step 3, growth_counter: baseline 0, now 4 "
+            "(likely cause: growth timing") in out
+
 
 def test_cli_bad_input_exits_2_naming_the_file(capsys, tmp_path):
     bad = tmp_path / "broken.toml"
