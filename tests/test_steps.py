@@ -258,3 +258,28 @@ def test_torch_matmul_edges(mode, unscale, w, x, y):
     case = dict(params={"w": w, "b": np.zeros(w.shape[1], np.float32)}, x=np.array(x, np.float32),
                 y=np.array(y, np.float32), loss_scale=1.0, good_steps=0, lr=1.0, growth_interval=1)
     assert not differences(mixed_precision_step(**case, mode=mode), torch_step(**case, unscale=unscale))
+
+
+@needs_torch
+def test_bit_exact_with_torch_compile():
+    """torch.compile (inductor, CPU) of the step for one shape (about 10 s to compile): the
+    torch_cpu_compiled preset (fused addmm bias, butterfly loss sum, float32 bias gradient)."""
+    from fpemu.adapters.torch_step import torch_step
+    rng = np.random.default_rng(2024)
+    edges = np.array([0.0, -0.0, 1.0, -3.0, 2.0 ** 100, -2.0 ** 120, 2.0 ** -100, -2.0 ** -130], np.float32)
+
+    def draw(*dims):
+        normal = (rng.standard_normal(dims) * np.exp2(rng.uniform(-30, 30, dims))).astype(np.float32)
+        return np.where(rng.random(dims) < 0.25, rng.choice(edges, dims), normal).astype(np.float32)
+
+    for _ in range(30):
+        case = dict(params={"w": draw(3, 2), "b": draw(2)}, x=draw(2, 3), y=draw(2, 2),
+                    loss_scale=float(2.0 ** rng.integers(-10, 100)), good_steps=0, lr=0.01, growth_interval=2)
+        emulated, real = mixed_precision_step(**case, mode="torch_cpu_compiled"), torch_step(**case, compiled=True)
+        for a, b in [(emulated["loss"], real["loss"]), (emulated["params"]["w"], real["params"]["w"]),
+                     (emulated["params"]["b"], real["params"]["b"]), (emulated["loss_scale"], real["loss_scale"])]:
+            a, b = np.asarray(a, np.float32).reshape(-1), np.asarray(b, np.float32).reshape(-1)
+            assert np.all((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))), (case, a, b)
+        assert emulated["grads_finite"] == real["grads_finite"]
+    with pytest.raises(ValueError, match="torch_cpu_compiled.*dimensions 2..4"):
+        mixed_precision_step(**SEED_EXAMPLES[0][0], mode="torch_cpu_compiled")

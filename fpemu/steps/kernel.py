@@ -146,6 +146,8 @@ class Kernel:
                 return np.sum(self.mul(flat, flat), dtype=F32)
         if order == "torch_cpu":
             return _torch_cpu_sum(self, self.mul(flat, flat))
+        if order == "inductor_cpu":
+            return _inductor_cpu_sum(self, self.mul(flat, flat))
         if order == "sequential":
             total = F32(0)
             for value in flat:
@@ -154,7 +156,13 @@ class Kernel:
         return _xla_cpu_sum_of_squares(self, e.reshape(rows, -1))
 
     def batch_sum(self, ct: np.ndarray) -> np.ndarray:
-        """Sum of the cotangent rows (the bias gradient), rounded to the compute format."""
+        """Sum of the cotangent rows (the bias gradient), rounded to the compute format unless
+        ``bias_grad_rounded`` is False."""
+        if self.semantics.reduce == "inductor_cpu":  # unrolled pointwise sum: ((r0 + r1) + r2) + r3
+            total = ct[0]
+            for row in ct[1:]:
+                total = self.add(total, row)
+            return self.cast(total) if self.semantics.bias_grad_rounded else total
         if self.semantics.reduce == "pairwise":
             with np.errstate(**_NO_FLAGS):
                 return self.cast(np.sum(ct, axis=0, dtype=F32))
@@ -168,7 +176,7 @@ class Kernel:
         total = np.zeros(ct.shape[1], F32)
         for row in ct:
             total = self.add(total, row)  # float32 accumulator from +0 ...
-        return self.cast(total)  # ... rounded once
+        return self.cast(total) if self.semantics.bias_grad_rounded else total  # ... rounded once
 
 
 def _chain(k: Kernel, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
@@ -297,3 +305,26 @@ def _ilp_sum(k: Kernel, items: list):
     for accumulator in accumulators[1:]:
         total = k.add(total, accumulator)
     return total
+
+
+_INDUCTOR_LANES = 16  # inductor's Vectorized<float> width on an AVX-512 CPU
+
+
+def _inductor_cpu_sum(k: Kernel, values: np.ndarray) -> np.ndarray:
+    """torch.compile's CPU sum of up to 16 float32 values (docs/steps.md).
+
+    The generated kernel adds the values into one 16-lane accumulator from +0
+    (``sum_masked_reduce``; unused lanes stay +0), then ``vec_reduce_all`` folds it with
+    AVX-512 shuffles: lane i += lane i ^ 8, then ^ 4, ^ 2, ^ 1; then ``0 + lane 0``.
+    """
+    n = values.size
+    if n > _INDUCTOR_LANES:
+        raise ValueError(f"the inductor_cpu sum order is modelled for at most {_INDUCTOR_LANES} values, got {n}")
+    lanes = [F32(0)] * _INDUCTOR_LANES
+    for i, value in enumerate(values):
+        lanes[i] = k.add(lanes[i], value)
+    stride = _INDUCTOR_LANES // 2
+    while stride:
+        lanes = [k.add(lanes[i], lanes[i ^ stride]) for i in range(_INDUCTOR_LANES)]
+        stride //= 2
+    return k.add(F32(0), lanes[0])

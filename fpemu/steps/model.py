@@ -54,10 +54,13 @@ def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
     last = len(layers) - 1
     for index, (w, b) in enumerate(layers):
         wc, bc = k.cast(w), k.cast(b)
-        product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
-        pre = k.add(product, bc[None, :])  # the bias add in float32 ...
-        if not excess:
-            pre = k.cast(pre)  # ... rounded to the compute format (XLA by default keeps float32)
+        if k.semantics.fused_bias_add:  # ATen's addmm: bias added to the accumulator, one rounding
+            pre = k.cast(k.add(k.dot(act, wc, "forward"), bc[None, :]))
+        else:
+            product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
+            pre = k.add(product, bc[None, :])  # the bias add in float32 ...
+            if not excess:
+                pre = k.cast(pre)  # ... rounded to the compute format (XLA by default keeps float32)
         saved.append((act, wc, pre))
         act = pre if index == last else np.maximum(pre, F32(0))  # ReLU is exact
     loss, sub = mse(k, act, y)  # the output's cast to float32 is exact

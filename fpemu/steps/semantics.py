@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 DOT_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "blas")
-REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "pairwise")
-FITTED_ORDERS = ("xla_cpu", "torch_cpu")
+REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu", "sequential", "pairwise")
+FITTED_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu")
 FITTED_MAX_DIM = 4  # the fitted orders were probed for B, D, K in 1..4 only
 
 
@@ -39,7 +39,10 @@ class StepSemantics:
         float32 matmul, order unspecified: for traces, not for bit-exact checks).
       reduce: order of the loss's sum and of the bias gradient's batch sum: ``xla_cpu``
         (LLVM's reassociated, FMA-contracted loops), ``torch_cpu`` (ATen's 4-way ILP and
-        8-lane vector sum), ``sequential``, ``pairwise`` (numpy's sum).
+        8-lane vector sum), ``inductor_cpu`` (torch.compile's generated C++: the loss is one
+        masked 16-lane vector reduced by a butterfly ``i + (i ^ 8)``, ``^ 4``, ``^ 2``, ``^ 1``;
+        the bias gradient's batch sum is unrolled as ``((r0 + r1) + r2) + r3``, no +0 start),
+        ``sequential``, ``pairwise`` (numpy's sum).
       mean_by_reciprocal: the mean multiplies by float32(1/n) (XLA folds the divide);
         False divides by n (torch).
       folded_cotangent: the loss cotangent is ``sub * f32(S * f32(2/n))`` (XLA folds the
@@ -48,6 +51,11 @@ class StepSemantics:
       bias_grad_rounds_partials: the bias gradient's batch sum rounds every partial sum to
         the compute format (XLA keeps the bf16 reducer); False accumulates in float32 and
         rounds once (torch).
+      fused_bias_add: the bias is added to the float32 matmul accumulator before the one
+        rounding to the compute format (ATen's bf16 ``addmm``, which torch.compile forms from
+        ``x @ w + b``); False rounds the product, adds the bias and rounds again (eager).
+      bias_grad_rounded: the bias gradient is rounded to the compute format.  False: kept in
+        float32 (torch.compile's unrolled batch sum elides the bf16 -> float32 convert pair).
       unscale_by_reciprocal: unscale as ``g * f32(1/S)`` (torch's GradScaler); False
         divides ``g / S`` (the seed, and both frameworks' literal ``grad / S``).
     """
@@ -62,12 +70,16 @@ class StepSemantics:
     folded_cotangent: bool = False
     bias_grad_rounds_partials: bool = False
     unscale_by_reciprocal: bool = False
+    fused_bias_add: bool = False
+    bias_grad_rounded: bool = True
 
     def __post_init__(self):
         if self.dot not in DOT_ORDERS:
             raise ValueError(f"dot must be one of {DOT_ORDERS}, got {self.dot!r}")
         if self.reduce not in REDUCE_ORDERS:
             raise ValueError(f"reduce must be one of {REDUCE_ORDERS}, got {self.reduce!r}")
+        if not self.bias_grad_rounded and self.bias_grad_rounds_partials:
+            raise ValueError("bias_grad_rounds_partials contradicts bias_grad_rounded=False")
         if self.reduce == "pairwise" and self.bias_grad_rounds_partials:
             raise ValueError("bias_grad_rounds_partials needs an ordered reduce, not 'pairwise'")
 
@@ -92,6 +104,12 @@ SEMANTICS = {
     # torch's optimizer-side unscale: GradScaler multiplies by float32(1/S).
     "torch_cpu_grad_scaler": StepSemantics("torch_cpu_grad_scaler", dot="torch_cpu", reduce="torch_cpu",
                                            unscale_by_reciprocal=True),
+    # torch.compile (inductor, CPU, torch 2.13) of the same step, for B, D, K in 2..4 only, where
+    # inductor calls ATen's addmm and mm (docs/steps.md): fused bias add, butterfly loss sum,
+    # unrounded float32 bias gradient.  Other shapes are decomposed into pointwise code that
+    # skips other casts and are refused.
+    "torch_cpu_compiled": StepSemantics("torch_cpu_compiled", dot="torch_cpu", reduce="inductor_cpu",
+                                        fused_bias_add=True, bias_grad_rounded=False),
     # Fast, shape-independent semantics for model-driven traces (BLAS matmul, numpy sums).
     "numpy": StepSemantics("numpy", dot="blas", reduce="pairwise"),
 }
