@@ -109,6 +109,7 @@ class _Worker:
         if self.process.poll() is None:
             self.process.stdin.close()
             self.process.wait(timeout=30)
+        self.process.stdout.close()
 
 
 @functools.lru_cache(maxsize=None)

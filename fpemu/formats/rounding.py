@@ -11,6 +11,8 @@ checks the kernel against the native casts on all 2**32 float32 inputs.
 
 from __future__ import annotations
 
+import functools
+
 from typing import NamedTuple, Optional
 
 import ml_dtypes
@@ -200,6 +202,18 @@ def _fast_kernel_applies(dtype, fmt: Format, rounding) -> bool:
 _FAST_BLOCK = 1 << 16
 
 
+def _constant_row(value) -> np.ndarray:
+    """A read-only block-sized array of the numpy scalar ``value``, made once per value and type."""
+    return _cached_row(value.dtype.str, value.item())
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_row(dtype: str, value) -> np.ndarray:
+    row = np.full(_FAST_BLOCK, value, dtype=dtype)
+    row.flags.writeable = False
+    return row
+
+
 def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, random_bits,
                 flags: bool = True):
     """The kernel for the common cases: a dozen cache-resident passes per block, no np.where.
@@ -276,9 +290,9 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
     u_buf = np.empty(size, uint)
     g_buf = np.empty(size, bool)
     # numpy's minimum / maximum are several times faster against an array than a scalar.
-    min_normal_row = np.full(size, min_normal)
-    min_normal_bits_row = np.full(size, min_normal_bits)
-    neg_min_normal_row = np.full(size, -min_normal)
+    min_normal_row = _constant_row(min_normal)
+    min_normal_bits_row = _constant_row(min_normal_bits)
+    neg_min_normal_row = _constant_row(-min_normal)
     with np.errstate(all="ignore"):
         for start in range(0, n, size):
             stop = min(start + size, n)
@@ -522,8 +536,10 @@ def _round_bits(arr, fmt: Format, source: _Source, rounding, overflow, subnormal
 
 
 def _bits_of(value: float, dtype: np.dtype):
+    """The bit pattern of ``value`` in ``dtype`` (a value beyond its range becomes inf's)."""
     source = _SOURCES[np.dtype(dtype)]
-    return np.array(value, dtype=dtype).view(source.uint)[()]
+    with np.errstate(over="ignore"):
+        return np.array(value, dtype=dtype).view(source.uint)[()]
 
 
 def _overflow_magnitude(fmt, rounding, overflow, negative, max_bits, inf_bits, nan_bits):
