@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 a divergence (or, for audit, a behaviour change) was
 found, 2 bad usage or input (a broken spec, a tampered trace: the message names
-the file).
+the file), 3 an unexpected error (a bug in fpemu, or a framework that crashed):
+never mistaken for a divergence.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import pathlib
 import sys
+import traceback
 
 from fpemu.errors import FpemuInputError
 
@@ -91,20 +93,30 @@ def _cmd_audit(args) -> int:
 
 def _cmd_report(args) -> int:
     from fpemu.reports import write_all
+    for name, path, folder in (("--golden", args.golden, True), ("--observed", args.observed, True),
+                               ("--diff", args.diff, False)):
+        if path is not None and not (path.is_dir() if folder else path.is_file()):
+            raise FpemuInputError(f"{name} {path}: no such {'folder' if folder else 'file'}")
     written = write_all(args.reports, golden_dir=args.golden, observed_dir=args.observed, diff_file=args.diff)
     _emit(args, {"written": [str(p) for p in written]}, [f"wrote {p}" for p in written])
     return 0
 
 
 def _cmd_run(args) -> int:
+    from fpemu.compare import SKIPPED
     from fpemu.harness import diff, write_golden
     from fpemu.reports import write_all
+    from fpemu.traces import trace_filename
     from fpemu.fileio import atomic_write
     reports = args.reports
     golden_dir, observed_dir = reports / "golden", reports / "observed"
     progress = _progress(args)
-    write_golden([args.specs], golden_dir, progress)
+    fresh = set(write_golden([args.specs], golden_dir, progress))
     verdicts = diff([args.specs], golden_dir, None, observed_dir, progress, allow_none=True)
+    fresh |= {observed_dir / trace_filename(v.spec, v.implementation) for v in verdicts if v.status != SKIPPED}
+    for folder in (golden_dir, observed_dir):  # traces of specs that no longer exist would haunt the report
+        for stale in set(folder.glob("*.json")) - fresh:
+            stale.unlink()
     diff_file = atomic_write(reports / "diff.json",
                              json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
     written = write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
@@ -160,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(args, message: str) -> int:
+def _fail(args, message: str, code: int = 2) -> int:
     print(f"fpemu {args.command}: error: {message}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"error": message, "exit_code": 2}))
-    return 2
+        print(json.dumps({"error": message, "exit_code": code}))
+    return code
 
 
 def main(argv=None) -> int:
@@ -177,6 +189,9 @@ def main(argv=None) -> int:
     except OSError as error:  # an output path that cannot be written (a file where a folder must be, ...)
         where = f"{error.filename}: " if error.filename else ""
         return _fail(args, f"cannot write {where}{error.strerror or error}")
+    except Exception as error:  # noqa: BLE001 -- anything else is a crash, reported as one
+        traceback.print_exc(file=sys.stderr)
+        return _fail(args, f"unexpected {type(error).__name__}: {error}", code=3)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,11 @@ def assert_trace_matches(request):
             pytest.fail(f"{path}: no golden trace. Golden traces come from the reference model: write it with "
                         f"`fpemu golden SPEC --out {folder}`, or by passing reference_trace(scenario) to "
                         "assert_trace_matches under --fpemu-update-golden", pytrace=False)
-        verdict = compare_traces(read_trace(path), trace, expect_divergence)
+        golden = read_trace(path)
+        if golden.metadata["spec"]["sha256"] != trace.metadata["spec"]["sha256"]:
+            pytest.fail(f"{path} was made from another version of spec {golden.spec_name!r} (its sha256 "
+                        "differs); rewrite it with --fpemu-update-golden", pytrace=False)
+        verdict = compare_traces(golden, trace, expect_divergence)
         if verdict.failed:
             pytest.fail(f"{trace.implementation} diverges from {path.name}: {verdict.divergence.describe()}",
                         pytrace=False)

@@ -83,9 +83,13 @@ def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
     width = 32 if np.dtype(dtype) == np.float32 else 64
     cast = np.dtype(dtype).type
 
+    def narrowed(value):
+        with np.errstate(over="ignore"):  # a format wider than dtype: its large values become inf
+            return cast(value)
+
     def nudge(args):
         value, steps = args
-        out = cast(value)
+        out = narrowed(value)
         for _ in range(abs(steps)):
             out = np.nextafter(out, cast(np.inf) if steps > 0 else cast(-np.inf))
         return float(out)
@@ -94,13 +98,9 @@ def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
         low, high = decode([code, code + 1], fmt)
         return float(cast((low + high) / 2)) if np.isfinite(low) and np.isfinite(high) else float(low)
 
-    def narrowed(value):
-        with np.errstate(over="ignore"):  # a format wider than dtype: its large values become inf
-            return float(cast(value))
-
     grid = format_values(fmt, allow_nan=False)
     return st.one_of(
-        grid.map(narrowed),
+        grid.map(lambda v: float(narrowed(v))),
         st.tuples(grid, st.integers(-3, 3)).map(nudge),
         st.integers(0, (1 << (fmt.bits - 1)) - 2).map(midpoint),
         st.floats(width=width, allow_nan=True, allow_infinity=True),

@@ -7,8 +7,10 @@ import pytest
 
 import fpemu
 from fpemu.cli import main
+from fpemu.compare import compare_traces
 from fpemu.harness import record_trace, reference_trace
 from fpemu.specs import SpecError, load_spec, load_specs, parse_spec
+import fpemu.errors
 from fpemu.traces import TraceError, dumps, loads, read_trace, write_trace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,7 +44,13 @@ sequence = [false, false, true, false, false, false]
     (GOOD + "\ncolour = 1\n", "colour: unknown key; allowed keys"),
     (GOOD + "\n[implementations.pytorch]\n", "implementations.pytorch: unknown implementation"),
     (GOOD + "\n[implementations.flax]\n", "implementations.flax.params: required"),
-    (GOOD + "\n[implementations.torch]\nexpect_divergence = 3\n", "implementations.torch.expect_divergence: expected a string"),
+    (GOOD + "\n[implementations.torch]\nexpect_divergence = 3\n", "implementations.torch.expect_divergence: expected a table"),
+    (GOOD + "\n[implementations.torch]\nexpect_divergence = { reason = \"r\" }\n",
+     "implementations.torch.expect_divergence.step: missing required key"),
+    (GOOD + '\n[implementations."jmp@cuda"]\nparams = { loss_scale = 1.0 }\n', "implementations.jmp@cuda: only the torch adapters"),
+    (GOOD + "\n[record]\nfields = []\n", "record.fields: expected a non-empty list"),
+    (GOOD + "\n[record]\nfields = [\"hysteresis\"]\n", "record.fields: record at least one of scale"),
+    ('name = "../escape"\n' + GOOD, "name: expected letters, digits"),
     ("steps = [", "not valid TOML"),
 ])
 def test_spec_errors_name_file_and_key(spec, words):
@@ -95,6 +103,10 @@ def test_plugin_known_divergence(assert_trace_matches):
     flax = scenario.implementation("flax")
     verdict = assert_trace_matches(record_trace(scenario, flax), expect_divergence=flax.expect_divergence)
     assert verdict.status == "known divergence" and verdict.divergence.cause.startswith("growth timing")
+    # A divergence anywhere else is a failure, even for an implementation with a declared one.
+    elsewhere = dataclasses.replace(flax.expect_divergence, step=5)
+    assert compare_traces(read_trace(pathlib.Path(__file__).parent / "golden" / "flax_vs_torch_timing.json"),
+                          record_trace(scenario, flax), elsewhere).status == "diverged"
 
 
 # --- the CLI -----------------------------------------------------------------
@@ -273,3 +285,66 @@ def test_cli_refuses_work_it_cannot_do(capsys, tmp_path, spec_dir):
     save = tmp_path / "saved"
     code, _, err = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--save", save)
     assert code == 2 and "no golden trace for spec" in err and not save.exists()  # checked before any run
+
+
+def test_comparison_is_bit_exact_and_refuses_nothing_to_compare(tmp_path):
+    trace = reference_trace(load_spec(SPECS / "step_bf16_torch.toml"))
+    flipped = [dict(record) for record in trace.steps]
+    zero = next(i for i, v in enumerate(flipped[0]["params_hex"]) if float.fromhex(v) != 0)
+    flipped[3]["params_hex"] = list(flipped[3]["params_hex"])
+    flipped[3]["params_hex"][zero] = (-float.fromhex(flipped[3]["params_hex"][zero])).hex()
+    verdict = compare_traces(trace, dataclasses.replace(trace, steps=tuple(flipped)))
+    assert verdict.status == "diverged" and (verdict.divergence.step, verdict.divergence.field) == (3, "params")
+    signed_zero = [dict(record) for record in trace.steps]
+    signed_zero[0]["loss_hex"] = (-0.0).hex()
+    base = [dict(record) for record in trace.steps]
+    base[0]["loss_hex"] = (0.0).hex()
+    verdict = compare_traces(dataclasses.replace(trace, steps=tuple(base)),
+                             dataclasses.replace(trace, steps=tuple(signed_zero)))
+    assert verdict.status == "diverged" and verdict.max_ulp["loss"] == 0  # -0 vs +0: 0 ulp, still different
+    bare = dataclasses.replace(trace, steps=tuple({"step": r["step"]} for r in trace.steps))
+    with pytest.raises(fpemu.errors.FpemuInputError, match="share no field to compare"):
+        compare_traces(trace, bare)
+
+
+def test_spec_names_are_unique(tmp_path):
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.toml").write_text(GOOD)
+    with pytest.raises(SpecError, match="name 'a' is also the name of"):
+        load_specs([tmp_path])
+
+
+def test_trace_files_with_bad_structure_or_nan_literals_are_refused(tmp_path, capsys):
+    text = dumps(reference_trace(parse_spec(GOOD, "g.toml")))
+    path = tmp_path / "g.json"
+    path.write_text(text.replace('"scale": 16.0', '"scale": NaN', 1))
+    with pytest.raises(TraceError, match="checksum mismatch"):
+        read_trace(path)
+    body = json.loads(text)
+    del body["metadata"]["spec"]
+    body.pop("checksum")
+    from fpemu.traces.format import checksum
+    body["checksum"] = checksum(body)
+    path.write_text(json.dumps(body))
+    with pytest.raises(TraceError, match="not a valid trace: missing or malformed metadata.spec"):
+        read_trace(path)
+    code, _, err = run_cli(capsys, "report", "--reports", tmp_path / "r", "--golden", tmp_path / "nowhere")
+    assert code == 2 and "--golden" in err and "no such folder" in err
+    bad = tmp_path / "diff.json"
+    bad.write_text("{")
+    code, _, err = run_cli(capsys, "report", "--reports", tmp_path / "r", "--diff", bad)
+    assert code == 2 and "not a diff result" in err
+
+
+def test_run_drops_traces_of_removed_specs(tmp_path, capsys):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "a.toml").write_text(GOOD.replace('profile = "torch"', 'profile = "apex"').replace(
+        "params = { init_scale = 16.0, growth_interval = 2 }", "params = { init_scale = 16.0 }"))
+    reports = tmp_path / "reports"
+    assert run_cli(capsys, "run", "--specs", specs, "--reports", reports)[0] == 0
+    (specs / "a.toml").rename(specs / "b.toml")
+    assert run_cli(capsys, "run", "--specs", specs, "--reports", reports)[0] == 0
+    assert sorted(p.name for p in (reports / "golden").iterdir()) == ["b.json"]
+    assert "### a" not in (reports / "harness.md").read_text()

@@ -251,6 +251,8 @@ def test_docstring_examples():
     # exact zeros: the matmuls start from +0
     ([[-0.0, -0.0], [-0.0, -0.0]], [[0.0, 0.0]], [[1.0, 1.0]]),
     ([[-0.0]], [[0.0]], [[0.0]]),
+    # B == 1 into a vector (K == 1): the underflowing products are rounded, then added to +0
+    ([[-0.0], [-0.0]], [[1e-30, 1e-30]], [[1e-20]]),
 ])
 def test_torch_matmul_edges(mode, unscale, w, x, y):
     from fpemu.adapters.torch_step import torch_step
@@ -261,11 +263,17 @@ def test_torch_matmul_edges(mode, unscale, w, x, y):
 
 
 @needs_torch
-def test_bit_exact_with_torch_compile():
-    """torch.compile (inductor, CPU) of the step for one shape (about 10 s to compile): the
-    torch_cpu_compiled preset (fused addmm bias, butterfly loss sum, float32 bias gradient)."""
+@pytest.mark.parametrize("shape", [(2, 3, 2), (3, 1, 2)])
+def test_bit_exact_with_torch_compile(shape):
+    """torch.compile (inductor, CPU) of the step (5-15 s to compile each shape): the
+    torch_cpu_compiled preset.  2x3x2 takes ATen's addmm/mm path (fused addmm bias, butterfly
+    loss sum, float32 bias gradient); 3x1x2 the decomposed one (D == 1: a float32 outer
+    product with x, w, b unrounded, the loss summed column by column in the vector lanes)."""
+    import torch
     from fpemu.adapters.torch_step import torch_step
-    rng = np.random.default_rng(2024)
+    torch._dynamo.reset()
+    batch, dim, out = shape
+    rng = np.random.default_rng(2024 + sum(shape))
     edges = np.array([0.0, -0.0, 1.0, -3.0, 2.0 ** 100, -2.0 ** 120, 2.0 ** -100, -2.0 ** -130], np.float32)
 
     def draw(*dims):
@@ -273,7 +281,7 @@ def test_bit_exact_with_torch_compile():
         return np.where(rng.random(dims) < 0.25, rng.choice(edges, dims), normal).astype(np.float32)
 
     for _ in range(30):
-        case = dict(params={"w": draw(3, 2), "b": draw(2)}, x=draw(2, 3), y=draw(2, 2),
+        case = dict(params={"w": draw(dim, out), "b": draw(out)}, x=draw(batch, dim), y=draw(batch, out),
                     loss_scale=float(2.0 ** rng.integers(-10, 100)), good_steps=0, lr=0.01, growth_interval=2)
         emulated, real = mixed_precision_step(**case, mode="torch_cpu_compiled"), torch_step(**case, compiled=True)
         for a, b in [(emulated["loss"], real["loss"]), (emulated["params"]["w"], real["params"]["w"]),
@@ -281,5 +289,14 @@ def test_bit_exact_with_torch_compile():
             a, b = np.asarray(a, np.float32).reshape(-1), np.asarray(b, np.float32).reshape(-1)
             assert np.all((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))), (case, a, b)
         assert emulated["grads_finite"] == real["grads_finite"]
-    with pytest.raises(ValueError, match="torch_cpu_compiled.*dimensions 2..4"):
-        mixed_precision_step(**SEED_EXAMPLES[0][0], mode="torch_cpu_compiled")
+
+
+def test_torch_compiled_preset_scope():
+    """Every B, D, K in 1..4 is modelled (benchmarks/torch_compile_diff.py --all); larger shapes raise."""
+    out = mixed_precision_step(**SEED_EXAMPLES[0][0], mode="torch_cpu_compiled")  # 2x2x1
+    assert out["grads_finite"] and out["params"]["w"].shape == (2, 1)
+    with pytest.raises(ValueError, match="torch_cpu_compiled.*fitted for dimensions 1..4, got B=5"):
+        mixed_precision_step({"w": np.ones((1, 1)), "b": np.ones(1)}, np.ones((5, 1)), np.ones((5, 1)), 1.0, 0, 0.1, 1,
+                             mode="torch_cpu_compiled")
+    with pytest.raises(ValueError, match="inductor_decompositions needs reduce='inductor_cpu'"):
+        StepSemantics("mine", inductor_decompositions=True)

@@ -1,8 +1,10 @@
 """Compare two traces field by field and name the first divergence and its likely cause.
 
-Scales and flags compare bit for bit (the hex form of each float); tensor-like
-fields (loss, shares) compare by ulp distance in float32.  A divergence that
-the spec declares (``expect_divergence``) is reported as known, not as a failure.
+Every field compares bit for bit: floats by their exact hex form (any NaN equals
+any NaN, -0 differs from +0), lists element by element and by length.  For
+tensor-like fields (loss, weights, shares) the float32 ulp distance is reported
+too.  A divergence the spec declares (``expect_divergence``: its first step and
+field) is reported as known, not as a failure; any other difference fails.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Optional
 
 import numpy as np
 
+from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
+from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
 
-EXACT_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
-ULP_FIELDS = ("loss", "params", "underflow_share", "subnormal_share", "overflow_share")
 
 MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"
 
@@ -115,38 +117,64 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
     return "growth timing: the scale grows on a different good step (N vs N+1)"
 
 
-def compare_traces(golden: Trace, observed: Trace, expect_divergence: Optional[str] = None) -> Verdict:
-    """Compare ``observed`` with ``golden`` on every field both record."""
-    common = [f for f in EXACT_FIELDS + ULP_FIELDS
-              if golden.steps and observed.steps and f in golden.steps[0] and f in observed.steps[0]]
+def _same(expected, got) -> bool:
+    """Bit-exact equality of two field values (floats by hex, NaN equal to NaN; lists elementwise)."""
+    if isinstance(expected, list) or isinstance(got, list):
+        return (isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got)
+                and all(_same(a, b) for a, b in zip(expected, got)))
+    if isinstance(expected, float) and isinstance(got, float):
+        return expected.hex() == got.hex() or (math.isnan(expected) and math.isnan(got))
+    return expected == got and type(expected) is type(got)
+
+
+def _ulps(expected, got) -> int:
+    if isinstance(expected, list):
+        return max((ulp_distance_f32(a, b) for a, b in zip(expected, got)), default=0)
+    return ulp_distance_f32(expected, got)
+
+
+def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Verdict:
+    """Compare ``observed`` with ``golden`` on every field both record, at every step.
+
+    Args:
+      expect_divergence: an :class:`fpemu.specs.ExpectedDivergence`; a first divergence at
+        exactly its step and field is reported as known.
+
+    Raises:
+      FpemuInputError: the traces share no field, so nothing could be compared.
+    """
+    golden_fields = set().union(*(record.keys() for record in golden.steps)) if golden.steps else set()
+    observed_fields = set().union(*(record.keys() for record in observed.steps)) if observed.steps else set()
+    common = [f for f in EXACT_FIELDS + ULP_FIELDS if f in golden_fields and f in observed_fields]
+    if not common and (golden.steps or observed.steps):
+        raise FpemuInputError(f"{golden.spec_name}: the golden trace and {observed.implementation}'s share no field "
+                         "to compare (see the spec's [record] fields)")
     max_ulp = {f: 0 for f in common if f in ULP_FIELDS}
     divergence = None
     length = min(len(golden.steps), len(observed.steps))
     for step in range(length):
         for field in common:
             expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
-            if field in ULP_FIELDS:
-                if isinstance(expected, list):
-                    distance = max((ulp_distance_f32(a, b) for a, b in zip(expected, got)), default=0)
-                else:
-                    distance = ulp_distance_f32(expected, got)
-                max_ulp[field] = max(max_ulp[field], distance)
-                differs = distance != 0
-            elif isinstance(expected, float):
-                differs = expected.hex() != got.hex()
-            else:
-                differs = expected != got
-            if differs and divergence is None:
+            if field in ULP_FIELDS and expected is not None and got is not None:
+                max_ulp[field] = max(max_ulp[field], _ulps(expected, got))
+            if divergence is None and not _same(expected, got):
                 divergence = Divergence(step, field, expected, got, likely_cause(field, step, golden, observed))
     if divergence is None and len(golden.steps) != len(observed.steps):
         divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
                                 "one run stopped early (an implementation raised, e.g. at its minimum scale)")
-    if divergence is None:
-        status, note = MATCH, ""
-    elif expect_divergence:
-        status, note = KNOWN, expect_divergence
-    else:
-        status, note = DIVERGED, ""
+    status, note = MATCH, ""
+    if divergence is not None:
+        status = DIVERGED
+        if expect_divergence is not None:
+            declared = (expect_divergence.step, expect_divergence.field)
+            if declared == (divergence.step, divergence.field):
+                status, note = KNOWN, expect_divergence.reason
+            else:
+                note = (f"declared divergence at step {declared[0]}, {declared[1]} "
+                        f"({expect_divergence.reason}); found this one instead")
+    elif expect_divergence is not None:
+        status, note = DIVERGED, (f"declared divergence at step {expect_divergence.step}, "
+                                  f"{expect_divergence.field} did not happen: the traces match")
     return Verdict(spec=golden.spec_name, implementation=observed.implementation, status=status,
                    divergence=divergence, note=note, steps_compared=length, max_ulp=max_ulp,
                    packages=observed.metadata.get("packages", {}))

@@ -72,6 +72,9 @@ class Format:
         if self.special not in SPECIAL_CONVENTIONS:
             raise ValueError(
                 f"special must be one of {SPECIAL_CONVENTIONS}, got {self.special!r}")
+        if self.emax < self.emin:
+            raise ValueError(f"exponent_bits={self.exponent_bits} with special={self.special!r} leaves no "
+                             "normal binade (emax < emin); use more exponent bits")
         if self.emin < -1022 or self.emax > 1023:
             raise ValueError(
                 f"bias={self.bias} puts the exponent range [{self.emin}, {self.emax}] "

@@ -90,9 +90,11 @@ def range_stats(x, fmt, scale: float = 1.0, *, rounding: str = "nearest_even",
     fmt: Format = get_format(fmt)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"scale must be a number, got {type(scale).__name__}")
-    if not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be positive and finite, got {scale}")
-    scaled = as_float_array(x).astype(np.float32) * np.float32(scale)
+    with np.errstate(over="ignore", under="ignore"):
+        scale32 = np.float32(float(scale))
+    if not np.isfinite(scale32) or scale32 <= 0:
+        raise ValueError(f"scale must be positive and finite in float32 (it multiplies in float32), got {scale}")
+    scaled = as_float_array(x).astype(np.float32) * scale32
     rounded = round_to_format(scaled, fmt, rounding, overflow, subnormals)
     values = rounded.values
     is_nan = np.isnan(scaled)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 
 import numpy as np
 
-from fpemu.fileio import atomic_write
+from fpemu.errors import FpemuInputError
+from fpemu.fileio import atomic_write, read_text
 from fpemu.formats import FORMATS, range_stats
 from fpemu.scalers import PROFILES, simulate_scaler
 from fpemu.scalers.profiles import REQUIRED
@@ -241,14 +243,22 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
     return "\n".join(lines), written
 
 
+def _read_verdicts(path) -> list:
+    try:
+        verdicts = json.loads(read_text(path, FpemuInputError))["verdicts"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise FpemuInputError(f"{path}: not a diff result (expected the JSON that `fpemu run` writes, "
+                              "with a 'verdicts' list)") from None
+    return verdicts
+
+
 def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) -> list:
     """harness.md: every spec against every implementation, first divergences, and plots."""
-    import json
     golden = {t.spec_name: t for t in _load_traces(golden_dir)}
     observed = {}
     for trace in _load_traces(observed_dir):
         observed.setdefault(trace.spec_name, []).append(trace)
-    verdicts = json.loads(pathlib.Path(diff_file).read_text())["verdicts"] if diff_file else []
+    verdicts = _read_verdicts(diff_file) if diff_file else []
     plots_ok = not _matplotlib_missing()
     written, sections = [], []
     for name, trace in golden.items():
@@ -328,7 +338,7 @@ def write_all(folder, golden_dir=None, observed_dir=None, diff_file=None) -> lis
                atomic_write(folder / "profiles.md", profiles_report())]
     if not _matplotlib_missing():
         written.append(profiles_plot(folder))
-    if golden_dir is not None:
+    if golden_dir is not None or diff_file is not None:
         written += harness_report(folder, golden_dir, observed_dir, diff_file)
     written.append(atomic_write(folder / "README.md", index_report(folder)))
     return written

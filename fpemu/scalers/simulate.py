@@ -136,7 +136,7 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
         scales_used += [value] * length
     return ScalerTrace(
         profile=profile, params=dict(params or {}), scales=scales_used,
-        skipped=overflow_steps.tolist(), final_scale=float(values[-1]), overflow=overflow,
+        skipped=overflow_steps.tolist(), final_scale=float(values[-1]), overflow=overflow.copy(),
         applied=~overflow, growth_counter=counters, hysteresis=None, events=[])
 
 

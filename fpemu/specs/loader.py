@@ -20,7 +20,7 @@ A spec (one scenario per file)::
     [implementations.torch]               # drive the real GradScaler (params default to the scaler's)
     [implementations.flax]
     params = { scale = 16.0, growth_interval = 3 }
-    expect_divergence = "flax grows on the (N+1)-th good step"
+    expect_divergence = { step = 2, field = "growth_counter", reason = "flax grows on the (N+1)-th good step" }
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import math
 import pathlib
+import re
 
 try:
     import tomllib
@@ -38,10 +39,12 @@ except ModuleNotFoundError:  # Python 3.10
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import read_text
 from fpemu.scalers.profiles import PROFILES, get_profile
-from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, Implementation, OverflowSource, Scenario,
-                                  StepSource)
+from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
+from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, ExpectedDivergence, Implementation,
+                                  OverflowSource, Scenario, StepSource)
 
 SCALER_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
+OBSERVED_FIELDS = ("scale", "overflow", "applied", "growth_counter")  # what the scaler adapters record
 MODEL_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
@@ -153,11 +156,24 @@ def _implementation_tables(check: _Checker, raw, known, what: str):
         if adapter not in known:
             check.fail(key, f"unknown {what}; known: {', '.join(known)} (add @cuda to run on the GPU)")
         check.choice(device or "cpu", key, ("cpu", "cuda"))
+        if device and device != "cpu" and not adapter.startswith("torch"):
+            check.fail(key, f"only the torch adapters run on {device}")
         check.table(body, key, {"params", "expect_divergence"})
-        reason = body.get("expect_divergence")
-        if reason is not None:
-            check.string(reason, f"{key}.expect_divergence")
-        yield key, adapter, device or "cpu", body, reason
+        yield key, adapter, device or "cpu", body, _expected_divergence(check, body, key)
+
+
+def _expected_divergence(check: _Checker, body: dict, key: str):
+    if "expect_divergence" not in body:
+        return None
+    key = f"{key}.expect_divergence"
+    raw = check.table(body["expect_divergence"], key, {"step", "field", "reason"})
+    for required in ("step", "field", "reason"):
+        if required not in raw:
+            check.fail(f"{key}.{required}", "missing required key (a declared divergence names its first "
+                                            "divergent step and field, and why)")
+    return ExpectedDivergence(step=check.integer(raw["step"], f"{key}.step", 0),
+                              field=check.choice(raw["field"], f"{key}.field", EXACT_FIELDS + ULP_FIELDS + ("steps",)),
+                              reason=check.string(raw["reason"], f"{key}.reason"))
 
 
 def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
@@ -178,16 +194,21 @@ def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
 def _record_fields(check: _Checker, raw: dict, available) -> tuple:
     record = check.table(raw.get("record", {}), "record", {"fields"})
     fields = record.get("fields", list(available))
-    if not isinstance(fields, list):
-        check.fail("record.fields", "expected a list of field names")
+    if not isinstance(fields, list) or not fields:
+        check.fail("record.fields", "expected a non-empty list of field names")
     for index, field in enumerate(fields):
         check.choice(field, f"record.fields[{index}]", available)
     return tuple(fields)
 
 
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def _scenario(check: _Checker, raw: dict, text: str, path: str, **fields) -> Scenario:
-    name = raw.get("name", pathlib.Path(path).stem)
-    return Scenario(name=check.string(name, "name"),
+    name = check.string(raw.get("name", pathlib.Path(path).stem), "name")
+    if not _NAME.fullmatch(name) or ".." in name:
+        check.fail("name", f"expected letters, digits, '_', '.' and '-' (it names the trace files), got {name!r}")
+    return Scenario(name=name,
                     description=check.string(raw.get("description", ""), "description"),
                     path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, **fields)
 
@@ -265,9 +286,13 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     if overflow.kind == "explicit" and len(overflow.sequence) != steps:
         check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
     available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
+    fields = _record_fields(check, raw, available)
+    implementations = _implementations(check, raw.get("implementations", {}), profile, params)
+    if not set(fields) & set(OBSERVED_FIELDS):
+        check.fail("record.fields", f"record at least one of {', '.join(OBSERVED_FIELDS)}: the real "
+                                    "implementations are compared on those")
     return _scenario(check, raw, text, path, steps=steps, profile=profile, params=params, overflow=overflow,
-                     implementations=_implementations(check, raw.get("implementations", {}), profile, params),
-                     record=_record_fields(check, raw, available))
+                     implementations=implementations, record=fields)
 
 
 def load_spec(path) -> Scenario:
@@ -291,4 +316,13 @@ def find_specs(paths) -> list:
 
 
 def load_specs(paths) -> list:
-    return [load_spec(path) for path in find_specs(paths)]
+    """Every spec under ``paths``; two specs with one name (their traces would collide) are an error."""
+    scenarios, seen = [], {}
+    for path in find_specs(paths):
+        scenario = load_spec(path)
+        if scenario.name in seen:
+            raise SpecError(f"{path}: name {scenario.name!r} is also the name of {seen[scenario.name]}; "
+                            "spec names must be unique (set `name = ...` in one of them)")
+        seen[scenario.name] = path
+        scenarios.append(scenario)
+    return scenarios

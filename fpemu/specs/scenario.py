@@ -108,13 +108,26 @@ class StepSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExpectedDivergence:
+    """A documented difference: where the implementation first departs, and why.
+
+    Only a first divergence at exactly this step and field is reported as known; any
+    other difference is still a failure.
+    """
+
+    step: int
+    field: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Implementation:
     """A real implementation to drive: an adapter name, its parameters, and a declared divergence."""
 
     name: str
     params: dict
     device: str = "cpu"
-    expect_divergence: Optional[str] = None
+    expect_divergence: Optional[ExpectedDivergence] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,7 +133,7 @@ class Kernel:
         if order == "sequential":
             return _chain(self, a, b, "fma0" if self.semantics.fma else "add0")
         if order == "torch_cpu":
-            return _chain(self, a, b, _torch_cpu_dot_mode(a, role))
+            return _chain(self, a, b, _torch_cpu_dot_mode(a, b, role))
         return _xla_cpu_dot(self, a, b, role)
 
     # -- reductions --------------------------------------------------------
@@ -154,6 +154,15 @@ class Kernel:
                 total = self.mul_add(value, value, total)
             return total
         return _xla_cpu_sum_of_squares(self, e.reshape(rows, -1))
+
+    def vector_sum(self, values: np.ndarray) -> np.ndarray:
+        """torch.compile's full reduction of a small float32 buffer: one masked 16-lane
+        accumulator from +0, the ``vec_reduce_all`` butterfly, then ``0 + lane 0``.  Inductor
+        emits it for every ``sum`` over all elements (the loss, and in the decomposed matmuls of
+        docs/steps.md a dot over D or a bias gradient over B).  1-d values fill lanes 0..n-1
+        (a flat loop); 2-d values (rows, cols) are a loop over rows with the columns in the
+        lanes, so lane j accumulates column j row by row."""
+        return _inductor_cpu_sum(self, np.asarray(values, F32))
 
     def batch_sum(self, ct: np.ndarray) -> np.ndarray:
         """Sum of the cotangent rows (the bias gradient), rounded to the compute format unless
@@ -196,15 +205,17 @@ def _chain(k: Kernel, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
     return total
 
 
-def _torch_cpu_dot_mode(a: np.ndarray, role: str) -> str:
+def _torch_cpu_dot_mode(a: np.ndarray, b: np.ndarray, role: str) -> str:
     """torch 2.13's CPU bf16 matmul, fitted on overflowing and underflowing products.
 
     ``x @ w`` (contiguous operands): products rounded, then summed from +0 (two products of
     +-2^128 give NaN; an underflowing product gives +0).  ``x.T @ ct`` (the weight gradient,
     a transposed operand): fused multiply-adds from +0 (an underflowing product keeps its
-    sign, -0; +-2^128 gives inf), except for a 1x1 operand, which is rounded then added.
+    sign, -0; +-2^128 gives inf), except for a one-term contraction (B == 1) into a vector
+    (D == 1 or K == 1), which is rounded then added to +0.
     """
-    if role == "grad_w" and a.shape != (1, 1):
+    batch, rows, cols = a.shape[1], a.shape[0], b.shape[1]
+    if role == "grad_w" and not (batch == 1 and (rows == 1 or cols == 1)):
         return "fma0"
     return "add0"
 
@@ -316,13 +327,16 @@ def _inductor_cpu_sum(k: Kernel, values: np.ndarray) -> np.ndarray:
     The generated kernel adds the values into one 16-lane accumulator from +0
     (``sum_masked_reduce``; unused lanes stay +0), then ``vec_reduce_all`` folds it with
     AVX-512 shuffles: lane i += lane i ^ 8, then ^ 4, ^ 2, ^ 1; then ``0 + lane 0``.
+    2-d values (rows, cols): a loop over rows, each row's cols added into lanes 0..cols-1.
     """
-    n = values.size
-    if n > _INDUCTOR_LANES:
-        raise ValueError(f"the inductor_cpu sum order is modelled for at most {_INDUCTOR_LANES} values, got {n}")
+    rows = values.reshape(1, -1) if values.ndim < 2 else values
+    if rows.shape[1] > _INDUCTOR_LANES or (values.ndim < 2 and values.size > _INDUCTOR_LANES):
+        raise ValueError(f"the inductor_cpu sum order is modelled for at most {_INDUCTOR_LANES} lanes, "
+                         f"got {values.shape}")
     lanes = [F32(0)] * _INDUCTOR_LANES
-    for i, value in enumerate(values):
-        lanes[i] = k.add(lanes[i], value)
+    for row in rows:
+        for i, value in enumerate(row):
+            lanes[i] = k.add(lanes[i], value)
     stride = _INDUCTOR_LANES // 2
     while stride:
         lanes = [k.add(lanes[i], lanes[i ^ stride]) for i in range(_INDUCTOR_LANES)]

@@ -56,6 +56,11 @@ class StepSemantics:
         ``x @ w + b``); False rounds the product, adds the bias and rounds again (eager).
       bias_grad_rounded: the bias gradient is rounded to the compute format.  False: kept in
         float32 (torch.compile's unrolled batch sum elides the bf16 -> float32 convert pair).
+      inductor_decompositions: the linear step is computed as torch.compile's generated CPU code
+        for every shape (``fpemu.steps.model.inductor_forward_backward``): where B, D or K is 1,
+        inductor decomposes ``addmm``/``mm`` (``torch/_inductor/decomposition.py``) into fused
+        pointwise code whose bf16 casts depend on the shape class (docs/steps.md).  Needs
+        ``reduce="inductor_cpu"``; one dense layer only.
       unscale_by_reciprocal: unscale as ``g * f32(1/S)`` (torch's GradScaler); False
         divides ``g / S`` (the seed, and both frameworks' literal ``grad / S``).
     """
@@ -72,6 +77,7 @@ class StepSemantics:
     unscale_by_reciprocal: bool = False
     fused_bias_add: bool = False
     bias_grad_rounded: bool = True
+    inductor_decompositions: bool = False
 
     def __post_init__(self):
         if self.dot not in DOT_ORDERS:
@@ -80,6 +86,8 @@ class StepSemantics:
             raise ValueError(f"reduce must be one of {REDUCE_ORDERS}, got {self.reduce!r}")
         if not self.bias_grad_rounded and self.bias_grad_rounds_partials:
             raise ValueError("bias_grad_rounds_partials contradicts bias_grad_rounded=False")
+        if self.inductor_decompositions and self.reduce != "inductor_cpu":
+            raise ValueError("inductor_decompositions needs reduce='inductor_cpu'")
         if self.reduce == "pairwise" and self.bias_grad_rounds_partials:
             raise ValueError("bias_grad_rounds_partials needs an ordered reduce, not 'pairwise'")
 
@@ -104,12 +112,13 @@ SEMANTICS = {
     # torch's optimizer-side unscale: GradScaler multiplies by float32(1/S).
     "torch_cpu_grad_scaler": StepSemantics("torch_cpu_grad_scaler", dot="torch_cpu", reduce="torch_cpu",
                                            unscale_by_reciprocal=True),
-    # torch.compile (inductor, CPU, torch 2.13) of the same step, for B, D, K in 2..4 only, where
-    # inductor calls ATen's addmm and mm (docs/steps.md): fused bias add, butterfly loss sum,
-    # unrounded float32 bias gradient.  Other shapes are decomposed into pointwise code that
-    # skips other casts and are refused.
+    # torch.compile (inductor, CPU, torch 2.13) of the same bf16 step, B, D, K in 1..4
+    # (docs/steps.md): with B, D, K >= 2 inductor calls ATen's addmm and mm (fused bias add,
+    # butterfly loss sum, unrounded float32 bias gradient); with a dimension of 1 it decomposes
+    # them into pointwise code that skips casts shape class by shape class.
     "torch_cpu_compiled": StepSemantics("torch_cpu_compiled", dot="torch_cpu", reduce="inductor_cpu",
-                                        fused_bias_add=True, bias_grad_rounded=False),
+                                        fused_bias_add=True, bias_grad_rounded=False,
+                                        inductor_decompositions=True),
     # Fast, shape-independent semantics for model-driven traces (BLAS matmul, numpy sums).
     "numpy": StepSemantics("numpy", dot="blas", reduce="pairwise"),
 }

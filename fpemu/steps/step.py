@@ -63,7 +63,7 @@ def check_int(value, name: str, low: int, high=None) -> int:
 
 
 def check_fitted_shape(semantics: StepSemantics, **dims) -> None:
-    if semantics.reduce == "inductor_cpu" and min(dims.values()) < 2:
+    if semantics.reduce == "inductor_cpu" and not semantics.inductor_decompositions and min(dims.values()) < 2:
         shape = ", ".join(f"{key}={value}" for key, value in dims.items())
         raise ValueError(f"mode {semantics.name!r}: modelled for dimensions 2..{FITTED_MAX_DIM} only (a dimension "
                          f"of 1 makes inductor decompose the matmuls into other code), got {shape}")

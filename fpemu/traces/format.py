@@ -45,7 +45,9 @@ from fpemu.fileio import atomic_write, read_text
 
 FORMAT_NAME = "fpemu-trace"
 FORMAT_VERSION = 1
-FLOAT_FIELDS = ("scale", "loss", "underflow_share", "subnormal_share", "overflow_share")
+# Step-record fields: compared bit for bit, and tensor-like ones whose ulp distance is also reported.
+EXACT_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
+ULP_FIELDS = ("loss", "params", "underflow_share", "subnormal_share", "overflow_share")
 
 
 class TraceError(FpemuInputError):
@@ -131,13 +133,33 @@ def loads(text: str, path: str = "<string>") -> Trace:
     if body.get("version") != FORMAT_VERSION:
         raise TraceError(f"{path}: trace version {body.get('version')!r}; this fpemu reads version {FORMAT_VERSION}")
     stored = body.pop("checksum", None)
-    if stored != checksum(body):
+    try:
+        computed = checksum(body)
+    except ValueError:  # NaN or inf literals: no fpemu writer produces them
+        computed = None
+    if stored != computed:
         raise TraceError(f"{path}: checksum mismatch: the file was modified or corrupted after it was written "
                          "(regenerate it: `fpemu golden` for golden traces, `fpemu record` for baselines)")
-    for key in ("metadata", "steps", "summary"):
-        if key not in body:
-            raise TraceError(f"{path}: missing key {key!r}")
+    _check_structure(body, path)
     return Trace(body["metadata"], tuple(body["steps"]), body["summary"])
+
+
+def _check_structure(body: dict, path: str) -> None:
+    """The keys every reader relies on (a checksum only proves the file is as written)."""
+    metadata, steps = body.get("metadata"), body.get("steps")
+    problems = []
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("spec"), dict):
+        problems.append("metadata.spec")
+    elif not all(isinstance(metadata["spec"].get(k), str) for k in ("name", "sha256", "text")):
+        problems.append("metadata.spec.name/sha256/text")
+    if isinstance(metadata, dict) and not isinstance(metadata.get("implementation"), str):
+        problems.append("metadata.implementation")
+    if not isinstance(steps, list) or not all(isinstance(record, dict) for record in steps):
+        problems.append("steps (a list of step records)")
+    if not isinstance(body.get("summary"), dict):
+        problems.append("summary")
+    if problems:
+        raise TraceError(f"{path}: not a valid trace: missing or malformed {', '.join(problems)}")
 
 
 def read_trace(path) -> Trace:
