@@ -44,6 +44,8 @@ def parse_implementation(name: str) -> tuple:
     device = device or "cpu"
     if device not in DEVICES:
         raise FpemuInputError(f"--impl {name}: unknown device {device!r}; devices: {', '.join(DEVICES)}")
+    if device != "cpu" and not adapter.startswith("torch"):
+        raise FpemuInputError(f"--impl {name}: only the torch adapters run on {device}")
     return adapter, device
 
 
