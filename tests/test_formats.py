@@ -283,3 +283,20 @@ def test_range_stats_shows_why_fp16_needs_loss_scaling():
     assert fpemu.range_stats(grads, "fp16").underflow_share > 0.2
     assert fpemu.range_stats(grads, "fp16", scale=65536).underflow_share == 0.0
     assert fpemu.range_stats(grads, "bf16").underflow_share == 0.0
+
+
+def test_stochastic_bf16_fast_path_stays_on_the_neighbours():
+    """float32 -> bf16 stochastic rounding adds 16 random bits below bf16's last bit: every result
+    is one of the two neighbours (binade crossings, subnormals, overflow to inf), NaN stays NaN."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        np.array([3.3895e38, -3.3895e38, 1e-45, -1e-45, 0.0, -0.0, np.inf, -np.inf], np.float32),
+                        np.array([0x7F800001, 0x7FFFFFFF, 0xFF800001], np.uint32).view(np.float32)])
+    got = fpemu.quantize(x, "bf16", rounding="stochastic", seed=9)
+    down = fpemu.quantize(x, "bf16", rounding="down")
+    up = fpemu.quantize(x, "bf16", rounding="up")
+    nan = np.isnan(x)
+    assert np.all(np.isnan(got[nan]))
+    assert np.all((got[~nan].view(np.uint32) == down[~nan].view(np.uint32)) |
+                  (got[~nan].view(np.uint32) == up[~nan].view(np.uint32)))
+    assert same_bits(got, fpemu.quantize(x, "bf16", rounding="stochastic", seed=9))

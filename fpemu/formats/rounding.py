@@ -122,7 +122,37 @@ def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     if _use_native_cast(arr.dtype, fmt, rounding, overflow, subnormals):
         with np.errstate(over="ignore", invalid="ignore"):
             return arr.astype(fmt.dtype).astype(arr.dtype)
+    if (rounding == "stochastic" and overflow == "inf" and subnormals and arr.dtype == np.float32
+            and fmt.dtype == np.dtype(ml_dtypes.bfloat16)):
+        return _stochastic_bf16(arr, seed)
     return _round_array(arr, fmt, rounding, overflow, subnormals, seed, flags=False).values
+
+
+def _stochastic_bf16(arr: np.ndarray, seed) -> np.ndarray:
+    """Stochastic rounding of float32 to bf16: add 16 random bits below bf16's last bit, truncate.
+
+    bf16 is float32's top 16 bits, so its values are evenly spaced in float32's bit patterns
+    across every binade and the subnormals: adding r uniform in [0, 2**16) to the magnitude's
+    bits and clearing the low 16 rounds up with probability remainder / 2**16, exactly (the
+    remainder has 16 bits).  A carry crosses binades and reaches inf past max finite, as
+    rounding up should; infinities stay infinite.  NaN inputs are restored afterwards (a
+    low-payload NaN could otherwise turn into inf).  Draws come from SFC64, 16 bits each.
+    """
+    flat = arr.reshape(-1)
+    bits = flat.view(np.uint32)
+    out = np.empty_like(bits)
+    generator = np.random.SFC64(seed)
+    mask = np.uint32(0xFFFF0000)
+    for start in range(0, flat.size, _FAST_BLOCK):
+        stop = min(start + _FAST_BLOCK, flat.size)
+        block = out[start:stop]
+        draws = generator.random_raw((stop - start + 3) // 4).view(np.uint16)[:stop - start]
+        np.add(bits[start:stop], draws, out=block)
+        np.bitwise_and(block, mask, out=block)
+        if not np.isfinite(flat[start:stop]).all():
+            nan = np.isnan(flat[start:stop])
+            block[nan] = bits[start:stop][nan] | np.uint32(0x7FC00000)
+    return out.view(np.float32).reshape(arr.shape)
 
 
 def _use_native_cast(dtype, fmt: Format, rounding, overflow, subnormals) -> bool:
