@@ -127,7 +127,8 @@ def _same(expected, got) -> bool:
     return expected == got and type(expected) is type(got)
 
 
-def _ulps(expected, got) -> int:
+def ulp_distance(expected, got) -> int:
+    """ulp_distance_f32 of two values, or the largest over two lists of values."""
     if isinstance(expected, list):
         return max((ulp_distance_f32(a, b) for a, b in zip(expected, got)), default=0)
     return ulp_distance_f32(expected, got)
@@ -156,7 +157,7 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
         for field in common:
             expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
             if field in ULP_FIELDS and expected is not None and got is not None:
-                max_ulp[field] = max(max_ulp[field], _ulps(expected, got))
+                max_ulp[field] = max(max_ulp[field], ulp_distance(expected, got))
             if divergence is None and not _same(expected, got):
                 divergence = Divergence(step, field, expected, got, likely_cause(field, step, golden, observed))
     if divergence is None and len(golden.steps) != len(observed.steps):

@@ -11,6 +11,7 @@ import fpemu
 from fpemu.adapters import SCALER_ADAPTERS, record_scaler, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
+from fpemu.specs.loader import OBSERVED_FIELDS
 from fpemu.specs.scenario import Implementation, Scenario
 from fpemu.traces import Trace, float_fields
 from fpemu.traces.format import encode_float
@@ -43,8 +44,13 @@ def skip_reason(impl: Implementation):
     return reason
 
 
-def _spec_metadata(scenario: Scenario) -> dict:
-    return {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text}
+def _metadata(scenario: Scenario, implementation: str, profile: str, params: dict, packages, device: str,
+              **extra) -> dict:
+    """The metadata every trace carries (see fpemu.traces.format)."""
+    return {"fpemu_version": fpemu.__version__,
+            "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
+            "implementation": implementation, "profile": profile, "params": params,
+            "packages": package_versions(packages), "device": device, "platform": platform.platform(), **extra}
 
 
 def scenario_flags(scenario: Scenario):
@@ -138,12 +144,8 @@ def _reference_step_trace(scenario: Scenario) -> Trace:
     source = scenario.step
     steps, summary = _run_steps(scenario, lambda **case: mixed_precision_step(**case, compute=source.compute,
                                                                               mode=source.mode))
-    metadata = {
-        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario), "implementation": REFERENCE,
-        "profile": scenario.profile, "params": {"mode": source.mode, "compute": source.compute},
-        "packages": package_versions(["numpy", "ml_dtypes"]), "device": "cpu", "platform": platform.platform(),
-        "verified": "driven",
-    }
+    metadata = _metadata(scenario, REFERENCE, scenario.profile, {"mode": source.mode, "compute": source.compute},
+                         ["numpy", "ml_dtypes"], "cpu", verified="driven")
     return Trace(metadata, steps, summary)
 
 
@@ -160,11 +162,7 @@ def _recorded_step_trace(scenario: Scenario, impl: Implementation) -> Trace:
         steps, summary = _run_steps(scenario, lambda **case: torch_step(**case, compute=source.compute,
                                                                           device=impl.device, unscale=unscale))
         params, packages = {"unscale": unscale}, ["torch"]
-    metadata = {
-        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario),
-        "implementation": implementation_key(impl), "profile": impl.name, "params": params,
-        "packages": package_versions(packages), "device": impl.device, "platform": platform.platform(),
-    }
+    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, packages, impl.device)
     return Trace(metadata, steps, summary)
 
 
@@ -174,12 +172,9 @@ def reference_trace(scenario: Scenario) -> Trace:
         return _reference_step_trace(scenario)
     flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
-    metadata = {
-        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario), "implementation": REFERENCE,
-        "profile": scenario.profile, "params": {**get_profile(scenario.profile).defaults, **scenario.params},
-        "packages": package_versions(["numpy", "ml_dtypes"]), "device": "cpu", "platform": platform.platform(),
-        "verified": get_profile(scenario.profile).verified,
-    }
+    profile = get_profile(scenario.profile)
+    metadata = _metadata(scenario, REFERENCE, scenario.profile, {**profile.defaults, **scenario.params},
+                         ["numpy", "ml_dtypes"], "cpu", verified=profile.verified)
     return Trace(metadata, _steps(simulated, scenario.record, model_columns), _summary(simulated))
 
 
@@ -193,11 +188,7 @@ def record_trace(scenario: Scenario, impl: Implementation) -> Trace:
         kwargs["device"] = impl.device
     observed = record_scaler(impl.name, flags.tolist(), **kwargs)
     packages = list(SCALER_ADAPTERS[impl.name][1]) + (["jaxlib"] if "jax" in SCALER_ADAPTERS[impl.name][1] else [])
-    metadata = {
-        "fpemu_version": fpemu.__version__, "spec": _spec_metadata(scenario),
-        "implementation": implementation_key(impl), "profile": impl.name,
-        "params": {**get_profile(impl.name).defaults, **impl.params},
-        "packages": package_versions(packages), "device": impl.device, "platform": platform.platform(),
-    }
-    fields = tuple(f for f in scenario.record if f in ("scale", "overflow", "applied", "growth_counter"))
+    metadata = _metadata(scenario, implementation_key(impl), impl.name,
+                         {**get_profile(impl.name).defaults, **impl.params}, packages, impl.device)
+    fields = tuple(f for f in scenario.record if f in OBSERVED_FIELDS)
     return Trace(metadata, _steps(observed, fields), _summary(observed))

@@ -281,18 +281,10 @@ def harness_report(folder: pathlib.Path, golden_dir, observed_dir, diff_file) ->
 
 def _ulp_distances(golden, traces) -> dict:
     """'implementation: field' -> per-step float32 ulp distances (elementwise max for tensors)."""
-    from fpemu.compare import ulp_distance_f32
-    out = {}
-    for trace in traces:
-        for field in ("loss", "params"):
-            if field not in trace.steps[0]:
-                continue
-            values = []
-            for expected, got in zip(golden.column(field), trace.column(field)):
-                pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
-                values.append(max((ulp_distance_f32(a, b) for a, b in pairs), default=0))
-            out[f"{trace.implementation}: {field}"] = values
-    return out
+    from fpemu.compare import ulp_distance
+    return {f"{trace.implementation}: {field}": [ulp_distance(expected, got) for expected, got
+                                                 in zip(golden.column(field), trace.column(field))]
+            for trace in traces for field in ("loss", "params") if field in trace.steps[0]}
 
 
 def _ulp_table(golden, traces, distances: dict) -> str:
