@@ -35,6 +35,47 @@ def loss_cotangent(k: Kernel, sub: np.ndarray, scale) -> np.ndarray:
     return k.mul(sub, k.mul(scale, F32(2.0 / n)))  # XLA folds the constants: sub * f32(S * f32(2/n))
 
 
+def dense_forward(k: Kernel, act: np.ndarray, w: np.ndarray, b: np.ndarray):
+    """One dense layer's pre-activation ``act @ w + b`` in the compute format.
+
+    Returns:
+      ``(wc, pre)``: the compute-format weights (the input gradient needs them) and the
+      pre-activation.
+    """
+    wc, bc = k.cast(w), k.cast(b)
+    if k.semantics.fused_bias_add:  # ATen's addmm: bias added to the accumulator, one rounding
+        return wc, k.cast(k.add(k.dot(act, wc, "forward"), bc[None, :]))
+    product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
+    pre = k.add(product, bc[None, :])  # the bias add in float32 ...
+    if k.semantics.excess_precision:
+        return wc, pre  # ... kept in float32 (XLA's default excess precision)
+    return wc, k.cast(pre)  # ... rounded to the compute format
+
+
+def _forward(k: Kernel, layers, x: np.ndarray):
+    """The forward pass: what the backward reads of each layer, and the model's output.
+
+    The backward reads a layer's compute-format w only for an input gradient (not layer 0's)
+    and its pre-activation only for a ReLU mask (not the last layer's).  Keeping nothing else
+    alive holds the step's peak memory near a plain float32 step's: above glibc's heap-trim
+    threshold every step would hand its memory back and page-fault it in again.
+    """
+    act = k.cast(x)
+    saved = []
+    last = len(layers) - 1
+    for index, (w, b) in enumerate(layers):
+        wc, pre = dense_forward(k, act, w, b)
+        saved.append((act, wc if index else None, pre if index != last else None))
+        act = pre if index == last else np.maximum(pre, F32(0))  # ReLU is exact
+    return saved, act
+
+
+def _loss_and_cotangent(k: Kernel, out: np.ndarray, y: np.ndarray, scale):
+    """The float32 loss and the compute-format cotangent of ``S * loss`` at the output."""
+    loss, sub = mse(k, out, y)  # the output's cast to float32 is exact
+    return loss, k.cast(loss_cotangent(k, sub, scale))  # transpose of that cast: one rounding
+
+
 def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
     """The loss and the scaled gradients of a dense model.
 
@@ -54,32 +95,18 @@ def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
         (w, b), = layers
         loss, gw, gb = inductor_forward_backward(k, w, b, x, y, scale)
         return loss, [(gw, gb)]
-    excess = k.semantics.excess_precision
-    act = k.cast(x)
-    saved = []
-    last = len(layers) - 1
-    for index, (w, b) in enumerate(layers):
-        wc, bc = k.cast(w), k.cast(b)
-        if k.semantics.fused_bias_add:  # ATen's addmm: bias added to the accumulator, one rounding
-            pre = k.cast(k.add(k.dot(act, wc, "forward"), bc[None, :]))
-        else:
-            product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
-            pre = k.add(product, bc[None, :])  # the bias add in float32 ...
-            if not excess:
-                pre = k.cast(pre)  # ... rounded to the compute format (XLA by default keeps float32)
-        saved.append((act, wc, pre))
-        act = pre if index == last else np.maximum(pre, F32(0))  # ReLU is exact
-    loss, sub = mse(k, act, y)  # the output's cast to float32 is exact
-    ct = k.cast(loss_cotangent(k, sub, scale))  # transpose of that cast: one rounding
+    saved, out = _forward(k, layers, x)
+    loss, ct = _loss_and_cotangent(k, out, y, scale)
+    del out  # peak memory: see _forward
     grads = []
-    for index in range(last, -1, -1):
+    for index in range(len(saved) - 1, -1, -1):
         act_in, wc, pre = saved[index]
-        if index != last:
+        if pre is not None:
             ct = np.where(pre > 0, ct, F32(0))  # ReLU's backward is exact
         gb = k.batch_sum(ct)
         acc = k.dot(act_in.T, ct, "grad_w")
         # XLA with excess precision fuses a 1x1 weight's gradient with the unscale: no rounding.
-        gw = acc if excess and acc.size == 1 else k.cast(acc)
+        gw = acc if k.semantics.excess_precision and acc.size == 1 else k.cast(acc)
         grads.append((gw, gb))
         if index:
             ct = k.cast(k.dot(ct, wc.T, "grad_x"))
