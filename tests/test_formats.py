@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 import fpemu
 from fpemu import strategies as fst
 from fpemu.formats import round_to_format
+from fpemu.formats.rounding import _SOURCES, _STOCHASTIC_BLOCK, _random_draws, _round_bits
 from oracle import round_exact
 
 NATIVE = [name for name, fmt in fpemu.FORMATS.items() if fmt.dtype is not None]
@@ -283,6 +284,31 @@ def test_range_stats_shows_why_fp16_needs_loss_scaling():
     assert fpemu.range_stats(grads, "fp16").underflow_share > 0.2
     assert fpemu.range_stats(grads, "fp16", scale=65536).underflow_share == 0.0
     assert fpemu.range_stats(grads, "bf16").underflow_share == 0.0
+
+
+def test_stochastic_bf16_is_one_sequential_stream_across_blocks():
+    """The next block's draws are made on a worker thread; the result is still the definition:
+    16 bits per element, in order, from one SFC64 stream, added below bf16's last bit."""
+    n = 2 * _STOCHASTIC_BLOCK + 12
+    x = np.random.default_rng(6).standard_normal(n).astype(np.float32)
+    x[_STOCHASTIC_BLOCK + 3] = np.nan
+    draws = np.random.SFC64(4).random_raw(n // 4).view(np.uint16)
+    expected = ((x.view(np.uint32) + draws) & np.uint32(0xFFFF0000)).view(np.float32)
+    got = fpemu.quantize(x, "bf16", rounding="stochastic", seed=4)
+    assert np.isnan(got[_STOCHASTIC_BLOCK + 3])
+    assert same_bits(np.delete(got, _STOCHASTIC_BLOCK + 3), np.delete(expected, _STOCHASTIC_BLOCK + 3))
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3fn"])
+def test_stochastic_block_kernel_draws_the_general_kernels_stream(name):
+    """The block kernel (draws prefetched on a worker thread) and the general bit kernel use the
+    same 32-bit draws per element, so they round every element alike."""
+    fmt = fpemu.get_format(name)
+    n = 3 * 65536 + 5
+    x = (np.random.default_rng(8).standard_normal(n) * np.float32(fmt.min_normal * 64)).astype(np.float32)
+    got = fpemu.quantize(x, fmt, rounding="stochastic", seed=21)
+    general = _round_bits(x, fmt, _SOURCES[x.dtype], "stochastic", "inf", True, _random_draws(n, 21)).values
+    assert same_bits(got, general)
 
 
 def test_stochastic_bf16_fast_path_stays_on_the_neighbours():

@@ -3,7 +3,8 @@
 The kernel works on the integer bit patterns of the input (and, below the
 format's min normal, on magnitudes scaled exactly to units of its quantum), so
 every rounding mode is exact and the result is rounded once, directly from the
-input: no double rounding through an intermediate type.  Where a native cast is both
+input: no double rounding through an intermediate type.  Nearest even, where
+the source type has the range for it, lets one float add do the rounding.  Where a native cast is both
 correctly rounded and faster (float32 -> bf16, float64 -> float32) the default
 mode uses it; the exhaustive sweep in ``benchmarks/exhaustive_float32.py``
 checks the kernel against the native casts on all 2**32 float32 inputs.
@@ -11,7 +12,10 @@ checks the kernel against the native casts on all 2**32 float32 inputs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
+import threading
 
 from typing import NamedTuple, Optional
 
@@ -136,23 +140,61 @@ def _stochastic_bf16(arr: np.ndarray, seed) -> np.ndarray:
     bits and clearing the low 16 rounds up with probability remainder / 2**16, exactly (the
     remainder has 16 bits).  A carry crosses binades and reaches inf past max finite, as
     rounding up should; infinities stay infinite.  NaN inputs are restored afterwards (a
-    low-payload NaN could otherwise turn into inf).  Draws come from SFC64, 16 bits each.
+    low-payload NaN could otherwise turn into inf).  Draws come from SFC64, 16 bits each;
+    a worker thread draws the next block's and looks for NaN in it while this one is rounded.
     """
     flat = arr.reshape(-1)
     bits = flat.view(np.uint32)
     out = np.empty_like(bits)
     generator = np.random.SFC64(seed)
     mask = np.uint32(0xFFFF0000)
-    for start in range(0, flat.size, _FAST_BLOCK):
-        stop = min(start + _FAST_BLOCK, flat.size)
-        block = out[start:stop]
-        draws = generator.random_raw((stop - start + 3) // 4).view(np.uint16)[:stop - start]
-        np.add(bits[start:stop], draws, out=block)
-        np.bitwise_and(block, mask, out=block)
-        if not np.isfinite(flat[start:stop]).all():
-            nan = np.isnan(flat[start:stop])
-            block[nan] = bits[start:stop][nan] | np.uint32(0x7FC00000)
+    blocks = [slice(start, min(start + _STOCHASTIC_BLOCK, flat.size))
+              for start in range(0, flat.size, _STOCHASTIC_BLOCK)]
+
+    def draw(block: slice):
+        count = block.stop - block.start
+        peak = flat[block].max()  # NaN if any element is NaN (and the block is now in cache)
+        return generator.random_raw((count + 3) // 4).view(np.uint16)[:count], peak != peak
+
+    for block, (draws, has_nan) in zip(blocks, _prefetched(draw, blocks)):
+        rounded = out[block]
+        np.add(bits[block], draws, out=rounded)
+        np.bitwise_and(rounded, mask, out=rounded)
+        if has_nan:
+            nan = np.isnan(flat[block])
+            rounded[nan] = bits[block][nan] | np.uint32(0x7FC00000)
     return out.view(np.float32).reshape(arr.shape)
+
+
+# Elements per block of the stochastic bf16 path: large enough that handing each block's draws
+# over from the worker thread costs little next to drawing them.
+_STOCHASTIC_BLOCK = 1 << 19
+
+
+def _prefetched(produce, items):
+    """Yield ``produce(item)`` for each item in turn, the next one made on a worker thread
+    while the caller works on the current one.
+
+    numpy's bit generators and ufuncs release the GIL, so drawing random bits overlaps the
+    rounding on a second core.  The calls run one after another in order, so the results
+    are those of a plain loop: a seeded stream does not depend on the threading.
+    """
+    if len(items) < 2:
+        yield from (produce(item) for item in items)
+        return
+    worker = _worker_thread(os.getpid())
+    pending = worker.submit(produce, items[0])
+    for item in items[1:]:
+        ready = pending.result()
+        pending = worker.submit(produce, item)
+        yield ready
+    yield pending.result()
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_thread(pid: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One worker thread per process (keyed by pid: a forked child gets its own)."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fpemu-draws")
 
 
 def _use_native_cast(dtype, fmt: Format, rounding, overflow, subnormals) -> bool:
@@ -244,6 +286,24 @@ def _cached_row(dtype: str, value) -> np.ndarray:
     return row
 
 
+_THREAD_SCRATCH = threading.local()
+
+
+def _scratch_buffers(dtype: np.dtype) -> tuple:
+    """The fast kernel's block-sized scratch arrays for source type dtype, made once per thread.
+
+    Reusing them keeps a quantize call down to one allocation, its result: fresh scratch
+    (1.1 MB for float32) raises every caller's peak memory and, when glibc trims the heap
+    between calls, costs page faults each time.
+    """
+    buffers = _THREAD_SCRATCH.__dict__.setdefault("buffers", {})
+    if dtype not in buffers:
+        uint = _SOURCES[dtype].uint
+        buffers[dtype] = (np.empty(_FAST_BLOCK, dtype), np.empty(_FAST_BLOCK, dtype), np.empty(_FAST_BLOCK, dtype),
+                          np.empty(_FAST_BLOCK, uint), np.empty(_FAST_BLOCK, bool))
+    return buffers[dtype]
+
+
 def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, random_bits,
                 flags: bool = True):
     """The kernel for the common cases: a dozen cache-resident passes per block, no np.where.
@@ -255,7 +315,10 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
     to an integer by numpy's trunc / rint / floor / ceil, and scaled back.  The
     normal part rounds max(magnitude, min normal) instead, so each element's
     result is the sum of the two bit patterns less min normal's: one of them is
-    always min normal itself.  The sign goes back on at the end; NaN, overflow
+    always min normal itself.  Nearest even, for formats whose largest quantum
+    keeps 2**drop times it finite in the source type (fp16, fp8, e6m9; not bf16),
+    takes a shorter road: the float add rounds (see ``by_addition``), in both
+    ranges at once.  The sign goes back on at the end; NaN, overflow
     and flush-to-zero are handled only in blocks that have them.  Without flags
     (quantize) overflow is resolved by a clip or, for IEEE formats in the nearest
     modes, by scaling up and back down by 2**(emax_source - emax), which turns
@@ -288,6 +351,16 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
         scales.append(ftype(2.0 ** max_exponent))
         exponent -= max_exponent
     scales.append(ftype(2.0 ** exponent))
+    # Nearest even by the hardware's own rounding: for |x| whose quantum in fmt is 2**E
+    # (E = max(exponent of x, emin) - m), adding C = 2**(E + drop) gives a sum whose float ulp
+    # is that quantum, so the float add rounds |x| to nearest even in fmt, and subtracting C is
+    # exact.  C must stay finite up to the clamp at 2**(emax + 1), a magnitude that overflows.
+    by_addition = rounding == "nearest_even" and fmt.emax + 1 + drop <= max_exponent
+    if by_addition:
+        clamp = ftype(2.0 ** (fmt.emax + 1))
+        clamp_row = _constant_row(clamp)
+        exponent_field = uint(source.exponent_mask << source.mantissa_bits)
+        to_quantum = ftype(2.0 ** drop)
     directed = rounding in ("up", "down")
     stochastic = rounding == "stochastic"
     if stochastic:
@@ -314,100 +387,111 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
     values = np.empty_like(flat)
     overflowed = np.zeros(n, dtype=bool) if flags else None
     size = max(min(_FAST_BLOCK, n), 1)                      # even, but for a lone last block
-    a_buf = np.empty(size, flat.dtype)
-    t_buf = np.empty(size, flat.dtype)
-    y_buf = np.empty(size, flat.dtype)
-    u_buf = np.empty(size, uint)
-    g_buf = np.empty(size, bool)
+    a_buf, t_buf, y_buf, u_buf, g_buf = _scratch_buffers(flat.dtype)
     # numpy's minimum / maximum are several times faster against an array than a scalar.
     min_normal_row = _constant_row(min_normal)
     min_normal_bits_row = _constant_row(min_normal_bits)
     neg_min_normal_row = _constant_row(-min_normal)
     with np.errstate(all="ignore"):
+        if stochastic:
+            draws = _prefetched(lambda count: random_bits.random_raw((count + 1) // 2).view(np.uint32)[:count],
+                                [min(size, n - start) for start in range(0, n, size)])
         for start in range(0, n, size):
             stop = min(start + size, n)
             k = stop - start
             x = flat[start:stop]
             r = values[start:stop]
             if stochastic:
-                d = random_bits.random_raw((k + 1) // 2).view(np.uint32)[:k]
+                d = next(draws)
             a, t, y, u, g = a_buf[:k], t_buf[:k], y_buf[:k], u_buf[:k], g_buf[:k]
             big_r = r.view(uint)
             big_a = a.view(uint)
             big_x = x.view(uint)
             np.abs(x, out=a)
-            lowest = a.min()                                 # NaN if any element is NaN
-            has_nan = lowest != lowest
-            highest = a.max()
-            split = has_nan or lowest < min_normal           # some elements below min normal
-            if split:
-                # The normal part sees min normal for them, which every mode keeps.
-                np.maximum(big_a, min_normal_bits_row[:k], out=big_r)
-                normal = big_r
+            highest = a.max()                                # NaN if any element is NaN
+            has_nan = highest != highest
+            if by_addition:
+                if not highest < clamp:                      # (NaN compares false)
+                    np.minimum(a, clamp_row[:k], out=a)      # keeps C finite; still overflows
+                # C = 2**(max(exponent of a, emin) + drop), from a's exponent field
+                np.bitwise_and(big_a, exponent_field, out=big_r)
+                np.maximum(big_r, min_normal_bits_row[:k], out=big_r)
+                r *= to_quantum                              # exact: a power of two
+                np.add(a, r, out=t)                          # one rounding, to a multiple of C's ulp
+                np.subtract(t, r, out=r)                     # exact
+                np.bitwise_and(big_x, sign_bit, out=u)
+                np.bitwise_or(big_r, u, out=big_r)
+                signed = True
             else:
-                normal = big_x                               # the sign bit rides along
-            if directed:
-                # away: all ones where the magnitude rounds away from zero when inexact.
-                away = y.view(uint)
-                np.right_shift(big_x.view(sint), sint(width - 1), out=away.view(sint))
-                if rounding == "up":
-                    np.invert(away, out=away)
-
-            # Normal range: round the bit patterns at bit `drop`.
-            if rounding == "nearest_even" and m > 0:
-                np.right_shift(normal, uint(drop), out=u)
-                np.bitwise_and(u, uint(1), out=u)
-                np.add(u, ne_bias, out=u)
-                np.add(normal, u, out=big_r)
-                np.bitwise_and(big_r, keep_mask, out=big_r)
-            elif rounding == "toward_zero":
-                np.bitwise_and(normal, keep_mask, out=big_r)
-            elif rounding in ("nearest_away", "nearest_even"):
-                # (With no mantissa bits every normal significand is 1, odd: ties go up.)
-                np.add(normal, half_step, out=big_r)
-                np.bitwise_and(big_r, keep_mask, out=big_r)
-            elif directed:
-                np.bitwise_and(away, low_mask, out=u)
-                np.add(normal, u, out=big_r)
-                np.bitwise_and(big_r, keep_mask, out=big_r)
-            else:  # stochastic: up with probability (dropped bits) / 2**drop, to 32 bits
-                np.bitwise_and(normal, low_mask, out=u)
-                if shift_left:
-                    np.left_shift(u, shift_left, out=u)
-                if shift_right:
-                    np.right_shift(u, shift_right, out=u)
-                np.less(d, u, out=g)
-                # (bits | low) + 1 carries into bit `drop`: a masked add, without a slow where=.
-                np.bitwise_or(normal, low_mask, out=big_r)
-                np.add(big_r, g, out=big_r)
-                np.bitwise_and(big_r, keep_mask, out=big_r)
-
-            # Below fmt's min normal: multiples of q, in units of q.
-            if split:
-                if signed_sub:
-                    # rint and trunc are odd, ceil / floor round up / down: the sign comes
-                    # along, and the clamp leaves +-min normal, whose bits add the sign bit.
-                    np.minimum(x, min_normal_row[:k], out=y)
-                    np.maximum(y, neg_min_normal_row[:k], out=y)
+                split = has_nan or a.min() < min_normal      # some elements below min normal
+                if split:
+                    # The normal part sees min normal for them, which every mode keeps.
+                    np.maximum(big_a, min_normal_bits_row[:k], out=big_r)
+                    normal = big_r
                 else:
-                    np.minimum(a, min_normal_row[:k], out=y)
-                for scale in scales:
-                    y *= scale                               # exact: powers of two, |y| <= 2**m
-                integer_round(y, out=t)
-                if rounding == "nearest_away":
-                    np.subtract(y, t, out=y)                 # the fraction, exact
-                    np.greater_equal(y, ftype(0.5), out=g)
-                    np.add(t, g, out=t)
-                elif stochastic:
-                    np.subtract(y, t, out=y)                 # the fraction, exact
-                    y *= to_fixed                            # exact, below 2**32
-                    np.floor(y, out=y)
-                    np.less(d, y, out=g)
-                    np.add(t, g, out=t)
-                t *= q                                       # exact
-                np.add(big_r, t.view(uint), out=big_r)
-                np.subtract(big_r, min_normal_bits, out=big_r)
-            signed = not split or signed_sub
+                    normal = big_x                           # the sign bit rides along
+                if directed:
+                    # away: all ones where the magnitude rounds away from zero when inexact.
+                    away = y.view(uint)
+                    np.right_shift(big_x.view(sint), sint(width - 1), out=away.view(sint))
+                    if rounding == "up":
+                        np.invert(away, out=away)
+
+                # Normal range: round the bit patterns at bit `drop`.
+                if rounding == "nearest_even" and m > 0:
+                    np.right_shift(normal, uint(drop), out=u)
+                    np.bitwise_and(u, uint(1), out=u)
+                    np.add(u, ne_bias, out=u)
+                    np.add(normal, u, out=big_r)
+                    np.bitwise_and(big_r, keep_mask, out=big_r)
+                elif rounding == "toward_zero":
+                    np.bitwise_and(normal, keep_mask, out=big_r)
+                elif rounding in ("nearest_away", "nearest_even"):
+                    # (With no mantissa bits every normal significand is 1, odd: ties go up.)
+                    np.add(normal, half_step, out=big_r)
+                    np.bitwise_and(big_r, keep_mask, out=big_r)
+                elif directed:
+                    np.bitwise_and(away, low_mask, out=u)
+                    np.add(normal, u, out=big_r)
+                    np.bitwise_and(big_r, keep_mask, out=big_r)
+                else:  # stochastic: up with probability (dropped bits) / 2**drop, to 32 bits
+                    np.bitwise_and(normal, low_mask, out=u)
+                    if shift_left:
+                        np.left_shift(u, shift_left, out=u)
+                    if shift_right:
+                        np.right_shift(u, shift_right, out=u)
+                    np.less(d, u, out=g)
+                    # (bits | low) + 1 carries into bit `drop`: a masked add, without a slow where=.
+                    np.bitwise_or(normal, low_mask, out=big_r)
+                    np.add(big_r, g, out=big_r)
+                    np.bitwise_and(big_r, keep_mask, out=big_r)
+
+                # Below fmt's min normal: multiples of q, in units of q.
+                if split:
+                    if signed_sub:
+                        # rint and trunc are odd, ceil / floor round up / down: the sign comes
+                        # along, and the clamp leaves +-min normal, whose bits add the sign bit.
+                        np.minimum(x, min_normal_row[:k], out=y)
+                        np.maximum(y, neg_min_normal_row[:k], out=y)
+                    else:
+                        np.minimum(a, min_normal_row[:k], out=y)
+                    for scale in scales:
+                        y *= scale                           # exact: powers of two, |y| <= 2**m
+                    integer_round(y, out=t)
+                    if rounding == "nearest_away":
+                        np.subtract(y, t, out=y)             # the fraction, exact
+                        np.greater_equal(y, ftype(0.5), out=g)
+                        np.add(t, g, out=t)
+                    elif stochastic:
+                        np.subtract(y, t, out=y)             # the fraction, exact
+                        y *= to_fixed                        # exact, below 2**32
+                        np.floor(y, out=y)
+                        np.less(d, y, out=g)
+                        np.add(t, g, out=t)
+                    t *= q                                   # exact
+                    np.add(big_r, t.view(uint), out=big_r)
+                    np.subtract(big_r, min_normal_bits, out=big_r)
+                signed = not split or signed_sub
 
             if not subnormals:
                 np.abs(r, out=t)
