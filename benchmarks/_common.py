@@ -1,13 +1,59 @@
-"""Shared output of the benchmarks: a markdown table and the raw JSON in reports/."""
+"""Shared parts of the benchmarks: timing, and the markdown table and raw JSON in reports/."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import resource
+import time
 
 from fpemu.fileio import atomic_write
 
 REPORTS = pathlib.Path(__file__).resolve().parent.parent / "reports"
+
+
+def best_time(fn, repeats: int) -> tuple:
+    """Best-of-repeats wall time of fn() and its last result."""
+    out, best = None, float("inf")
+    for _ in range(repeats):
+        out = None  # free the last result first, so each call allocates into the same state
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def best_times_interleaved(fns, repeats: int) -> list:
+    """Best-of-repeats time and last result of each fn, timed in alternating order.
+
+    Each fn runs once untimed first, and the fns take turns (the order flips every
+    round): a fn timed alone right after another's large allocations would pay for
+    fresh pages (first-touch page faults) that the other does not, and a burst of
+    load from another process hits them all alike.
+    """
+    outs = [fn() for fn in fns]  # warm-up: allocator and page state, caches, lazy imports
+    best = [float("inf")] * len(fns)
+    for round_ in range(repeats):
+        order = range(len(fns)) if round_ % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            outs[i] = None
+            start = time.perf_counter()
+            outs[i] = fns[i]()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return list(zip(best, outs))
+
+
+def minor_page_faults(fn, repeats: int) -> float:
+    """Minor page faults per call of fn, the mean over repeats calls after a warm-up call.
+
+    A call whose peak memory exceeds what the allocator keeps between calls (glibc trims
+    the heap top beyond its trim threshold) faults its pages in again every time.
+    """
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(repeats):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / repeats
 
 
 def _cell(value) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import ml_dtypes
 import numpy as np
 
 import fpemu
-from benchmarks._common import write_report
+from benchmarks._common import best_time, best_times_interleaved, write_report
 
 E6M9 = fpemu.make_format(exponent_bits=6, mantissa_bits=9)
 TARGETS = [  # label, fpemu format, rounding, native dtype
@@ -28,36 +27,6 @@ TARGETS = [  # label, fpemu format, rounding, native dtype
     ("bf16 stochastic", "bf16", "stochastic", None),
     ("fp16 toward_zero", "fp16", "toward_zero", None),
 ]
-
-
-def best_time(fn, repeats: int) -> tuple:
-    out, best = None, float("inf")
-    for _ in range(repeats):
-        out = None  # free the last result first, so each call allocates into the same state
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
-
-
-def best_times_interleaved(fns, repeats: int) -> list:
-    """Best-of-repeats time and last result of each fn, timed in alternating order.
-
-    Each fn runs once untimed first, and the fns take turns (the order flips every
-    round): a fn timed alone right after another's large allocations would pay for
-    fresh pages (first-touch page faults) that the other does not, and a burst of
-    load from another process hits them all alike.
-    """
-    outs = [fn() for fn in fns]  # warm-up: allocator and page state, caches, lazy imports
-    best = [float("inf")] * len(fns)
-    for round_ in range(repeats):
-        order = range(len(fns)) if round_ % 2 == 0 else reversed(range(len(fns)))
-        for i in order:
-            outs[i] = None
-            start = time.perf_counter()
-            outs[i] = fns[i]()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return list(zip(best, outs))
 
 
 def mismatches(a, b) -> int:
@@ -158,6 +127,9 @@ def main(argv=None) -> dict:
         "Mismatches count elements whose float32 bits differ (NaN-aware). Stochastic rounding is not "
         "compared (different random streams). pychop has no IEEE overflow (it keeps values above "
         "max finite) and gfloat's stochastic mode uses 16 random bits here.",
+        "Threads: fpemu's stochastic modes draw the next block's random bits on one worker thread "
+        "(numpy's bit generators release the GIL), in the same order as a plain loop, so a seed gives "
+        "the same result; everything else, fpemu's other modes and every peer, runs on one thread.",
     ]
     write_report("bench_quantize", "Quantize throughput", result, rows, columns, notes)
     return result
