@@ -135,7 +135,8 @@ def test_custom_formats_match_rational_oracle(fmt, data, rounding, overflow, sub
     xs = data.draw(st.lists(fst.probe_floats(fmt, dtype), min_size=1, max_size=8))
     arr = np.array(xs, dtype=dtype)
     got = fpemu.quantize(arr, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals)
-    expected = np.array([round_exact(float(v), fmt, rounding, overflow, subnormals) for v in arr], dtype=dtype)
+    with np.errstate(over="ignore"):  # a format wider than float32 may round past float32's range: inf
+        expected = np.array([round_exact(float(v), fmt, rounding, overflow, subnormals) for v in arr], dtype=dtype)
     assert same_bits(got, expected), (fmt, arr, got, expected)
 
 
