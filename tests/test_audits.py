@@ -3,6 +3,8 @@
 import contextlib
 import doctest
 import math
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -71,6 +73,24 @@ def test_clip_grad_value_before_unscale():
     assert finding.call == "torch.nn.utils.clip_grad_value_(clip_value=2)"
     assert finding.effect["update_norm_correct_order"] == pytest.approx(math.hypot(2, 2), rel=1e-6)
     assert finding.effect["update_norm_this_order"] == pytest.approx(math.hypot(0.02, 0.02), rel=1e-5)
+
+
+def test_clip_imported_by_name_before_the_audit(monkeypatch):
+    """A loop module that did ``from torch.nn.utils import clip_grad_norm_ as clip`` before the
+    audit began is seen too, and gets its own name back afterwards."""
+    loop = types.ModuleType("user_training_loop")
+    exec("from torch.nn.utils import clip_grad_norm_ as clip\n"
+         "def step(weight, scaler, optimizer, coefficients):\n"
+         "    scaler.scale((weight * coefficients).sum()).backward()\n"
+         "    clip([weight], 2.0)\n"
+         "    scaler.step(optimizer)\n"
+         "    scaler.update()\n", vars(loop))
+    monkeypatch.setitem(sys.modules, loop.__name__, loop)
+    weight, optimizer, scaler, coefficients = vector_setup(100.0, [3.0, 4.0])
+    with audit_torch(scaler, optimizer) as audit:
+        loop.step(weight, scaler, optimizer, coefficients)
+    assert [f.call for f in audit.findings] == ["torch.nn.utils.clip_grad_norm_(max_norm=2)"]
+    assert loop.clip is torch.nn.utils.clip_grad.clip_grad_norm_
 
 
 def test_audit_changes_nothing_and_restores_everything():

@@ -8,9 +8,10 @@ unchanged while it watches, for the duration of the block:
 * each optimizer, through ``register_step_post_hook``, and its parameters, through a
   multi-grad hook that fires once per backward pass;
 * the scheduler's ``step``;
-* ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched in ``torch.nn.utils``
-  and ``torch.nn.utils.clip_grad`` (a name imported into the loop's module before the
-  audit began is not seen);
+* ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched wherever a loaded
+  module holds them: ``torch.nn.utils``, ``torch.nn.utils.clip_grad`` and every module that
+  imported them by name (``from torch.nn.utils import clip_grad_norm_ as clip`` included);
+  a reference kept elsewhere (a local variable, a closure, a container) is not seen;
 * autocast, through a global module forward pre-hook.
 
 Everything is restored on exit.  The wrappers pass the loop's own arguments to the real
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from typing import Optional
 
 from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
@@ -37,6 +39,17 @@ _CLIPS = {"clip_grad_norm_": "max_norm", "clip_grad_value_": "clip_value"}
 def _torch():
     import torch
     return torch
+
+
+def _module_references(value) -> list:
+    """(module, name) for every global name of a loaded module bound to ``value`` itself."""
+    found = []
+    modules = {id(module): module for module in list(sys.modules.values())}  # one module may have two keys
+    for module in modules.values():
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found.extend((module, name) for name, bound in list(namespace.items()) if bound is value)
+    return found
 
 
 def _flat(tensors):
@@ -212,9 +225,10 @@ class TorchLoopAudit:
             self._set(scheduler, "step",
                       lambda *a, index=index, real=real, **k: self._scheduler_step(real, index, *a, **k))
         for name, limit_name in _CLIPS.items():
-            wrapper = self._clip_wrapper(getattr(torch.nn.utils.clip_grad, name), name, limit_name)
-            self._set(torch.nn.utils.clip_grad, name, wrapper)
-            self._set(torch.nn.utils, name, wrapper)
+            real = getattr(torch.nn.utils.clip_grad, name)
+            wrapper = self._clip_wrapper(real, name, limit_name)
+            for module, attribute in _module_references(real):
+                self._set(module, attribute, wrapper)
 
     # --- state --------------------------------------------------------------------
 
