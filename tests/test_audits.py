@@ -115,7 +115,33 @@ def test_audit_changes_nothing_and_restores_everything():
     assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_) == originals
 
 
-# --- unscale_ twice ---------------------------------------------------------------
+# --- unscale_ twice, backward after unscale_ ----------------------------------------
+
+def test_backward_after_unscale_counts_scale_times_too_much():
+    """unscale_, then another backward in the same step: the second pass's gradient enters the
+    update multiplied by S (step does not unscale again), as the weights show."""
+    weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])
+    with audit_torch(scaler, optimizer) as audit:
+        for _ in range(2):  # a correct step first: unscale_ in one step, backward in the next
+            scaler.scale((weight * coefficients).sum()).backward()
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        assert audit.findings == ()
+        before = weight.detach().clone()
+        scaler.scale((weight * coefficients).sum()).backward()
+        scaler.unscale_(optimizer)
+        scaler.scale((weight * coefficients).sum()).backward()  # the bug
+        scaler.step(optimizer)
+        scaler.update()
+    (finding,) = audit.findings
+    assert finding.kind == "backward_after_unscale" and finding.step == 2
+    assert finding.call == "backward after scaler.unscale_(optimizer[0])"
+    assert finding.effect == {"scale": 64.0, "weight_of_this_backward": 64.0}
+    assert torch.equal(before - weight.detach(), coefficients * (1 + 64))  # lr 1: g + S * g
+
+
 
 def test_unscale_twice_that_torch_refuses_is_recorded():
     weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])

@@ -15,6 +15,9 @@ FIXES = {
     "unscale_twice":
         "Call scaler.unscale_(optimizer) at most once between backward passes and scaler.step(optimizer), "
         "and call scaler.update() only after scaler.step().",
+    "backward_after_unscale":
+        "Run every backward pass of the step before scaler.unscale_(optimizer); unscale once, just before "
+        "clipping and scaler.step(optimizer).",
     "scale_changed_in_accumulation":
         "Keep one scale through the accumulated microbatches: call scaler.update() (and step every optimizer "
         "that shares the scaler) only at effective-batch boundaries.",

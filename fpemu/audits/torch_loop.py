@@ -76,6 +76,7 @@ class _OptimizerLog:
     completed: int = 0
     scaled: bool = False  # its gradients hold scaled values: a backward ran since the last unscale_
     unscaled: bool = False  # unscale_ ran since the last backward pass
+    unscaled_in: int = -1  # the update attempt in which unscale_ last ran
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
     # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
@@ -260,6 +261,12 @@ class TorchLoopAudit:
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
+        if log.unscaled and log.unscaled_in == log.attempts and self._scaling:
+            self._add("backward_after_unscale", log.attempts, f"backward after scaler.unscale_({log.name})",
+                      {"scale": scale, "weight_of_this_backward": scale},
+                      f"this backward pass adds gradients multiplied by the scale {scale:g} to gradients "
+                      f"already unscaled, and scaler.step will neither unscale them nor check them for "
+                      f"inf/NaN: they count {scale:g}x too much")
         if log.window and scale != log.window[-1]:
             log.snapshots.append((len(log.window), _flat(log.grads())))
         log.window.append(scale)
@@ -306,7 +313,7 @@ class TorchLoopAudit:
         if len(set(log.window)) > 1:
             self._record_scale_change(log, call)
         real(optimizer)
-        log.scaled, log.unscaled = False, True
+        log.scaled, log.unscaled, log.unscaled_in = False, True, log.attempts
         log.start_window()
         return None
 
