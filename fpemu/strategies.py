@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from fpemu.formats import decode, format_names, get_format, make_format
+from fpemu.formats import decode, format_names, get_format, make_format, quantize
 from fpemu.formats.format import Format
 
 
@@ -44,10 +44,13 @@ def codes(fmt) -> st.SearchStrategy:
 
 
 def format_values(fmt, *, allow_nan: bool = True, allow_infinity: bool = True) -> st.SearchStrategy:
-    """Values exactly representable in ``fmt`` (as Python floats), edges weighted up."""
+    """Values exactly representable in ``fmt`` (as Python floats), edges weighted up.
+
+    Infinities only where fmt has them, -0 only where fmt has it.
+    """
     fmt = get_format(fmt)
     from_codes = codes(fmt).map(lambda code: float(decode(code, fmt)))
-    values = st.one_of(st.sampled_from(edge_values(fmt)), from_codes)
+    values = st.one_of(st.sampled_from(_representable(edge_values(fmt), fmt)), from_codes)
     if not allow_nan:
         values = values.filter(lambda v: v == v)
     if not allow_infinity:
@@ -73,11 +76,19 @@ def edge_values(fmt) -> list:
     return sorted(set(finite + [-v for v in finite])) + [float("inf"), float("-inf"), float("nan")]
 
 
+def _representable(candidates, fmt: Format) -> list:
+    """The candidates that are values of fmt, bit for bit in float64 (NaN kept: every convention has one)."""
+    values = np.array(candidates, dtype=np.float64)
+    rounded = quantize(values, fmt)
+    keep = (rounded.view(np.uint64) == values.view(np.uint64)) | np.isnan(values)
+    return values[keep].tolist()
+
+
 def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
     """Inputs of ``dtype`` (float32 or float64) clustered around ``fmt``'s grid.
 
-    A mix of the format's edges, its values nudged by a few ulps of ``dtype``,
-    exact midpoints between neighbours, and arbitrary floats of ``dtype``.
+    A mix of the format's edges (:func:`edge_values`), its values nudged by a few ulps of
+    ``dtype``, exact midpoints between neighbours, and arbitrary floats of ``dtype``.
     """
     fmt = get_format(fmt)
     width = 32 if np.dtype(dtype) == np.float32 else 64
@@ -100,6 +111,7 @@ def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
 
     grid = format_values(fmt, allow_nan=False)
     return st.one_of(
+        st.sampled_from(edge_values(fmt)).map(lambda v: float(narrowed(v))),
         grid.map(lambda v: float(narrowed(v))),
         st.tuples(grid, st.integers(-3, 3)).map(nudge),
         st.integers(0, (1 << (fmt.bits - 1)) - 2).map(midpoint),

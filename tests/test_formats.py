@@ -128,6 +128,14 @@ def test_result_dtype_follows_input():
 ORACLE_MODES = [m for m in fpemu.ROUNDING_MODES if m != "stochastic"]
 
 
+@given(fmt=fst.formats(), data=st.data())
+def test_format_values_strategy_yields_values_of_the_format(fmt, data):
+    value = data.draw(fst.format_values(fmt))
+    rounded = float(fpemu.quantize(value, fmt))
+    assert same_bits(np.float64(rounded), np.float64(value)) or (math.isnan(value) and math.isnan(rounded))
+    assert fmt.has_inf or not math.isinf(value)
+
+
 @given(fmt=fst.custom_formats(), data=st.data(),
        rounding=st.sampled_from(ORACLE_MODES), overflow=st.sampled_from(fpemu.OVERFLOW_MODES),
        subnormals=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]))
