@@ -10,6 +10,7 @@ import fpemu.steps.step
 import fpemu.steps.train
 from fpemu.adapters import available
 from fpemu.steps import SEMANTICS, StepSemantics, mixed_precision_step, train_trace
+from fpemu.steps.semantics import FITTED_COMPUTE
 
 SEED_EXAMPLES = [
     (dict(params={"w": [[0.5], [-1.25]], "b": [0.1]}, x=[[1.0, 2.0], [0.5, -1.0]], y=[[-1.9], [1.5]],
@@ -91,6 +92,11 @@ def test_bad_compute_and_mode():
                              mode="jax_cpu")
     with pytest.raises(ValueError, match="reduce must be one of"):
         StepSemantics("mine", reduce="tree")
+    for mode in ("jax_cpu", "torch_cpu"):
+        with pytest.raises(ValueError, match=f"mode '{mode}': fitted and checked for compute bf16 and fp16 only, "
+                                             "got 'fp8_e4m3fn'"):
+            mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp8_e4m3fn", mode=mode)
+    assert mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp8_e4m3fn", mode="seed")["grads_finite"]
 
 
 # --- differential tests against the real frameworks ---------------------------------------------
@@ -152,25 +158,28 @@ needs_torch = pytest.mark.skipif(not available("torch"), reason="torch not insta
 
 
 @needs_jax
+@pytest.mark.parametrize("compute", FITTED_COMPUTE)
 @pytest.mark.parametrize("mode", ["jax_cpu", "jax_cpu_strict"])
 @settings(max_examples=120, deadline=None)
 @given(case=step_cases())
-def test_bit_exact_with_jax(mode, case):
+def test_bit_exact_with_jax(mode, compute, case):
+    """fp16 included: XLA's excess precision is bf16's alone, so both modes compute fp16 strictly."""
     from fpemu.adapters.jax_step import run_jax_steps
-    [real] = run_jax_steps([case], mode=mode)
-    assert not differences(mixed_precision_step(**case, mode=mode), real), \
-        f"mode {mode}: {differences(mixed_precision_step(**case, mode=mode), real)}"
+    [real] = run_jax_steps([case], mode=mode, compute=compute)
+    found = differences(mixed_precision_step(**case, mode=mode, compute=compute), real)
+    assert not found, f"mode {mode}, {compute}: {found}"
 
 
 @needs_torch
+@pytest.mark.parametrize("compute", FITTED_COMPUTE)
 @pytest.mark.parametrize("mode,unscale", [("torch_cpu", "divide"), ("torch_cpu_grad_scaler", "reciprocal")])
 @settings(max_examples=120, deadline=None)
 @given(case=step_cases())
-def test_bit_exact_with_torch(mode, unscale, case):
+def test_bit_exact_with_torch(mode, unscale, compute, case):
     from fpemu.adapters.torch_step import torch_step
-    real = torch_step(**case, unscale=unscale)
-    found = differences(mixed_precision_step(**case, mode=mode), real)
-    assert not found, f"mode {mode}: {found}"
+    real = torch_step(**case, unscale=unscale, compute=compute)
+    found = differences(mixed_precision_step(**case, mode=mode, compute=compute), real)
+    assert not found, f"mode {mode}, {compute}: {found}"
 
 
 @needs_torch

@@ -118,6 +118,13 @@ class Kernel:
             return a
         return quantize(a, self.fmt)
 
+    @property
+    def excess_precision(self) -> bool:
+        """Whether the semantics' excess precision applies to this compute format.  In XLA it is
+        bf16's alone: XLA:CPU computes bf16 ops in float32 and may drop the round trips between
+        them, while it computes f16 ops natively, each rounded, in both modes."""
+        return self.semantics.excess_precision and self.fmt.name == "bf16"
+
     # -- matmuls -----------------------------------------------------------
     def dot(self, a, b, role: str) -> np.ndarray:
         """a @ b of compute-format values, accumulated in float32 and *not* yet rounded.

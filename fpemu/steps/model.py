@@ -47,7 +47,7 @@ def dense_forward(k: Kernel, act: np.ndarray, w: np.ndarray, b: np.ndarray):
         return wc, k.cast(k.add(k.dot(act, wc, "forward"), bc[None, :]))
     product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
     pre = k.add(product, bc[None, :])  # the bias add in float32 ...
-    if k.semantics.excess_precision:
+    if k.excess_precision:
         return wc, pre  # ... kept in float32 (XLA's default excess precision)
     return wc, k.cast(pre)  # ... rounded to the compute format
 
@@ -106,7 +106,7 @@ def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
         gb = k.batch_sum(ct)
         acc = k.dot(act_in.T, ct, "grad_w")
         # XLA with excess precision fuses a 1x1 weight's gradient with the unscale: no rounding.
-        gw = acc if k.semantics.excess_precision and acc.size == 1 else k.cast(acc)
+        gw = acc if k.excess_precision and acc.size == 1 else k.cast(acc)
         grads.append((gw, gb))
         if index:
             ct = k.cast(k.dot(ct, wc.T, "grad_x"))

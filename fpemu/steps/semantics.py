@@ -15,6 +15,7 @@ DOT_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu", "sequential", "pairwise")
 FITTED_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu")
 FITTED_MAX_DIM = 4  # the fitted orders were probed for B, D, K in 1..4 only
+FITTED_COMPUTE = ("bf16", "fp16")  # and checked against the frameworks for these compute formats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,8 @@ class StepSemantics:
       excess_precision: XLA's ``--xla_allow_excess_precision`` (true by default): inside a
         fusion, f32 -> bf16 -> f32 convert pairs are dropped, so the bias add's result is not
         rounded to the compute format, nor is the weight gradient of a 1x1 weight (fused
-        with the unscale).  False: every low-precision op rounds its result.
+        with the unscale).  False: every low-precision op rounds its result.  It concerns
+        bf16 only: XLA:CPU computes f16 ops natively, each rounded, in both modes.
       flush_subnormals: every float32 op runs with x86 FTZ + DAZ (XLA:CPU sets MXCSR):
         subnormal operands read as signed zero and results tiny after rounding become
         signed zero.  Casts to the compute format are not affected.

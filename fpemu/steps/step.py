@@ -9,7 +9,7 @@ import numpy as np
 from fpemu.formats import Format, get_format
 from fpemu.steps.kernel import F32, Kernel
 from fpemu.steps.model import forward_backward, sgd_update, unscale
-from fpemu.steps.semantics import DEFAULT_SEMANTICS, FITTED_MAX_DIM, StepSemantics, get_semantics
+from fpemu.steps.semantics import DEFAULT_SEMANTICS, FITTED_COMPUTE, FITTED_MAX_DIM, StepSemantics, get_semantics
 
 COMPUTE_FORMATS = ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp32")
 
@@ -60,6 +60,14 @@ def check_int(value, name: str, low: int, high=None) -> int:
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise ValueError(f"{name} must be {bound}, got {value}")
     return int(value)
+
+
+def check_fitted_compute(semantics: StepSemantics, fmt: Format) -> None:
+    """Fitted orders are claimed only where they were checked against the framework."""
+    if semantics.fitted and fmt.name not in FITTED_COMPUTE:
+        raise ValueError(f"mode {semantics.name!r}: fitted and checked for compute {' and '.join(FITTED_COMPUTE)} "
+                         f"only, got {fmt.name!r} (with fp8, XLA:CPU sums the loss in an order not modelled "
+                         f"here); use mode='numpy' or 'seed'")
 
 
 def check_fitted_shape(semantics: StepSemantics, **dims) -> None:
@@ -130,6 +138,7 @@ def mixed_precision_step(params, x, y, loss_scale, good_steps, lr, growth_interv
     good_steps = check_int(good_steps, "good_steps", 0, growth_interval - 1)
     scale = positive_float32(loss_scale, "loss_scale")
     lr = positive_float32(lr, "lr")
+    check_fitted_compute(semantics, fmt)
     check_fitted_shape(semantics, B=x.shape[0], D=x.shape[1], K=w.shape[1])
     k = Kernel(semantics, fmt)
 
