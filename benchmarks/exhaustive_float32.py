@@ -29,7 +29,7 @@ from fpemu.formats import round_to_format
 from fpemu.formats.rounding import _round_array
 
 FORMATS = ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz",
-           "fp8_e4m3", "fp8_e3m4", "fp8_e4m3b11fnuz"]
+           "fp8_e4m3", "fp8_e3m4", "fp8_e4m3b11fnuz", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn"]
 SLICE_BITS = 24
 SLICES = 1 << (32 - SLICE_BITS)
 SHARD_DIR = REPORTS / "exhaustive"
@@ -52,6 +52,8 @@ def sweep_slice(index: int, names) -> dict:
         flagged = round_to_format(x, fmt).values  # the same kernel with overflow flags
         differ = (ours.view(np.uint32) != native.view(np.uint32)) & ~(np.isnan(ours) & np.isnan(native))
         differ |= (flagged.view(np.uint32) != native.view(np.uint32)) & ~(np.isnan(flagged) & np.isnan(native))
+        if not fmt.has_nan:  # NaN stays NaN in fpemu; ml_dtypes' formats without NaN make it -0
+            differ &= ~np.isnan(x)
         examples = x[differ][:3].view(np.uint32).tolist()
         out[name] = {"mismatches": int(np.count_nonzero(differ)), "fpemu_s": t1 - t0,
                      "native_s": t2 - t1, "examples": [hex(v) for v in examples]}
@@ -94,7 +96,9 @@ def merge(shards: int) -> dict:
     notes = ["Every float32 bit pattern, rounded by fpemu's bit kernel (both as quantize runs it and as "
              "round_to_format runs it, with overflow flags) and by the numpy/ml_dtypes cast (nearest even, "
              "IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison. 'mismatches' counts inputs "
-             "where either kernel path differs from the cast; the kernel time is quantize's path.",
+             "where either kernel path differs from the cast; the kernel time is quantize's path. For the "
+             "formats without NaN (fp6, fp4) NaN inputs are left out: fpemu keeps them NaN, ml_dtypes makes "
+             "them -0.",
              f"Times are summed over {shards} shards (CPU seconds of each process)."]
     write_report("exhaustive_float32", "Exhaustive float32 sweep", result, rows, columns, notes)
     return result

@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from fpemu.formats import decode, format_names, get_format, make_format, quantize
-from fpemu.formats.format import Format
+from fpemu.formats.format import SPECIAL_CONVENTIONS, Format
 
 
 def formats() -> st.SearchStrategy:
@@ -29,9 +29,9 @@ def custom_formats(max_exponent_bits: int = 8, max_mantissa_bits: int = 22) -> s
 
     @st.composite
     def build(draw):
-        special = draw(st.sampled_from(["ieee", "fn", "fnuz"]))
+        special = draw(st.sampled_from(SPECIAL_CONVENTIONS))
         exponent_bits = draw(st.integers(2, max_exponent_bits))
-        mantissa_bits = draw(st.integers(0 if special == "fnuz" else 1, max_mantissa_bits))
+        mantissa_bits = draw(st.integers(0 if special in ("fnuz", "finite") else 1, max_mantissa_bits))
         return make_format(exponent_bits=exponent_bits, mantissa_bits=mantissa_bits, special=special)
 
     return build()
@@ -77,10 +77,10 @@ def edge_values(fmt) -> list:
 
 
 def _representable(candidates, fmt: Format) -> list:
-    """The candidates that are values of fmt, bit for bit in float64 (NaN kept: every convention has one)."""
+    """The candidates that are values of fmt, bit for bit in float64 (NaN where fmt has one)."""
     values = np.array(candidates, dtype=np.float64)
     rounded = quantize(values, fmt)
-    keep = (rounded.view(np.uint64) == values.view(np.uint64)) | np.isnan(values)
+    keep = (rounded.view(np.uint64) == values.view(np.uint64)) | (np.isnan(values) & fmt.has_nan)
     return values[keep].tolist()
 
 

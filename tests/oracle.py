@@ -10,6 +10,8 @@ INF = float("inf")
 def round_exact(x: float, fmt, rounding: str = "nearest_even", overflow: str = "inf",
                 subnormals: bool = True, u: Fraction = None) -> float:
     """Round the float ``x`` to ``fmt`` with Fractions. ``u`` in [0, 1) drives stochastic rounding."""
+    if not (fmt.has_inf or fmt.has_nan):
+        overflow = "saturate"  # nothing but max finite lies beyond it (ml_dtypes' float6/float4)
     if math.isnan(x):
         return NAN
     if math.isinf(x):

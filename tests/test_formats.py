@@ -57,7 +57,7 @@ def test_every_code_decodes_like_ml_dtypes_and_round_trips(name):
     codes = all_codes(fmt)
     values = fpemu.decode(codes, fmt)
     with np.errstate(invalid="ignore"):
-        native = codes.astype(f"uint{fmt.bits}").view(fmt.dtype).astype(np.float64)
+        native = codes.astype(f"uint{max(fmt.bits, 8)}").view(fmt.dtype).astype(np.float64)  # fp4/fp6: a byte each
     assert same_bits(values, native)
     finite = ~np.isnan(values)
     back = fpemu.encode(values, fmt).astype(np.uint64)
@@ -98,6 +98,11 @@ EDGE_TABLE = [
     ("fp8_e5m2", 61439.0, 57344.0), ("fp8_e5m2", 61440.0, math.inf),
     ("fp8_e4m3fnuz", -0.0, 0.0), ("fp8_e4m3fnuz", -2.0**-12, 0.0), ("fp8_e4m3fnuz", 248.0, math.nan),
     ("fp8_e5m2fnuz", 2.0**-18, 0.0), ("fp8_e5m2fnuz", 2.0**-17 * 1.5, 2.0**-16),
+    # finite formats: ties to even, overflow and infinities saturate, NaN stays NaN (ml_dtypes: -0)
+    ("fp4_e2m1fn", 5.0, 4.0), ("fp4_e2m1fn", 0.25, 0.0), ("fp4_e2m1fn", 0.2500001, 0.5),
+    ("fp4_e2m1fn", 1e30, 6.0), ("fp4_e2m1fn", -math.inf, -6.0), ("fp4_e2m1fn", math.nan, math.nan),
+    ("fp6_e2m3fn", 7.75, 7.5), ("fp6_e2m3fn", -0.0, -0.0), ("fp6_e3m2fn", 30.0, 28.0),
+    ("fp6_e3m2fn", 2.0**-5, 0.0), ("fp6_e3m2fn", 2.0**-5 * 1.5, 2.0**-4 * 1.0),
 ]
 
 
@@ -266,6 +271,8 @@ def test_make_format_defaults_and_cache():
     (lambda: fpemu.make_format(exponent_bits=0, mantissa_bits=3), ValueError, "exponent_bits must be in 1..11"),
     (lambda: fpemu.quantize([1e-6], "fp16", subnormals="no"), TypeError, "subnormals must be True or False"),
     (lambda: fpemu.quantize([1.0], "fp16", rounding="stochastic", seed=-1), ValueError, "seed must be a non-negative int"),
+    (lambda: fpemu.quantize([1.0], "fp16", rounding="stochastic", seed="x"), TypeError, "seed must be a non-negative int"),
+    (lambda: fpemu.encode([1.0, math.nan], "fp4_e2m1fn"), ValueError, "x holds NaN, which fp4_e2m1fn cannot encode"),
     (lambda: fpemu.decode([0x10000], "fp16"), ValueError, "bits must be codes of the 16-bit format fp16"),
     (lambda: fpemu.decode([-1], "fp8_e4m3fn"), ValueError, "bits must be codes of the 8-bit format"),
 ])

@@ -12,6 +12,10 @@ Special-value conventions:
   all-ones mantissa (float8_e4m3fn), so the top binade holds finite values.
 * ``fnuz``: no infinities and no negative zero; the single NaN is the code of
   -0 (0x80 for 8-bit formats), so the top binade is fully finite.
+* ``finite``: no infinities and no NaN, every code is a number (the OCP MX fp6 and
+  fp4 formats, ml_dtypes' float6_e2m3fn, float6_e3m2fn, float4_e2m1fn).  Overflow
+  saturates to max finite; a NaN input stays NaN in :func:`quantize`'s float result
+  (ml_dtypes turns it into -0) and cannot be encoded.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Optional
 import ml_dtypes
 import numpy as np
 
-SPECIAL_CONVENTIONS = ("ieee", "fn", "fnuz")
+SPECIAL_CONVENTIONS = ("ieee", "fn", "fnuz", "finite")
 
 # float64 is the widest type the emulation computes in, so every format must
 # fit inside it: at most 11 exponent bits, fewer mantissa bits than float64,
@@ -41,7 +45,7 @@ class Format:
       exponent_bits: width of the exponent field, 1 to 11.
       mantissa_bits: width of the stored fraction field (no implicit bit).
       bias: exponent bias.
-      special: ``"ieee"``, ``"fn"`` or ``"fnuz"`` (see the module docstring).
+      special: ``"ieee"``, ``"fn"``, ``"fnuz"`` or ``"finite"`` (see the module docstring).
 
     Example:
       >>> fp16 = Format("fp16", exponent_bits=5, mantissa_bits=10, bias=15)
@@ -49,7 +53,7 @@ class Format:
       (65504.0, 5.960464477539063e-08)
     """
 
-    name: str
+    name: str = dataclasses.field(compare=False)  # equal fields, equal formats, whatever the name
     exponent_bits: int
     mantissa_bits: int
     bias: int
@@ -63,8 +67,8 @@ class Format:
         if not 1 <= self.exponent_bits <= _MAX_EXPONENT_BITS:
             raise ValueError(
                 f"exponent_bits must be in 1..{_MAX_EXPONENT_BITS}, got {self.exponent_bits}")
-        # Only fnuz keeps a NaN code without mantissa bits (the -0 code).
-        min_mantissa = 0 if self.special == "fnuz" else 1
+        # Without mantissa bits only fnuz keeps a NaN code (the -0 code), and finite needs none.
+        min_mantissa = 0 if self.special in ("fnuz", "finite") else 1
         if not min_mantissa <= self.mantissa_bits <= _MAX_MANTISSA_BITS:
             raise ValueError(
                 f"mantissa_bits must be in {min_mantissa}..{_MAX_MANTISSA_BITS} for "
@@ -88,6 +92,10 @@ class Format:
     @property
     def has_inf(self) -> bool:
         return self.special == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.special != "finite"
 
     @property
     def has_negative_zero(self) -> bool:
@@ -139,14 +147,18 @@ class Format:
 def _native_dtypes() -> dict:
     candidates = [np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)]
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                 "float8_e5m2fnuz", "float8_e4m3", "float8_e3m4", "float8_e4m3b11fnuz"):
+                 "float8_e5m2fnuz", "float8_e4m3", "float8_e3m4", "float8_e4m3b11fnuz",
+                 "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"):
         if hasattr(ml_dtypes, name):
             candidates.append(np.dtype(getattr(ml_dtypes, name)))
     table = {}
     for dtype in candidates:
         info = ml_dtypes.finfo(dtype)
         name = dtype.name
-        special = "fnuz" if name.endswith("fnuz") else "fn" if name.endswith("fn") else "ieee"
+        with np.errstate(invalid="ignore"):
+            has_nan = bool(np.isnan(np.array(np.nan, np.float32).astype(dtype).astype(np.float32)))
+        special = ("fnuz" if name.endswith("fnuz") else "finite" if not has_nan
+                   else "fn" if name.endswith("fn") else "ieee")
         bias = 1 - int(np.log2(float(info.smallest_normal)))
         table[(int(info.nexp), int(info.nmant), bias, special)] = dtype
     return table
@@ -167,6 +179,9 @@ _NAMED = {
     "fp8_e4m3": (4, 3, 7, "ieee"),
     "fp8_e3m4": (3, 4, 3, "ieee"),
     "fp8_e4m3b11fnuz": (4, 3, 11, "fnuz"),
+    "fp6_e2m3fn": (2, 3, 1, "finite"),
+    "fp6_e3m2fn": (3, 2, 3, "finite"),
+    "fp4_e2m1fn": (2, 1, 1, "finite"),
 }
 
 _ALIASES = {
@@ -175,6 +190,7 @@ _ALIASES = {
     "float8_e4m3fnuz": "fp8_e4m3fnuz", "float8_e5m2fnuz": "fp8_e5m2fnuz",
     "float8_e4m3": "fp8_e4m3", "float8_e3m4": "fp8_e3m4",
     "float8_e4m3b11fnuz": "fp8_e4m3b11fnuz", "e4m3": "fp8_e4m3fn", "e5m2": "fp8_e5m2",
+    "float6_e2m3fn": "fp6_e2m3fn", "float6_e3m2fn": "fp6_e3m2fn", "float4_e2m1fn": "fp4_e2m1fn",
 }
 
 
@@ -217,10 +233,10 @@ def make_format(*, exponent_bits: int, mantissa_bits: int, bias: Optional[int] =
 
     Args:
       exponent_bits: 1 to 11.
-      mantissa_bits: 1 to 51 (0 allowed for ``special="fnuz"``).
+      mantissa_bits: 1 to 51 (0 allowed for ``special="fnuz"`` and ``"finite"``).
       bias: defaults to ``2**(exponent_bits-1) - 1`` (``2**(exponent_bits-1)`` for fnuz,
         matching float8_e4m3fnuz and float8_e5m2fnuz).
-      special: ``"ieee"``, ``"fn"`` or ``"fnuz"``.
+      special: ``"ieee"``, ``"fn"``, ``"fnuz"`` or ``"finite"``.
       name: defaults to ``e{E}m{M}`` plus the special suffix.
 
     Example:

@@ -59,7 +59,9 @@ _FAST_NATIVE_CASTS = {
 def _check_modes(rounding: str, overflow: str, seed, subnormals=True) -> None:
     if not isinstance(subnormals, (bool, np.bool_)):
         raise TypeError(f"subnormals must be True or False, got {subnormals!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed must be a non-negative int or None, got {type(seed).__name__} {seed!r}")
+    if seed is not None and seed < 0:
         raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
@@ -109,12 +111,14 @@ def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
         infinity, the format's NaN, as ml_dtypes does); directed modes give the
         largest finite value where IEEE says so.  ``saturate``: clamp to
         +-max finite, infinities included (as CUDA's SATFINITE conversions).
+        Formats with neither infinity nor NaN (``finite``) always saturate.
       subnormals: False flushes results below the smallest normal to signed zero.
       seed: seed of the stochastic rounding; None draws fresh entropy.
 
     Returns:
       An array of x's dtype (float32 or float64; float64 for Python numbers)
-      holding the rounded values.
+      holding the rounded values.  A value of a format wider than float32
+      that lies beyond float32's range is inf in a float32 result.
 
     Example:
       >>> quantize([65519.996, 65520.0], "fp16").tolist()
@@ -224,6 +228,8 @@ def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even"
 def _round_array(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, seed,
                  flags: bool) -> Rounded:
     """:func:`round_to_format`; with flags False the overflow flags may be left out (None)."""
+    if not (fmt.has_inf or fmt.has_nan):
+        overflow = "saturate"  # max finite is the only result beyond it (and ml_dtypes' choice)
     source = _SOURCES[arr.dtype]
     if fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits:
         if arr.dtype == np.float64:
@@ -231,7 +237,8 @@ def _round_array(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, s
         # The format reaches below float32's normal range or keeps all its bits: round from float64,
         # which holds every float32 input exactly.
         wide = _round_array(arr.astype(np.float64), fmt, rounding, overflow, subnormals, seed, flags)
-        return Rounded(wide.values.astype(np.float32), wide.overflowed)
+        with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
+            return Rounded(wide.values.astype(np.float32), wide.overflowed)
     flat = arr.reshape(-1)
     if _fast_kernel_applies(arr.dtype, fmt, rounding):
         # Draws made block by block: the same stream as _random_draws, never all in memory.
@@ -683,7 +690,7 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
 
     Returns:
       An unsigned integer array: uint8, uint16, uint32 or uint64 by fmt's width.
-      NaN encodes as the format's canonical quiet NaN.
+      NaN encodes as the format's canonical quiet NaN; a format without NaN raises ValueError.
 
     Example:
       >>> hex(int(encode(1.0, "bf16")))
@@ -692,6 +699,8 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     fmt = get_format(fmt)
     values = quantize(x, fmt, rounding=rounding, overflow=overflow,
                       subnormals=subnormals, seed=seed).astype(np.float64)
+    if not fmt.has_nan and np.isnan(values).any():
+        raise ValueError(f"x holds NaN, which {fmt.name} cannot encode: the format has no NaN code")
     code = np.dtype(f"uint{_storage_bits(fmt)}").type
     m = fmt.mantissa_bits
     magnitude = np.abs(values)
@@ -744,7 +753,7 @@ def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
         values = np.where((field == top_field) & (mantissa != 0), np.nan, values)
     elif fmt.special == "fn":
         values = np.where((field == top_field) & (mantissa == (1 << m) - 1), np.nan, values)
-    else:
+    elif fmt.special == "fnuz":
         values = np.where(codes == np.uint64(1 << (fmt.bits - 1)), np.nan, values)
     return values.astype(dtype)
 

@@ -94,7 +94,8 @@ def range_stats(x, fmt, scale: float = 1.0, *, rounding: str = "nearest_even",
         scale32 = np.float32(float(scale))
     if not np.isfinite(scale32) or scale32 <= 0:
         raise ValueError(f"scale must be positive and finite in float32 (it multiplies in float32), got {scale}")
-    scaled = as_float_array(x).astype(np.float32) * scale32
+    with np.errstate(over="ignore"):  # a product past float32's range is inf: counted as overflow
+        scaled = as_float_array(x).astype(np.float32) * scale32
     rounded = round_to_format(scaled, fmt, rounding, overflow, subnormals)
     values = rounded.values
     is_nan = np.isnan(scaled)
