@@ -19,12 +19,13 @@ import dataclasses
 
 import numpy as np
 
-from fpemu.formats import Format, quantize
+from fpemu.formats import Format, get_format, quantize
 from fpemu.steps.semantics import StepSemantics
 
 F32 = np.float32
 _TINY = F32(np.finfo(np.float32).tiny)  # 2**-126, the smallest normal float32
 _NO_FLAGS = dict(all="ignore")
+_FP16 = get_format("fp16")
 
 
 def _odd_sum(product: np.ndarray, addend: np.ndarray) -> np.ndarray:
@@ -118,6 +119,14 @@ class Kernel:
             return a
         return quantize(a, self.fmt)
 
+    def round_result(self, a) -> np.ndarray:
+        """The result of a compute-format op (a dot, an add, a reduction step), held exactly or in
+        float32, rounded to the compute format: as :meth:`cast`, except that where the semantics
+        computes fp8 ops in fp16 the result is rounded twice, float32 -> fp16 -> fp8."""
+        if self.semantics.fp8_ops_in_fp16 and self.fmt.bits == 8:
+            return quantize(quantize(np.asarray(a, F32), _FP16), self.fmt)
+        return self.cast(a)
+
     @property
     def excess_precision(self) -> bool:
         """Whether the semantics' excess precision applies to this compute format.  In XLA it is
@@ -144,8 +153,12 @@ class Kernel:
         return _xla_cpu_dot(self, a, b, role)
 
     # -- reductions --------------------------------------------------------
-    def sum_of_squares(self, e: np.ndarray, rows: int) -> np.ndarray:
-        """sum(e * e) over the flattened (rows, -1) array ``e`` in the semantics' order."""
+    def sum_of_squares(self, e: np.ndarray, rows: int, inner: int = 2) -> np.ndarray:
+        """sum(e * e) over the flattened (rows, -1) array ``e`` in the semantics' order.
+
+        ``inner`` is the contraction length of the dot that produced e: XLA turns a contraction
+        of 1 into a multiply, which changes the loss fusion's code for fp8.
+        """
         order = self.semantics.reduce
         flat = e.reshape(-1)
         if order == "pairwise":
@@ -160,6 +173,8 @@ class Kernel:
             for value in flat:
                 total = self.mul_add(value, value, total)
             return total
+        if self.fmt.bits == 8:
+            return _xla_cpu_fp8_sum_of_squares(self, e.reshape(rows, -1), inner)
         return _xla_cpu_sum_of_squares(self, e.reshape(rows, -1))
 
     def vector_sum(self, values: np.ndarray) -> np.ndarray:
@@ -178,21 +193,21 @@ class Kernel:
             total = ct[0]
             for row in ct[1:]:
                 total = self.add(total, row)
-            return self.cast(total) if self.semantics.bias_grad_rounded else total
+            return self.round_result(total) if self.semantics.bias_grad_rounded else total
         if self.semantics.reduce == "pairwise":
             with np.errstate(**_NO_FLAGS):
-                return self.cast(np.sum(ct, axis=0, dtype=F32))
+                return self.round_result(np.sum(ct, axis=0, dtype=F32))
         if self.semantics.bias_grad_rounds_partials:
             if ct.shape[0] == 1:  # XLA: a one-row reduce is a copy
                 return ct[0]
             total = np.zeros(ct.shape[1], F32)
             for row in ct:
-                total = self.cast(self.add(total, row))  # the bf16 reducer rounds every partial sum
+                total = self.round_result(self.add(total, row))  # the bf16 reducer rounds every partial sum
             return total
         total = np.zeros(ct.shape[1], F32)
         for row in ct:
             total = self.add(total, row)  # float32 accumulator from +0 ...
-        return self.cast(total) if self.semantics.bias_grad_rounded else total  # ... rounded once
+        return self.round_result(total) if self.semantics.bias_grad_rounded else total  # ... rounded once
 
 
 def _chain(k: Kernel, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
@@ -284,6 +299,45 @@ def _xla_cpu_sum_of_squares(k: Kernel, e: np.ndarray) -> np.ndarray:
     if rows != 4:
         return lanes[0]
     return k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+
+
+def _xla_cpu_fp8_sum_of_squares(k: Kernel, e: np.ndarray, inner: int) -> np.ndarray:
+    """XLA:CPU's reduce of e * e in a fusion that holds fp8 converts (read in the optimized LLVM IR
+    and the object code of ``reduce_multiply_fusion``; fitted for B, D, K in 1..4).
+
+    K >= 3: a loop over rows, each row one 4-lane vector: lane 0 = fma(e0, e0, acc), lane i =
+    e_i * e_i (an fma with -0), missing lanes -0; then acc = (l0 + l2) + (l1 + l3).  K == 2, or
+    K == 1 with B <= 2: one fma chain from +0 in row-major order.  K == 1, B >= 3: the column as
+    one 4-lane vector of squares, reduced the same way.  Some small shapes compile to the bf16
+    step's code instead (:func:`_fp8_loss_sums_as_bf16`).
+    """
+    rows, cols = e.shape
+    if _fp8_loss_sums_as_bf16(k.fmt.name, rows, inner, cols):
+        return _xla_cpu_sum_of_squares(k, e)
+    if cols == 2 or (cols == 1 and rows <= 2):
+        total = F32(0)
+        for value in e.reshape(-1):
+            total = k.fma(value, value, total)
+        return total
+    if cols == 1:
+        lanes = [k.mul(value, value) for value in e[:, 0]] + [F32(0)] * (4 - rows)
+        return k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+    total = F32(0)
+    for row in e:
+        lanes = [k.fma(row[0], row[0], total)] + [k.mul(value, value) for value in row[1:]]
+        lanes += [F32(-0.0)] * (4 - cols)
+        total = k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+    return total
+
+
+def _fp8_loss_sums_as_bf16(fmt_name: str, batch: int, inner: int, out: int) -> bool:
+    """The small fp8 shapes whose loss sum runs in the bf16 step's order, as probed on jax 0.10
+    for B, D, K in 1..4 (``inner`` is D; D == 1 turns the dot into a multiply): for e5m2, K <= 2
+    except where D == 1 and B != 2; for e4m3fn, only B == 2, K == 1, D >= 2.  An outcome of
+    LLVM's vectorizer on each type's convert code, recorded rather than derived."""
+    if fmt_name == "fp8_e5m2":
+        return out <= 2 and not (inner == 1 and batch != 2)
+    return batch == 2 and out == 1 and inner >= 2
 
 
 _TORCH_LANES = 8  # ATen's Vectorized<float> width in its sum kernel here (measured: docs/steps.md)

@@ -15,10 +15,11 @@ import numpy as np
 from fpemu.steps.kernel import F32, Kernel
 
 
-def mse(k: Kernel, out: np.ndarray, y: np.ndarray):
-    """The float32 mean squared error and the residual ``out - y``."""
+def mse(k: Kernel, out: np.ndarray, y: np.ndarray, inner: int = 2):
+    """The float32 mean squared error and the residual ``out - y`` (``inner``: the contraction
+    length of the dot behind ``out``, which decides XLA's fp8 loss fusion)."""
     sub = k.sub(out, y)
-    total = k.sum_of_squares(sub, rows=out.shape[0])
+    total = k.sum_of_squares(sub, rows=out.shape[0], inner=inner)
     n = sub.size
     if k.semantics.mean_by_reciprocal:
         return k.mul(total, F32(1.0 / n)), sub  # XLA: divide by a constant -> multiply by f32(1/n)
@@ -44,12 +45,12 @@ def dense_forward(k: Kernel, act: np.ndarray, w: np.ndarray, b: np.ndarray):
     """
     wc, bc = k.cast(w), k.cast(b)
     if k.semantics.fused_bias_add:  # ATen's addmm: bias added to the accumulator, one rounding
-        return wc, k.cast(k.add(k.dot(act, wc, "forward"), bc[None, :]))
-    product = k.cast(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
+        return wc, k.round_result(k.add(k.dot(act, wc, "forward"), bc[None, :]))
+    product = k.round_result(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once
     pre = k.add(product, bc[None, :])  # the bias add in float32 ...
     if k.excess_precision:
         return wc, pre  # ... kept in float32 (XLA's default excess precision)
-    return wc, k.cast(pre)  # ... rounded to the compute format
+    return wc, k.round_result(pre)  # ... rounded to the compute format
 
 
 def _forward(k: Kernel, layers, x: np.ndarray):
@@ -70,9 +71,9 @@ def _forward(k: Kernel, layers, x: np.ndarray):
     return saved, act
 
 
-def _loss_and_cotangent(k: Kernel, out: np.ndarray, y: np.ndarray, scale):
+def _loss_and_cotangent(k: Kernel, out: np.ndarray, y: np.ndarray, scale, inner: int):
     """The float32 loss and the compute-format cotangent of ``S * loss`` at the output."""
-    loss, sub = mse(k, out, y)  # the output's cast to float32 is exact
+    loss, sub = mse(k, out, y, inner)  # the output's cast to float32 is exact
     return loss, k.cast(loss_cotangent(k, sub, scale))  # transpose of that cast: one rounding
 
 
@@ -96,7 +97,7 @@ def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
         loss, gw, gb = inductor_forward_backward(k, w, b, x, y, scale)
         return loss, [(gw, gb)]
     saved, out = _forward(k, layers, x)
-    loss, ct = _loss_and_cotangent(k, out, y, scale)
+    loss, ct = _loss_and_cotangent(k, out, y, scale, inner=layers[-1][0].shape[0])
     del out  # peak memory: see _forward
     grads = []
     for index in range(len(saved) - 1, -1, -1):
@@ -106,10 +107,10 @@ def forward_backward(k: Kernel, layers, x: np.ndarray, y: np.ndarray, scale):
         gb = k.batch_sum(ct)
         acc = k.dot(act_in.T, ct, "grad_w")
         # XLA with excess precision fuses a 1x1 weight's gradient with the unscale: no rounding.
-        gw = acc if k.excess_precision and acc.size == 1 else k.cast(acc)
+        gw = acc if k.excess_precision and acc.size == 1 else k.round_result(acc)
         grads.append((gw, gb))
         if index:
-            ct = k.cast(k.dot(ct, wc.T, "grad_x"))
+            ct = k.round_result(k.dot(ct, wc.T, "grad_x"))
     return loss, grads[::-1]
 
 
@@ -156,7 +157,7 @@ def inductor_forward_backward(k: Kernel, w: np.ndarray, b: np.ndarray, x: np.nda
     if batch >= 2 and (dim >= 2 or out == 1):
         # extern_kernels.addmm(b_bf16, x_bf16, w_bf16): ATen's bf16 addmm, the bias added to
         # the float32 accumulator (products rounded, summed from +0) and rounded once.
-        pre = k.cast(k.add(k.dot(xc, k.cast(w), "forward"), k.cast(b)[None, :]))
+        pre = k.round_result(k.add(k.dot(xc, k.cast(w), "forward"), k.cast(b)[None, :]))
     elif batch >= 2:
         # D == 1, K >= 2: mm's outer-product decomposition ``self * input2`` fused with the
         # bias add: ``tmp5 = V(x) * w; tmp9 = tmp5 + b``, the result unrounded.  x, w, b are
@@ -199,7 +200,7 @@ def inductor_forward_backward(k: Kernel, w: np.ndarray, b: np.ndarray, x: np.nda
     elif out == 1:
         # K == 1: a full reduction: vector_sum of the float32 cotangent, stored to a bf16
         # buffer (``out_ptr1[0] = static_cast<at::BFloat16>(tmp_acc0)``): rounded once.
-        gb = k.cast(k.vector_sum(ct[:, 0])).reshape(1)
+        gb = k.round_result(k.vector_sum(ct[:, 0])).reshape(1)
     else:
         # K >= 2: unrolled pointwise sum of the bf16 cotangent rows from row 0, the result's
         # convert to bf16 elided: float32.
@@ -218,8 +219,8 @@ def inductor_forward_backward(k: Kernel, w: np.ndarray, b: np.ndarray, x: np.nda
         # 1xDx1 and 1x1xK: extern_kernels.mm(permute(x_bf16), ct_bf16) with a contraction of 1
         # and an output dimension of 1: ATen rounds the product, then adds it to +0 (probed with
         # torch.mm(a.t(), b): an underflowing product gives +0, not the fused chain's -0).
-        gw = k.cast(k.add(F32(0), k.mul(xc.T, ct_bf16)))
+        gw = k.round_result(k.add(F32(0), k.mul(xc.T, ct_bf16)))
     else:
         # extern_kernels.mm(permute(x_bf16), ct_bf16): ATen's bf16 mm, rounded once, as eager.
-        gw = k.cast(k.dot(xc.T, ct_bf16, "grad_w"))
+        gw = k.round_result(k.dot(xc.T, ct_bf16, "grad_w"))
     return loss, gw, gb

@@ -15,7 +15,9 @@ DOT_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu", "sequential", "pairwise")
 FITTED_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu")
 FITTED_MAX_DIM = 4  # the fitted orders were probed for B, D, K in 1..4 only
-FITTED_COMPUTE = ("bf16", "fp16")  # and checked against the frameworks for these compute formats
+# The compute formats each fitted dot order was checked for against its framework (torch has
+# no fp8 arithmetic on the CPU).
+FITTED_COMPUTE = {"xla_cpu": ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2"), "torch_cpu": ("bf16", "fp16")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,9 @@ class StepSemantics:
         rounded to the compute format, nor is the weight gradient of a 1x1 weight (fused
         with the unscale).  False: every low-precision op rounds its result.  It concerns
         bf16 only: XLA:CPU computes f16 ops natively, each rounded, in both modes.
+      fp8_ops_in_fp16: XLA:CPU computes an fp8 op (dot, add, reduction step) in f16 and
+        converts the f16 result to fp8, so op results are rounded twice, float32 -> fp16 ->
+        fp8, while the program's own converts (``astype``) round once.
       flush_subnormals: every float32 op runs with x86 FTZ + DAZ (XLA:CPU sets MXCSR):
         subnormal operands read as signed zero and results tiny after rounding become
         signed zero.  Casts to the compute format are not affected.
@@ -40,7 +45,8 @@ class StepSemantics:
         transposed weight gradient), ``sequential`` (from +0 over the contraction), ``blas`` (numpy's
         float32 matmul, order unspecified: for traces, not for bit-exact checks).
       reduce: order of the loss's sum and of the bias gradient's batch sum: ``xla_cpu``
-        (LLVM's reassociated, FMA-contracted loops), ``torch_cpu`` (ATen's 4-way ILP and
+        (LLVM's reassociated, FMA-contracted loops; with fp8 converts in the fusion the loss is
+        summed row by row in 4-lane vectors), ``torch_cpu`` (ATen's 4-way ILP and
         8-lane vector sum), ``inductor_cpu`` (torch.compile's generated C++: the loss is one
         masked 16-lane vector reduced by a butterfly ``i + (i ^ 8)``, ``^ 4``, ``^ 2``, ``^ 1``;
         the bias gradient's batch sum is unrolled as ``((r0 + r1) + r2) + r3``, no +0 start),
@@ -69,6 +75,7 @@ class StepSemantics:
 
     name: str
     excess_precision: bool = False
+    fp8_ops_in_fp16: bool = False
     flush_subnormals: bool = False
     fma: bool = False
     dot: str = "sequential"
@@ -99,7 +106,7 @@ class StepSemantics:
         return self.dot in FITTED_ORDERS or self.reduce in FITTED_ORDERS
 
 
-_XLA = dict(flush_subnormals=True, fma=True, dot="xla_cpu", reduce="xla_cpu", mean_by_reciprocal=True,
+_XLA = dict(fp8_ops_in_fp16=True, flush_subnormals=True, fma=True, dot="xla_cpu", reduce="xla_cpu", mean_by_reciprocal=True,
             folded_cotangent=True, bias_grad_rounds_partials=True)
 
 SEMANTICS = {

@@ -64,10 +64,10 @@ def check_int(value, name: str, low: int, high=None) -> int:
 
 def check_fitted_compute(semantics: StepSemantics, fmt: Format) -> None:
     """Fitted orders are claimed only where they were checked against the framework."""
-    if semantics.fitted and fmt.name not in FITTED_COMPUTE:
-        raise ValueError(f"mode {semantics.name!r}: fitted and checked for compute {' and '.join(FITTED_COMPUTE)} "
-                         f"only, got {fmt.name!r} (with fp8, XLA:CPU sums the loss in an order not modelled "
-                         f"here); use mode='numpy' or 'seed'")
+    checked = FITTED_COMPUTE.get(semantics.dot, ())
+    if semantics.fitted and fmt.name not in checked:
+        raise ValueError(f"mode {semantics.name!r}: fitted and checked for compute {', '.join(checked)} only, "
+                         f"got {fmt.name!r}; use mode='numpy' or 'seed'")
 
 
 def check_fitted_shape(semantics: StepSemantics, **dims) -> None:
