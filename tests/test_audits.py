@@ -117,6 +117,32 @@ def test_audit_changes_nothing_and_restores_everything():
 
 # --- unscale_ twice, backward after unscale_ ----------------------------------------
 
+@pytest.mark.parametrize("explicit_unscale", [False, True])
+def test_manual_unscale_before_the_scaler_divides_again(explicit_unscale):
+    weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])
+    with audit_torch(scaler, optimizer) as audit:
+        scaler.scale((weight * coefficients).sum()).backward()
+        scaler.unscale_(optimizer)  # a correct step: no finding
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        assert audit.findings == ()
+        before = weight.detach().clone()
+        scaler.scale((weight * coefficients).sum()).backward()
+        weight.grad.div_(scaler.get_scale())  # the bug
+        if explicit_unscale:
+            scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+    (finding,) = audit.findings
+    assert finding.kind == "manual_unscale" and finding.step == 1
+    assert finding.call == ("scaler.unscale_(optimizer[0])" if explicit_unscale
+                            else "scaler.step(optimizer[0]) (its own unscale_)")
+    assert finding.effect["grad_norm_after_backward"] == pytest.approx(5 * 64)
+    assert finding.effect["grad_norm_before_unscale"] == pytest.approx(5)
+    assert torch.equal(before - weight.detach(), coefficients / 64)  # lr 1: the update is S times too small
+
+
 def test_backward_after_unscale_counts_scale_times_too_much():
     """unscale_, then another backward in the same step: the second pass's gradient enters the
     update multiplied by S (step does not unscale again), as the weights show."""

@@ -15,6 +15,9 @@ FIXES = {
     "unscale_twice":
         "Call scaler.unscale_(optimizer) at most once between backward passes and scaler.step(optimizer), "
         "and call scaler.update() only after scaler.step().",
+    "manual_unscale":
+        "Leave the unscaling to scaler.unscale_(optimizer) or scaler.step(optimizer); do not divide .grad by "
+        "scaler.get_scale() yourself.",
     "backward_after_unscale":
         "Run every backward pass of the step before scaler.unscale_(optimizer); unscale once, just before "
         "clipping and scaler.step(optimizer).",

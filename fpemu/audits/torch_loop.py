@@ -6,7 +6,8 @@ unchanged while it watches, for the duration of the block:
 * the GradScaler's ``unscale_`` and ``step`` (instance attributes that call the bound methods;
   ``step`` reaches ``unscale_`` through them too);
 * each optimizer, through ``register_step_post_hook``, and its parameters, through a
-  multi-grad hook that fires once per backward pass;
+  multi-grad hook that fires once per backward pass and a post-accumulate-grad hook that
+  records each gradient's norm as the backward leaves it;
 * the scheduler's ``step``;
 * ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched wherever a loaded
   module holds them: ``torch.nn.utils``, ``torch.nn.utils.clip_grad`` and every module that
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import sys
 from typing import Optional
 
@@ -77,6 +79,8 @@ class _OptimizerLog:
     scaled: bool = False  # its gradients hold scaled values: a backward ran since the last unscale_
     unscaled: bool = False  # unscale_ ran since the last backward pass
     unscaled_in: int = -1  # the update attempt in which unscale_ last ran
+    # id(param) -> the norm of its .grad as the last backward pass left it
+    accumulated_norms: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
     # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
@@ -213,6 +217,9 @@ class TorchLoopAudit:
                 on_backward = functools.partial(self._on_backward, log)
                 hook = graph.register_multi_grad_hook(params, on_backward, mode="any")
                 self._undo.append(hook.remove)
+                for param in params:
+                    hook = param.register_post_accumulate_grad_hook(functools.partial(self._on_accumulated, log))
+                    self._undo.append(hook.remove)
             self._undo.append(log.optimizer.register_step_post_hook(self._on_update).remove)
         self._devices = {p.device.type for p in trainable}
         self._undo.append(torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward).remove)
@@ -272,6 +279,9 @@ class TorchLoopAudit:
         log.window.append(scale)
         log.scaled, log.unscaled = self._scaling, False
 
+    def _on_accumulated(self, log: _OptimizerLog, param) -> None:
+        log.accumulated_norms[id(param)] = _norm([param.grad])
+
     def _on_forward(self, _module, _args) -> None:
         torch = _torch()
         for device in self._devices:
@@ -310,12 +320,31 @@ class TorchLoopAudit:
         call = f"scaler.step({log.name}) (its own unscale_)" if log.stepping else f"scaler.unscale_({log.name})"
         if log.unscaled:
             return self._unscale_again(real, log, call)
+        if log.scaled:
+            self._check_manual_unscale(log, call)
         if len(set(log.window)) > 1:
             self._record_scale_change(log, call)
         real(optimizer)
         log.scaled, log.unscaled, log.unscaled_in = False, True, log.attempts
         log.start_window()
         return None
+
+    def _check_manual_unscale(self, log: _OptimizerLog, call: str) -> None:
+        """Gradients already divided by the scale since the backward pass left them: unscale_ is
+        about to divide them again."""
+        scale = self._scale()
+        pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in log.params() if p.grad is not None]
+        pairs = [(after_backward, grad) for after_backward, grad in pairs if after_backward]
+        if scale == 1.0 or not pairs:
+            return
+        after_backward = math.sqrt(sum(norm * norm for norm, _ in pairs))
+        now = _norm([grad for _, grad in pairs])
+        if all(abs(_norm([grad]) * scale / norm - 1) < 1e-3 for norm, grad in pairs):
+            self._add("manual_unscale", log.attempts, call,
+                      {"scale": scale, "grad_norm_after_backward": after_backward, "grad_norm_before_unscale": now,
+                       "update_norm_factor": 1 / scale},
+                      f"the gradients were already divided by the scale {scale:g} (norm {after_backward:.4g} -> "
+                      f"{now:.4g}) and {call} divides them again: the update is {scale:g}x too small")
 
     def _unscale_again(self, real, log: _OptimizerLog, call: str) -> None:
         """unscale_ on gradients already unscaled since the last backward pass: measure and pass on."""
