@@ -11,10 +11,12 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 
-from fpemu.formats import decode, format_names, get_format, make_format, quantize
+from fpemu.formats import decode, format_names, get_format, make_format
 from fpemu.formats.format import SPECIAL_CONVENTIONS, Format
 
 
@@ -77,11 +79,24 @@ def edge_values(fmt) -> list:
 
 
 def _representable(candidates, fmt: Format) -> list:
-    """The candidates that are values of fmt, bit for bit in float64 (NaN where fmt has one)."""
-    values = np.array(candidates, dtype=np.float64)
-    rounded = quantize(values, fmt)
-    keep = (rounded.view(np.uint64) == values.view(np.uint64)) | (np.isnan(values) & fmt.has_nan)
-    return values[keep].tolist()
+    """The candidates that are values of fmt, by the format's definition (not by rounding): zero
+    (-0 where fmt has it), NaN and infinities where fmt has them, and finite magnitudes up to max
+    finite that are whole multiples of fmt's quantum at their binade."""
+    kept = []
+    for value in candidates:
+        if math.isnan(value):
+            keep = fmt.has_nan
+        elif math.isinf(value):
+            keep = fmt.has_inf
+        elif value == 0:
+            keep = fmt.has_negative_zero or math.copysign(1.0, value) > 0
+        else:
+            magnitude = abs(value)
+            binade = max(math.frexp(magnitude)[1] - 1, fmt.emin)
+            keep = magnitude <= fmt.max_finite and math.ldexp(magnitude, fmt.mantissa_bits - binade).is_integer()
+        if keep:
+            kept.append(value)
+    return kept
 
 
 def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:

@@ -168,6 +168,24 @@ def test_backward_after_unscale_counts_scale_times_too_much():
     assert torch.equal(before - weight.detach(), coefficients * (1 + 64))  # lr 1: g + S * g
 
 
+def test_skipped_step_and_autograd_grad_after_unscale_are_not_findings():
+    """unscale_, clip, then skip a spiky step (zero_grad, update, no step): the next backward
+    starts a new step.  autograd.grad after unscale_ adds nothing to .grad."""
+    weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])
+    with audit_torch(scaler, optimizer) as audit:
+        for skip in (True, False):
+            scaler.scale((weight * coefficients).sum()).backward()
+            scaler.unscale_(optimizer)
+            torch.autograd.grad((weight * coefficients).sum(), [weight])
+            if skip:
+                optimizer.zero_grad()
+                scaler.update()
+                continue
+            scaler.step(optimizer)
+            scaler.update()
+    assert audit.findings == ()
+
+
 
 def test_unscale_twice_that_torch_refuses_is_recorded():
     weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])

@@ -1,4 +1,6 @@
+import concurrent.futures
 import math
+import threading
 from fractions import Fraction
 
 import ml_dtypes
@@ -9,7 +11,7 @@ from hypothesis import given, strategies as st
 import fpemu
 from fpemu import strategies as fst
 from fpemu.formats import round_to_format
-from fpemu.formats.rounding import _SOURCES, _STOCHASTIC_BLOCK, _random_draws, _round_bits
+from fpemu.formats.rounding import _SOURCES, _STOCHASTIC_BLOCK, _prefetched, _random_draws, _round_bits
 from oracle import round_exact
 
 NATIVE = [name for name, fmt in fpemu.FORMATS.items() if fmt.dtype is not None]
@@ -325,6 +327,35 @@ def test_stochastic_block_kernel_draws_the_general_kernels_stream(name):
     got = fpemu.quantize(x, fmt, rounding="stochastic", seed=21)
     general = _round_bits(x, fmt, _SOURCES[x.dtype], "stochastic", "inf", True, _random_draws(n, 21)).values
     assert same_bits(got, general)
+
+
+def test_quantize_from_several_threads_at_once_matches_serial():
+    """Per-thread scratch buffers and per-call draw workers: concurrent calls do not mix."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(3 * 65536 + 7) * 1e3).astype(np.float32)
+    big = rng.standard_normal(2 * _STOCHASTIC_BLOCK + 5).astype(np.float32)
+    jobs = [(x, "fp16", "nearest_even", None), (x, "fp8_e4m3fn", "toward_zero", None),
+            (x, "fp16", "stochastic", 1), (big, "bf16", "stochastic", 2)] * 2
+    serial = [fpemu.quantize(a, f, rounding=r, seed=s) for a, f, r, s in jobs]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(lambda job: fpemu.quantize(job[0], job[1], rounding=job[2], seed=job[3]), jobs))
+    assert all(same_bits(a, b) for a, b in zip(serial, together))
+
+
+def test_prefetch_worker_ends_when_abandoned_and_passes_errors_on():
+    before = threading.active_count()
+    made = _prefetched(lambda item: item * 2, list(range(10)))
+    assert next(made) == 0
+    made.close()  # the caller stops early: the worker must not wait for room forever
+    assert threading.active_count() == before
+
+    def failing(item):
+        if item == 3:
+            raise KeyError(item)
+        return item
+    with pytest.raises(KeyError):
+        list(_prefetched(failing, list(range(6))))
+    assert threading.active_count() == before
 
 
 def test_stochastic_bf16_fast_path_stays_on_the_neighbours():

@@ -11,6 +11,7 @@ from hypothesis.extra.numpy import arrays
 import fpemu.steps.step
 import fpemu.steps.train
 from fpemu.adapters import available
+from fpemu.formats import Format
 from fpemu.steps import SEMANTICS, StepSemantics, mixed_precision_step, train_trace
 from fpemu.steps.semantics import FITTED_COMPUTE
 
@@ -100,6 +101,14 @@ def test_bad_compute_and_mode():
     with pytest.raises(ValueError, match="mode 'jax_cpu': fitted and checked for compute bf16, fp16, fp8_e4m3fn, "
                                          "fp8_e5m2 only, got 'fp32'"):
         mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp32", mode="jax_cpu")
+    with pytest.raises(ValueError, match="mode 'torch_cpu_compiled': fitted and checked for compute bf16 only"):
+        mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp16", mode="torch_cpu_compiled")
+    # a custom semantics with one fitted order is held to that order's formats only
+    mine = StepSemantics("mine", dot="sequential", reduce="torch_cpu")
+    assert mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp16", mode=mine)["grads_finite"]
+    # the compute format goes by its layout, not its name
+    as_fp16 = mixed_precision_step(**SEED_EXAMPLES[0][0], compute=Format("bf16", 5, 10, 15))
+    assert as_fp16["loss"] == mixed_precision_step(**SEED_EXAMPLES[0][0], compute="fp16")["loss"]
 
 
 # --- differential tests against the real frameworks ---------------------------------------------

@@ -54,6 +54,12 @@ def _module_references(value) -> list:
     return found
 
 
+def _rebind(old, new) -> None:
+    """Point every loaded module's global names bound to ``old`` at ``new``."""
+    for module, name in _module_references(old):
+        setattr(module, name, new)
+
+
 def _flat(tensors):
     """The tensors' values as one float64 vector."""
     torch = _torch()
@@ -79,7 +85,8 @@ class _OptimizerLog:
     scaled: bool = False  # its gradients hold scaled values: a backward ran since the last unscale_
     unscaled: bool = False  # unscale_ ran since the last backward pass
     unscaled_in: int = -1  # the update attempt in which unscale_ last ran
-    # id(param) -> the norm of its .grad as the last backward pass left it
+    adds_to_unscaled: bool = False  # the running backward pass adds into gradients unscaled this attempt
+    # id(param) -> the norm of its .grad as the last backward pass left it (a 0-d float64 tensor)
     accumulated_norms: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
@@ -237,6 +244,8 @@ class TorchLoopAudit:
             wrapper = self._clip_wrapper(real, name, limit_name)
             for module, attribute in _module_references(real):
                 self._set(module, attribute, wrapper)
+            # a module that imports the wrapper while the audit runs gets the real function back
+            self._undo.append(functools.partial(_rebind, wrapper, real))
 
     # --- state --------------------------------------------------------------------
 
@@ -268,19 +277,28 @@ class TorchLoopAudit:
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
-        if log.unscaled and log.unscaled_in == log.attempts and self._scaling:
-            self._add("backward_after_unscale", log.attempts, f"backward after scaler.unscale_({log.name})",
-                      {"scale": scale, "weight_of_this_backward": scale},
-                      f"this backward pass adds gradients multiplied by the scale {scale:g} to gradients "
-                      f"already unscaled, and scaler.step will neither unscale them nor check them for "
-                      f"inf/NaN: they count {scale:g}x too much")
+        # Adding into gradients unscaled in this attempt (a skipped step's zero_grad clears them;
+        # autograd.grad adds nothing): confirmed when the pass really accumulates.
+        log.adds_to_unscaled = (log.unscaled and log.unscaled_in == log.attempts and self._scaling
+                                and any(bool(grad.any()) for grad in log.grads()))
         if log.window and scale != log.window[-1]:
             log.snapshots.append((len(log.window), _flat(log.grads())))
         log.window.append(scale)
         log.scaled, log.unscaled = self._scaling, False
 
     def _on_accumulated(self, log: _OptimizerLog, param) -> None:
-        log.accumulated_norms[id(param)] = _norm([param.grad])
+        """Runs after a backward pass added into ``param.grad``."""
+        torch = _torch()
+        # kept on the device: read only if an unscale_ follows, so no sync per parameter here
+        log.accumulated_norms[id(param)] = torch.linalg.vector_norm(param.grad.detach(), dtype=torch.float64)
+        if log.adds_to_unscaled:
+            log.adds_to_unscaled = False
+            scale = self._scale()
+            self._add("backward_after_unscale", log.attempts, f"backward after scaler.unscale_({log.name})",
+                      {"scale": scale, "weight_of_this_backward": scale},
+                      f"this backward pass adds gradients multiplied by the scale {scale:g} to gradients "
+                      f"already unscaled, and scaler.step will neither unscale them nor check them for "
+                      f"inf/NaN: they count {scale:g}x too much")
 
     def _on_forward(self, _module, _args) -> None:
         torch = _torch()
@@ -334,6 +352,7 @@ class TorchLoopAudit:
         about to divide them again."""
         scale = self._scale()
         pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in log.params() if p.grad is not None]
+        pairs = [(float(norm), grad) for norm, grad in pairs if norm is not None]
         pairs = [(after_backward, grad) for after_backward, grad in pairs if after_backward]
         if scale == 1.0 or not pairs:
             return

@@ -12,9 +12,9 @@ checks the kernel against the native casts on all 2**32 float32 inputs.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import os
+import queue
 import threading
 
 from typing import NamedTuple, Optional
@@ -136,6 +136,11 @@ def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     return _round_array(arr, fmt, rounding, overflow, subnormals, seed, flags=False).values
 
 
+# Elements per block of the stochastic bf16 path: large enough that handing each block's draws
+# over from the worker thread costs little next to drawing them.
+_STOCHASTIC_BLOCK = 1 << 19
+
+
 def _stochastic_bf16(arr: np.ndarray, seed) -> np.ndarray:
     """Stochastic rounding of float32 to bf16: add 16 random bits below bf16's last bit, truncate.
 
@@ -170,35 +175,55 @@ def _stochastic_bf16(arr: np.ndarray, seed) -> np.ndarray:
     return out.view(np.float32).reshape(arr.shape)
 
 
-# Elements per block of the stochastic bf16 path: large enough that handing each block's draws
-# over from the worker thread costs little next to drawing them.
-_STOCHASTIC_BLOCK = 1 << 19
-
-
 def _prefetched(produce, items):
-    """Yield ``produce(item)`` for each item in turn, the next one made on a worker thread
+    """Yield ``produce(item)`` for each item in turn, the next ones made on a worker thread
     while the caller works on the current one.
 
     numpy's bit generators and ufuncs release the GIL, so drawing random bits overlaps the
     rounding on a second core.  The calls run one after another in order, so the results
-    are those of a plain loop: a seeded stream does not depend on the threading.
+    are those of a plain loop: a seeded stream does not depend on the threading.  The worker
+    stays at most two items ahead and lives for this call only (a thread left running would
+    make every later fork, such as a DataLoader's, warn); with one usable CPU or one item
+    there is none.
     """
-    if len(items) < 2:
+    if len(items) < 2 or _usable_cpus() < 2:
         yield from (produce(item) for item in items)
         return
-    worker = _worker_thread(os.getpid())
-    pending = worker.submit(produce, items[0])
-    for item in items[1:]:
-        ready = pending.result()
-        pending = worker.submit(produce, item)
-        yield ready
-    yield pending.result()
+    made = queue.SimpleQueue()
+    room = threading.Semaphore(2)
+    abandoned = threading.Event()
+
+    def work():
+        for item in items:
+            room.acquire()
+            if abandoned.is_set():
+                return
+            try:
+                made.put((produce(item), None))
+            except BaseException as error:  # handed to the caller, which raises it
+                made.put((None, error))
+                return
+
+    worker = threading.Thread(target=work, name="fpemu-draws", daemon=True)
+    worker.start()
+    try:
+        for _ in items:
+            value, error = made.get()
+            if error is not None:
+                raise error
+            room.release()
+            yield value
+    finally:
+        abandoned.set()
+        room.release()  # wakes a worker waiting for room, which then sees it is abandoned
+        worker.join()
 
 
-@functools.lru_cache(maxsize=None)
-def _worker_thread(pid: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One worker thread per process (keyed by pid: a forked child gets its own)."""
-    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fpemu-draws")
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _use_native_cast(dtype, fmt: Format, rounding, overflow, subnormals) -> bool:
@@ -400,16 +425,13 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
     min_normal_bits_row = _constant_row(min_normal_bits)
     neg_min_normal_row = _constant_row(-min_normal)
     with np.errstate(all="ignore"):
-        if stochastic:
-            draws = _prefetched(lambda count: random_bits.random_raw((count + 1) // 2).view(np.uint32)[:count],
-                                [min(size, n - start) for start in range(0, n, size)])
         for start in range(0, n, size):
             stop = min(start + size, n)
             k = stop - start
             x = flat[start:stop]
             r = values[start:stop]
             if stochastic:
-                d = next(draws)
+                d = random_bits.random_raw((k + 1) // 2).view(np.uint32)[:k]
             a, t, y, u, g = a_buf[:k], t_buf[:k], y_buf[:k], u_buf[:k], g_buf[:k]
             big_r = r.view(uint)
             big_a = a.view(uint)
@@ -426,9 +448,7 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
                 r *= to_quantum                              # exact: a power of two
                 np.add(a, r, out=t)                          # one rounding, to a multiple of C's ulp
                 np.subtract(t, r, out=r)                     # exact
-                np.bitwise_and(big_x, sign_bit, out=u)
-                np.bitwise_or(big_r, u, out=big_r)
-                signed = True
+                signed = False
             else:
                 split = has_nan or a.min() < min_normal      # some elements below min normal
                 if split:
@@ -697,8 +717,13 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
       '0x3f80'
     """
     fmt = get_format(fmt)
-    values = quantize(x, fmt, rounding=rounding, overflow=overflow,
-                      subnormals=subnormals, seed=seed).astype(np.float64)
+    arr = as_float_array(x)
+    with np.errstate(over="ignore"):
+        beyond_float32 = not np.isfinite(np.float32(fmt.max_finite))
+    if beyond_float32:  # round from float64 (exact widening), where fmt's large values fit
+        arr = arr.astype(np.float64)
+    values = quantize(arr, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals,
+                      seed=seed).astype(np.float64)
     if not fmt.has_nan and np.isnan(values).any():
         raise ValueError(f"x holds NaN, which {fmt.name} cannot encode: the format has no NaN code")
     code = np.dtype(f"uint{_storage_bits(fmt)}").type
@@ -711,7 +736,8 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     mantissa = np.ldexp(safe, m - exponent) - np.where(field > 0, float(1 << m), 0.0)
     body = (field.astype(np.uint64) << np.uint64(m)) | mantissa.astype(np.uint64)
     body = np.where(finite_nonzero, body, np.uint64(0))
-    body = np.where(np.isinf(values), np.uint64(_inf_code(fmt)), body)
+    if fmt.has_inf:  # (the other conventions turn overflow into NaN or max finite)
+        body = np.where(np.isinf(values), np.uint64(_inf_code(fmt)), body)
     sign = np.signbit(values) & (values == values)
     body |= np.where(sign, np.uint64(1 << (fmt.bits - 1)), np.uint64(0))
     body = np.where(np.isnan(values), np.uint64(_nan_code(fmt)), body)
@@ -763,7 +789,7 @@ def _storage_bits(fmt: Format) -> int:
 
 
 def _inf_code(fmt: Format) -> int:
-    return ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits if fmt.has_inf else _nan_code(fmt)
+    return ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
 
 
 def _nan_code(fmt: Format) -> int:

@@ -153,7 +153,7 @@ class Kernel:
         return _xla_cpu_dot(self, a, b, role)
 
     # -- reductions --------------------------------------------------------
-    def sum_of_squares(self, e: np.ndarray, rows: int, inner: int = 2) -> np.ndarray:
+    def sum_of_squares(self, e: np.ndarray, rows: int, inner: int) -> np.ndarray:
         """sum(e * e) over the flattened (rows, -1) array ``e`` in the semantics' order.
 
         ``inner`` is the contraction length of the dot that produced e: XLA turns a contraction

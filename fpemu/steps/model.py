@@ -15,7 +15,7 @@ import numpy as np
 from fpemu.steps.kernel import F32, Kernel
 
 
-def mse(k: Kernel, out: np.ndarray, y: np.ndarray, inner: int = 2):
+def mse(k: Kernel, out: np.ndarray, y: np.ndarray, inner: int):
     """The float32 mean squared error and the residual ``out - y`` (``inner``: the contraction
     length of the dot behind ``out``, which decides XLA's fp8 loss fusion)."""
     sub = k.sub(out, y)
@@ -190,7 +190,7 @@ def inductor_forward_backward(k: Kernel, w: np.ndarray, b: np.ndarray, x: np.nda
         sub = k.sub(pre, y)
         loss = k.div(k.vector_sum(k.mul(sub, sub)), F32(sub.size))
     else:
-        loss, sub = mse(k, pre, y)  # a flat vector_sum of sub * sub, then ``/ n``
+        loss, sub = mse(k, pre, y, inner=dim)  # a flat vector_sum of sub * sub, then ``/ n``
     ct = loss_cotangent(k, sub, scale)  # ``((0 + 1 * S) / n) * (sub * 2)`` in float32
     ct_bf16 = k.cast(ct)  # stored to a bf16 buffer only where an extern mm or a row sum reads it
 

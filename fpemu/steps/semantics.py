@@ -15,9 +15,10 @@ DOT_ORDERS = ("xla_cpu", "torch_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu", "sequential", "pairwise")
 FITTED_ORDERS = ("xla_cpu", "torch_cpu", "inductor_cpu")
 FITTED_MAX_DIM = 4  # the fitted orders were probed for B, D, K in 1..4 only
-# The compute formats each fitted dot order was checked for against its framework (torch has
-# no fp8 arithmetic on the CPU).
-FITTED_COMPUTE = {"xla_cpu": ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2"), "torch_cpu": ("bf16", "fp16")}
+# The compute formats each fitted order was checked for against its framework (torch has no fp8
+# arithmetic on the CPU; torch.compile's tests run bf16).
+FITTED_COMPUTE = {"xla_cpu": ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2"), "torch_cpu": ("bf16", "fp16"),
+                  "inductor_cpu": ("bf16",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class StepSemantics:
     def fitted(self) -> bool:
         """Whether an order was fitted to one implementation for small shapes only."""
         return self.dot in FITTED_ORDERS or self.reduce in FITTED_ORDERS
+
 
 
 _XLA = dict(fp8_ops_in_fp16=True, flush_subnormals=True, fma=True, dot="xla_cpu", reduce="xla_cpu", mean_by_reciprocal=True,

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from fpemu.formats import Format, get_format
+from fpemu.formats import FORMATS, Format, get_format
 from fpemu.steps.kernel import F32, Kernel
 from fpemu.steps.model import forward_backward, sgd_update, unscale
 from fpemu.steps.semantics import DEFAULT_SEMANTICS, FITTED_COMPUTE, FITTED_MAX_DIM, StepSemantics, get_semantics
@@ -15,7 +15,8 @@ COMPUTE_FORMATS = ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp32")
 
 
 def compute_format(compute) -> Format:
-    """The compute format named by ``compute`` (aliases such as ``"bfloat16"`` accepted)."""
+    """The compute format ``compute`` names or equals (aliases such as ``"bfloat16"`` accepted), as
+    its named :data:`FORMATS` entry: the step's rounding rules go by that name."""
     if not isinstance(compute, (str, Format)):
         raise TypeError(f"compute must be a format name, got {type(compute).__name__}")
     try:
@@ -23,9 +24,10 @@ def compute_format(compute) -> Format:
     except ValueError:
         raise ValueError(f"compute: unknown format {compute!r}; compute formats: "
                          f"{', '.join(COMPUTE_FORMATS)}") from None
-    if fmt.name not in COMPUTE_FORMATS:
+    named = next((FORMATS[name] for name in COMPUTE_FORMATS if FORMATS[name] == fmt), None)
+    if named is None:
         raise ValueError(f"compute: {fmt.name!r} is not a compute format; use one of {', '.join(COMPUTE_FORMATS)}")
-    return fmt
+    return named
 
 
 def float32_array(value, name: str, ndim: int) -> np.ndarray:
@@ -64,8 +66,9 @@ def check_int(value, name: str, low: int, high=None) -> int:
 
 def check_fitted_compute(semantics: StepSemantics, fmt: Format) -> None:
     """Fitted orders are claimed only where they were checked against the framework."""
-    checked = FITTED_COMPUTE.get(semantics.dot, ())
-    if semantics.fitted and fmt.name not in checked:
+    fitted = [order for order in (semantics.dot, semantics.reduce) if order in FITTED_COMPUTE]
+    checked = [name for name in COMPUTE_FORMATS if all(name in FITTED_COMPUTE[order] for order in fitted)]
+    if fmt.name not in checked:
         raise ValueError(f"mode {semantics.name!r}: fitted and checked for compute {', '.join(checked)} only, "
                          f"got {fmt.name!r}; use mode='numpy' or 'seed'")
 
