@@ -223,7 +223,7 @@ def test_torch_sum_order(n):
     values = (np.random.default_rng(n).standard_normal((50, n)) * 2.0 ** np.arange(-20, 20, 40 / n)[:n])
     for row in values.astype(np.float32):
         squares = row * row
-        assert bits(k.sum_of_squares(row, rows=1)) == bits(torch.from_numpy(squares).sum().numpy())
+        assert bits(k.sum_of_squares(row, rows=1, inner=1)) == bits(torch.from_numpy(squares).sum().numpy())
 
 
 # --- model-driven traces ------------------------------------------------------------------------
