@@ -261,6 +261,7 @@ def test_step_scenarios_are_bit_exact_with_jax_and_torch(capsys, tmp_path):
     ('[scaler]\nprofile = "torch"\n', r"scaler: a \[step\] scenario has its own scale rule"),
     ("[implementations.jmp]\n", "implementations.jmp: unknown step implementation"),
     ('[implementations.jax_step]\nparams = { mode = "torch_cpu" }\n', "implementations.jax_step.params.mode: expected one of"),
+    ('mode = "torch_cpu"\ncompute = "fp8_e4m3fn"\n', "step.compute: expected one of bf16, fp16, got 'fp8_e4m3fn'"),
 ])
 def test_step_spec_errors(extra, words):
     base = "steps = 4\n[step]\nbatch = 2\n"

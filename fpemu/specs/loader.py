@@ -39,6 +39,8 @@ except ModuleNotFoundError:  # Python 3.10
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import read_text
 from fpemu.scalers.profiles import PROFILES, get_profile
+from fpemu.steps.semantics import get_semantics
+from fpemu.steps.step import checked_compute
 from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
 from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, ExpectedDivergence, Implementation,
                                   OverflowSource, Scenario, StepSource)
@@ -220,7 +222,8 @@ def _step_source(check: _Checker, raw) -> StepSource:
     if "mode" in raw:
         fields["mode"] = check.choice(raw["mode"], "step.mode", STEP_MODES)
     if "compute" in raw:
-        fields["compute"] = check.choice(raw["compute"], "step.compute", ("bf16", "fp16"))
+        mode = fields.get("mode", StepSource.mode)
+        fields["compute"] = check.choice(raw["compute"], "step.compute", checked_compute(get_semantics(mode)))
     for key in ("batch", "features", "outputs"):
         if key in raw:
             fields[key] = check.integer(raw[key], f"step.{key}", 1)

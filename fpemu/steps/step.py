@@ -64,10 +64,16 @@ def check_int(value, name: str, low: int, high=None) -> int:
     return int(value)
 
 
+def checked_compute(semantics: StepSemantics) -> tuple:
+    """The compute formats ``semantics`` may run: those every fitted order in it was checked for
+    against its framework (all of them where no order is fitted)."""
+    fitted = [order for order in (semantics.dot, semantics.reduce) if order in FITTED_COMPUTE]
+    return tuple(name for name in COMPUTE_FORMATS if all(name in FITTED_COMPUTE[order] for order in fitted))
+
+
 def check_fitted_compute(semantics: StepSemantics, fmt: Format) -> None:
     """Fitted orders are claimed only where they were checked against the framework."""
-    fitted = [order for order in (semantics.dot, semantics.reduce) if order in FITTED_COMPUTE]
-    checked = [name for name in COMPUTE_FORMATS if all(name in FITTED_COMPUTE[order] for order in fitted)]
+    checked = checked_compute(semantics)
     if fmt.name not in checked:
         raise ValueError(f"mode {semantics.name!r}: fitted and checked for compute {', '.join(checked)} only, "
                          f"got {fmt.name!r}; use mode='numpy' or 'seed'")
