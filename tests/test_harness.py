@@ -257,6 +257,20 @@ def test_step_scenarios_are_bit_exact_with_jax_and_torch(capsys, tmp_path):
     assert torch_vs_xla["status"] == "known divergence" and torch_vs_xla["max_ulp"]["loss"] > 0
 
 
+def test_independent_spec_mistakes_are_reported_together():
+    with pytest.raises(SpecError) as caught:
+        parse_spec('steps = "x"\n[overflow]\nsource = "explicit"\nsequence = [false]\n'
+                   '[record]\nfields = ["scale", "loss"]\n', "s.toml")
+    assert str(caught.value).splitlines() == [
+        "s.toml: scaler: missing required key",
+        "s.toml: steps: expected an integer, got 'x'",
+        "s.toml: record.fields[1]: expected one of scale, overflow, applied, growth_counter, hysteresis, got 'loss'"]
+    with pytest.raises(SpecError) as caught:
+        parse_spec('steps = 0\n[step]\nbatch = 9\n[record]\nfields = []\n', "s.toml")
+    assert [line.split(":")[1].strip() for line in str(caught.value).splitlines()] == ["steps", "step.batch",
+                                                                                       "record.fields"]
+
+
 @pytest.mark.parametrize("extra,words", [
     ('[scaler]\nprofile = "torch"\n', r"scaler: a \[step\] scenario has its own scale rule"),
     ("[implementations.jmp]\n", "implementations.jmp: unknown step implementation"),

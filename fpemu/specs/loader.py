@@ -70,11 +70,28 @@ class SpecError(FpemuInputError):
 
 
 class _Checker:
+    """Validation helpers that name the file and the key.  ``fail`` stops a check; ``attempt``
+    runs one independent part of the spec and records its failure, so a spec's independent
+    mistakes are all reported at once by ``raise_errors``."""
+
     def __init__(self, path: str):
         self.path = path
+        self.errors = []
 
     def fail(self, key: str, message: str):
         raise SpecError(f"{self.path}: {key}: {message}")
+
+    def attempt(self, check, *args):
+        """``check(*args)``, or None when it fails (the failure is kept for ``raise_errors``)."""
+        try:
+            return check(*args)
+        except SpecError as error:
+            self.errors.append(str(error))
+            return None
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise SpecError("\n".join(self.errors))
 
     def table(self, value, key: str, allowed) -> dict:
         if not isinstance(value, dict):
@@ -253,11 +270,29 @@ def _step_implementations(check: _Checker, raw) -> tuple:
 def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> Scenario:
     for key in ("scaler", "overflow"):
         if key in raw:
-            check.fail(key, "a [step] scenario has its own scale rule and data; remove this table")
-    return _scenario(check, raw, text, path, steps=check.integer(raw["steps"], "steps", 1), profile=SEED_STEP,
-                     params={}, overflow=None, step=_step_source(check, raw["step"]),
-                     implementations=_step_implementations(check, raw.get("implementations", {})),
-                     record=_record_fields(check, raw, STEP_FIELDS))
+            check.attempt(check.fail, key, "a [step] scenario has its own scale rule and data; remove this table")
+    steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
+    step = check.attempt(_step_source, check, raw["step"])
+    implementations = check.attempt(_step_implementations, check, raw.get("implementations", {}))
+    record = check.attempt(_record_fields, check, raw, STEP_FIELDS)
+    check.raise_errors()
+    return _scenario(check, raw, text, path, steps=steps, profile=SEED_STEP, params={}, overflow=None, step=step,
+                     implementations=implementations, record=record)
+
+
+def _scaler(check: _Checker, raw) -> tuple:
+    scaler = check.table(raw, "scaler", {"profile", "params"})
+    profile = check.choice(scaler.get("profile"), "scaler.profile", tuple(PROFILES))
+    return profile, _profile_params(check, profile, scaler.get("params", {}), "scaler.params")
+
+
+def _check_overflow_fits(check: _Checker, overflow: OverflowSource, steps, profile, params) -> None:
+    if (overflow.kind == "model" and profile is not None
+            and get_profile(profile).rules(**params).pass_after_consecutive is not None):
+        check.fail("overflow.source", f"a model-driven source needs a scaler that skips every non-finite step; "
+                                      f"{profile} lets some through")
+    if overflow.kind == "explicit" and steps is not None and len(overflow.sequence) != steps:
+        check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
 
 
 def parse_spec(text: str, path: str = "<string>") -> Scenario:
@@ -277,23 +312,21 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
         return _parse_step_spec(check, raw, text, path)
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
-            check.fail(required, "missing required key")
-    steps = check.integer(raw["steps"], "steps", 1)
-    scaler = check.table(raw["scaler"], "scaler", {"profile", "params"})
-    profile = check.choice(scaler.get("profile"), "scaler.profile", tuple(PROFILES))
-    params = _profile_params(check, profile, scaler.get("params", {}), "scaler.params")
-    overflow = _overflow_source(check, raw["overflow"])
-    if overflow.kind == "model" and get_profile(profile).rules(**params).pass_after_consecutive is not None:
-        check.fail("overflow.source", f"a model-driven source needs a scaler that skips every non-finite step; "
-                                      f"{profile} lets some through")
-    if overflow.kind == "explicit" and len(overflow.sequence) != steps:
-        check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
-    available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
-    fields = _record_fields(check, raw, available)
-    implementations = _implementations(check, raw.get("implementations", {}), profile, params)
-    if not set(fields) & set(OBSERVED_FIELDS):
-        check.fail("record.fields", f"record at least one of {', '.join(OBSERVED_FIELDS)}: the real "
-                                    "implementations are compared on those")
+            check.attempt(check.fail, required, "missing required key")
+    steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
+    profile, params = (check.attempt(_scaler, check, raw["scaler"]) if "scaler" in raw else None) or (None, None)
+    overflow = check.attempt(_overflow_source, check, raw["overflow"]) if "overflow" in raw else None
+    fields = implementations = None  # (left None only where an error is recorded)
+    if overflow is not None:
+        check.attempt(_check_overflow_fits, check, overflow, steps, profile, params)
+        available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
+        fields = check.attempt(_record_fields, check, raw, available)
+        if fields is not None and not set(fields) & set(OBSERVED_FIELDS):
+            check.attempt(check.fail, "record.fields", f"record at least one of {', '.join(OBSERVED_FIELDS)}: "
+                                                       "the real implementations are compared on those")
+    if profile is not None:
+        implementations = check.attempt(_implementations, check, raw.get("implementations", {}), profile, params)
+    check.raise_errors()
     return _scenario(check, raw, text, path, steps=steps, profile=profile, params=params, overflow=overflow,
                      implementations=implementations, record=fields)
 
