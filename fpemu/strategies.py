@@ -122,7 +122,7 @@ def probe_floats(fmt, dtype=np.float64) -> st.SearchStrategy:
 
     def midpoint(code):
         low, high = decode([code, code + 1], fmt)
-        return float(cast((low + high) / 2)) if np.isfinite(low) and np.isfinite(high) else float(low)
+        return float(narrowed((low + high) / 2)) if np.isfinite(low) and np.isfinite(high) else float(low)
 
     grid = format_values(fmt, allow_nan=False)
     return st.one_of(

@@ -336,78 +336,70 @@ def _scratch_buffers(dtype: np.dtype) -> tuple:
     return buffers[dtype]
 
 
-def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, random_bits,
-                flags: bool = True):
-    """The kernel for the common cases: a dozen cache-resident passes per block, no np.where.
+class _Plan(NamedTuple):
+    """What :func:`_round_fast` needs of one (source type, format, modes) case, made once per call."""
+    ftype: type
+    uint: type
+    sint: type
+    width: int
+    m: int
+    drop: int
+    rounding: str
+    overflow: str
+    by_addition: bool             # nearest even by one float add (_round_block_by_addition)
+    directed: bool
+    stochastic: bool
+    signed_sub: bool              # the subnormal part keeps the sign (rint, trunc, ceil, floor of x)
+    integer_round: object
+    low_mask: object
+    keep_mask: object
+    sign_bit: object
+    magnitude_mask: object
+    max_bits: object
+    nan_bits: object
+    min_normal: object
+    min_normal_bits: object
+    max_finite: object
+    q: object                     # fmt's min subnormal
+    ne_bias: object
+    half_step: object
+    scales: tuple                 # 1/q = 2**(m - emin) in factors the source type can hold
+    clamp: object                 # by_addition: 2**(emax + 1), a magnitude that overflows anyway
+    exponent_field: object
+    to_quantum: object            # by_addition: 2**drop
+    to_fixed: object              # stochastic: 2**32
+    shift_left: object
+    shift_right: object
+    overflow_fix: Optional[str]   # how a block without NaN overflows, without flags
+    scale_up: object
+    scale_down: object
+    # block-long constant rows: numpy's minimum / maximum are several times faster against an
+    # array than against a scalar
+    min_normal_row: np.ndarray
+    neg_min_normal_row: np.ndarray
+    min_normal_bits_row: np.ndarray
+    clamp_row: Optional[np.ndarray]
 
-    Magnitudes at or above fmt's min normal are rounded on their integer bit
-    patterns at a fixed bit (a carry into the exponent field is the binade
-    crossing).  Below it the quantum is fixed, fmt's min subnormal q: the
-    magnitude, clamped to at most min normal, is scaled by 1/q (exact), rounded
-    to an integer by numpy's trunc / rint / floor / ceil, and scaled back.  The
-    normal part rounds max(magnitude, min normal) instead, so each element's
-    result is the sum of the two bit patterns less min normal's: one of them is
-    always min normal itself.  Nearest even, for formats whose largest quantum
-    keeps 2**drop times it finite in the source type (fp16, fp8, e6m9; not bf16),
-    takes a shorter road: the float add rounds (see ``by_addition``), in both
-    ranges at once.  The sign goes back on at the end; NaN, overflow
-    and flush-to-zero are handled only in blocks that have them.  Without flags
-    (quantize) overflow is resolved by a clip or, for IEEE formats in the nearest
-    modes, by scaling up and back down by 2**(emax_source - emax), which turns
-    exactly the magnitudes >= 2**(emax + 1) into infinities; the overflowed
-    array is then not formed (None).
-    """
-    ftype = flat.dtype.type
-    source = _SOURCES[flat.dtype]
+
+def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
+    """The constants of :func:`_round_fast` for source type ``dtype``, ``fmt`` and the modes."""
+    ftype = dtype.type
+    source = _SOURCES[dtype]
     uint = source.uint
-    sint = np.dtype(f"int{8 * flat.itemsize}").type
+    width = 8 * dtype.itemsize
     m = fmt.mantissa_bits
     drop = source.mantissa_bits - m
-    width = 8 * flat.itemsize
-    low_mask = uint((1 << drop) - 1)
-    keep_mask = uint(((1 << width) - 1) ^ ((1 << drop) - 1))
-    sign_bit = uint(1 << (width - 1))
-    magnitude_mask = uint((1 << (width - 1)) - 1)
-    max_bits = uint(_bits_of(fmt.max_finite, flat.dtype))
-    nan_bits = uint(_bits_of(np.nan, flat.dtype))
-    min_normal = ftype(fmt.min_normal)
-    min_normal_bits = uint(_bits_of(fmt.min_normal, flat.dtype))
-    max_finite = ftype(fmt.max_finite)
-    q = ftype(fmt.min_subnormal)
-    ne_bias = uint((1 << (drop - 1)) - 1)
-    half_step = uint(1 << (drop - 1))
-    # 1/q = 2**(m - emin) in factors that the source type can hold.
-    max_exponent = int(np.finfo(flat.dtype).maxexp) - 1
+    max_exponent = int(np.finfo(dtype).maxexp) - 1
     scales, exponent = [], m - fmt.emin
     while exponent > max_exponent:
         scales.append(ftype(2.0 ** max_exponent))
         exponent -= max_exponent
     scales.append(ftype(2.0 ** exponent))
-    # Nearest even by the hardware's own rounding: for |x| whose quantum in fmt is 2**E
-    # (E = max(exponent of x, emin) - m), adding C = 2**(E + drop) gives a sum whose float ulp
-    # is that quantum, so the float add rounds |x| to nearest even in fmt, and subtracting C is
-    # exact.  C must stay finite up to the clamp at 2**(emax + 1), a magnitude that overflows.
-    by_addition = rounding == "nearest_even" and fmt.emax + 1 + drop <= max_exponent
-    if by_addition:
-        clamp = ftype(2.0 ** (fmt.emax + 1))
-        clamp_row = _constant_row(clamp)
-        exponent_field = uint(source.exponent_mask << source.mantissa_bits)
-        to_quantum = ftype(2.0 ** drop)
-    directed = rounding in ("up", "down")
-    stochastic = rounding == "stochastic"
-    if stochastic:
-        to_fixed = ftype(2.0 ** _RANDOM_BITS)
-        shift_left = uint(max(_RANDOM_BITS - drop, 0))
-        shift_right = uint(max(drop - _RANDOM_BITS, 0))
-    signed_sub = rounding in ("nearest_even", "toward_zero", "up", "down")
-    integer_round = {"nearest_even": np.rint, "toward_zero": np.trunc, "nearest_away": np.trunc,
-                     "stochastic": np.floor, "up": np.ceil, "down": np.floor}[rounding]
-
-    overflow_fix = None                                      # how a block without NaN overflows
+    overflow_fix, scale_up, scale_down = None, None, None
     if overflow == "saturate":
         overflow_fix = "clip"
     elif rounding == "toward_zero":
-        overflow_fix = "clip_finite"                        # infinite inputs stay infinite
+        overflow_fix = "clip_finite"                         # infinite inputs stay infinite
     elif rounding in ("nearest_even", "nearest_away", "stochastic"):
         if not fmt.has_inf:
             overflow_fix = "nan"
@@ -415,146 +407,231 @@ def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, r
             overflow_fix = "scale"
             scale_up = ftype(2.0 ** (max_exponent - fmt.emax))
             scale_down = ftype(2.0 ** (fmt.emax - max_exponent))
+    # C = 2**(E + drop) in _round_block_by_addition must stay finite up to the clamp at 2**(emax + 1).
+    by_addition = rounding == "nearest_even" and fmt.emax + 1 + drop <= max_exponent
+    clamp = ftype(2.0 ** (fmt.emax + 1)) if by_addition else None
+    min_normal, min_normal_bits = ftype(fmt.min_normal), uint(_bits_of(fmt.min_normal, dtype))
+    return _Plan(
+        ftype=ftype, uint=uint, sint=np.dtype(f"int{width}").type, width=width, m=m, drop=drop,
+        rounding=rounding, overflow=overflow, by_addition=by_addition, directed=rounding in ("up", "down"),
+        stochastic=rounding == "stochastic", signed_sub=rounding in ("nearest_even", "toward_zero", "up", "down"),
+        integer_round={"nearest_even": np.rint, "toward_zero": np.trunc, "nearest_away": np.trunc,
+                       "stochastic": np.floor, "up": np.ceil, "down": np.floor}[rounding],
+        low_mask=uint((1 << drop) - 1), keep_mask=uint(((1 << width) - 1) ^ ((1 << drop) - 1)),
+        sign_bit=uint(1 << (width - 1)), magnitude_mask=uint((1 << (width - 1)) - 1),
+        max_bits=uint(_bits_of(fmt.max_finite, dtype)), nan_bits=uint(_bits_of(np.nan, dtype)),
+        min_normal=min_normal, min_normal_bits=min_normal_bits,
+        max_finite=ftype(fmt.max_finite), q=ftype(fmt.min_subnormal),
+        ne_bias=uint((1 << (drop - 1)) - 1), half_step=uint(1 << (drop - 1)), scales=tuple(scales),
+        clamp=clamp,
+        exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(2.0 ** drop),
+        to_fixed=ftype(2.0 ** _RANDOM_BITS), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
+        shift_right=uint(max(drop - _RANDOM_BITS, 0)),
+        overflow_fix=overflow_fix, scale_up=scale_up, scale_down=scale_down,
+        min_normal_row=_constant_row(min_normal), neg_min_normal_row=_constant_row(-min_normal),
+        min_normal_bits_row=_constant_row(min_normal_bits),
+        clamp_row=_constant_row(clamp) if by_addition else None)
+
+
+class _Block(NamedTuple):
+    """One block's input x and result r, with block-long scratch."""
+    x: np.ndarray
+    r: np.ndarray
+    a: np.ndarray                 # |x|
+    t: np.ndarray
+    y: np.ndarray
+    u: np.ndarray                 # unsigned scratch
+    g: np.ndarray                 # bool scratch
+    d: Optional[np.ndarray]       # 32-bit random draws (stochastic)
+
+
+def _round_fast(flat: np.ndarray, fmt: Format, rounding, overflow, subnormals, random_bits,
+                flags: bool = True):
+    """The kernel for the common cases: a dozen cache-resident passes per block, no np.where.
+
+    Each block is rounded by :func:`_round_block_by_addition` (nearest even, where the format's
+    range allows: fp16, fp8, e6m9, not bf16) or by :func:`_round_block_bits` (any mode); then
+    :func:`_finish_block` puts the sign back and handles flush-to-zero, -0 in fnuz formats, NaN
+    and overflow, only in blocks that have them.  Without flags (quantize) the overflowed array
+    is not formed (None).
+    """
+    plan = _plan(flat.dtype, fmt, rounding, overflow)
     n = flat.size
     values = np.empty_like(flat)
     overflowed = np.zeros(n, dtype=bool) if flags else None
     size = max(min(_FAST_BLOCK, n), 1)                      # even, but for a lone last block
-    a_buf, t_buf, y_buf, u_buf, g_buf = _scratch_buffers(flat.dtype)
-    # numpy's minimum / maximum are several times faster against an array than a scalar.
-    min_normal_row = _constant_row(min_normal)
-    min_normal_bits_row = _constant_row(min_normal_bits)
-    neg_min_normal_row = _constant_row(-min_normal)
+    scratch = _scratch_buffers(flat.dtype)
     with np.errstate(all="ignore"):
         for start in range(0, n, size):
             stop = min(start + size, n)
             k = stop - start
-            x = flat[start:stop]
-            r = values[start:stop]
-            if stochastic:
-                d = random_bits.random_raw((k + 1) // 2).view(np.uint32)[:k]
-            a, t, y, u, g = a_buf[:k], t_buf[:k], y_buf[:k], u_buf[:k], g_buf[:k]
-            big_r = r.view(uint)
-            big_a = a.view(uint)
-            big_x = x.view(uint)
-            np.abs(x, out=a)
-            highest = a.max()                                # NaN if any element is NaN
+            draws = random_bits.random_raw((k + 1) // 2).view(np.uint32)[:k] if plan.stochastic else None
+            a, t, y, u, g = scratch
+            block = _Block(flat[start:stop], values[start:stop], a[:k], t[:k], y[:k], u[:k], g[:k], draws)
+            np.abs(block.x, out=block.a)
+            highest = block.a.max()                          # NaN if any element is NaN
             has_nan = highest != highest
-            if by_addition:
-                if not highest < clamp:                      # (NaN compares false)
-                    np.minimum(a, clamp_row[:k], out=a)      # keeps C finite; still overflows
-                # C = 2**(max(exponent of a, emin) + drop), from a's exponent field
-                np.bitwise_and(big_a, exponent_field, out=big_r)
-                np.maximum(big_r, min_normal_bits_row[:k], out=big_r)
-                r *= to_quantum                              # exact: a power of two
-                np.add(a, r, out=t)                          # one rounding, to a multiple of C's ulp
-                np.subtract(t, r, out=r)                     # exact
+            if plan.by_addition:
+                _round_block_by_addition(plan, block, clamp=not highest < plan.clamp)  # (NaN: clamp)
                 signed = False
             else:
-                split = has_nan or a.min() < min_normal      # some elements below min normal
-                if split:
-                    # The normal part sees min normal for them, which every mode keeps.
-                    np.maximum(big_a, min_normal_bits_row[:k], out=big_r)
-                    normal = big_r
-                else:
-                    normal = big_x                           # the sign bit rides along
-                if directed:
-                    # away: all ones where the magnitude rounds away from zero when inexact.
-                    away = y.view(uint)
-                    np.right_shift(big_x.view(sint), sint(width - 1), out=away.view(sint))
-                    if rounding == "up":
-                        np.invert(away, out=away)
-
-                # Normal range: round the bit patterns at bit `drop`.
-                if rounding == "nearest_even" and m > 0:
-                    np.right_shift(normal, uint(drop), out=u)
-                    np.bitwise_and(u, uint(1), out=u)
-                    np.add(u, ne_bias, out=u)
-                    np.add(normal, u, out=big_r)
-                    np.bitwise_and(big_r, keep_mask, out=big_r)
-                elif rounding == "toward_zero":
-                    np.bitwise_and(normal, keep_mask, out=big_r)
-                elif rounding in ("nearest_away", "nearest_even"):
-                    # (With no mantissa bits every normal significand is 1, odd: ties go up.)
-                    np.add(normal, half_step, out=big_r)
-                    np.bitwise_and(big_r, keep_mask, out=big_r)
-                elif directed:
-                    np.bitwise_and(away, low_mask, out=u)
-                    np.add(normal, u, out=big_r)
-                    np.bitwise_and(big_r, keep_mask, out=big_r)
-                else:  # stochastic: up with probability (dropped bits) / 2**drop, to 32 bits
-                    np.bitwise_and(normal, low_mask, out=u)
-                    if shift_left:
-                        np.left_shift(u, shift_left, out=u)
-                    if shift_right:
-                        np.right_shift(u, shift_right, out=u)
-                    np.less(d, u, out=g)
-                    # (bits | low) + 1 carries into bit `drop`: a masked add, without a slow where=.
-                    np.bitwise_or(normal, low_mask, out=big_r)
-                    np.add(big_r, g, out=big_r)
-                    np.bitwise_and(big_r, keep_mask, out=big_r)
-
-                # Below fmt's min normal: multiples of q, in units of q.
-                if split:
-                    if signed_sub:
-                        # rint and trunc are odd, ceil / floor round up / down: the sign comes
-                        # along, and the clamp leaves +-min normal, whose bits add the sign bit.
-                        np.minimum(x, min_normal_row[:k], out=y)
-                        np.maximum(y, neg_min_normal_row[:k], out=y)
-                    else:
-                        np.minimum(a, min_normal_row[:k], out=y)
-                    for scale in scales:
-                        y *= scale                           # exact: powers of two, |y| <= 2**m
-                    integer_round(y, out=t)
-                    if rounding == "nearest_away":
-                        np.subtract(y, t, out=y)             # the fraction, exact
-                        np.greater_equal(y, ftype(0.5), out=g)
-                        np.add(t, g, out=t)
-                    elif stochastic:
-                        np.subtract(y, t, out=y)             # the fraction, exact
-                        y *= to_fixed                        # exact, below 2**32
-                        np.floor(y, out=y)
-                        np.less(d, y, out=g)
-                        np.add(t, g, out=t)
-                    t *= q                                   # exact
-                    np.add(big_r, t.view(uint), out=big_r)
-                    np.subtract(big_r, min_normal_bits, out=big_r)
-                signed = not split or signed_sub
-
-            if not subnormals:
-                np.abs(r, out=t)
-                np.greater_equal(t, min_normal, out=g)
-                np.multiply(r, g, out=r)                     # flush to signed zero (NaN: redone)
-            if not signed:
-                np.bitwise_and(big_x, sign_bit, out=u)
-                np.bitwise_or(big_r, u, out=big_r)
-            if not fmt.has_negative_zero:
-                r += ftype(0)                                # -0 + 0 = +0
-            if has_nan:
-                nan_in = np.isnan(a)
-                over = (np.abs(r) > max_finite) & ~nan_in
-                _fix_overflow(r, x, over, fmt, rounding, overflow, overflowed, start, stop)
-                r[nan_in] = ftype(np.nan)
-            elif highest > max_finite:                       # else nothing can overflow
-                fix = None if flags else overflow_fix
-                if fix == "clip" or (fix == "clip_finite" and highest != np.inf):
-                    np.clip(r, -max_finite, max_finite, out=r)
-                elif fix == "scale":
-                    r *= scale_up                            # >= 2**(emax + 1): +-inf
-                    r *= scale_down                          # exact for the others
-                elif fix == "nan":
-                    # All ones where |r| > max finite (the sign of max_bits - |r| bits), and
-                    # there r ^= r ^ NaN: a branch-free select, several times a putmask's speed.
-                    np.bitwise_and(big_r, magnitude_mask, out=u)
-                    np.subtract(max_bits, u, out=u)
-                    np.right_shift(u.view(sint), sint(width - 1), out=u.view(sint))
-                    big_t = t.view(uint)
-                    np.bitwise_xor(big_r, nan_bits, out=big_t)
-                    np.bitwise_and(big_t, u, out=big_t)
-                    np.bitwise_xor(big_r, big_t, out=big_r)
-                else:
-                    over = np.abs(r) > max_finite
-                    _fix_overflow(r, x, over, fmt, rounding, overflow, overflowed, start, stop)
+                signed = _round_block_bits(plan, block, has_nan)
+            _finish_block(plan, fmt, block, signed, subnormals, has_nan, highest, flags, overflowed, start)
     return values, overflowed
+
+
+def _round_block_by_addition(plan: _Plan, block: _Block, clamp: bool) -> None:
+    """Nearest even by the hardware's own rounding, on the magnitudes: for |x| whose quantum in
+    fmt is 2**E (E = max(exponent of x, emin) - m), adding C = 2**(E + drop) leaves a sum whose
+    float ulp is that quantum, so the float add rounds |x| to nearest even in fmt; subtracting C
+    is exact.  The sign is left off."""
+    a, r, k = block.a, block.r, len(block.a)
+    big_r = r.view(plan.uint)
+    if clamp:
+        np.minimum(a, plan.clamp_row[:k], out=a)             # keeps C finite; still overflows
+    # C = 2**(max(exponent of a, emin) + drop), from a's exponent field
+    np.bitwise_and(a.view(plan.uint), plan.exponent_field, out=big_r)
+    np.maximum(big_r, plan.min_normal_bits_row[:k], out=big_r)
+    r *= plan.to_quantum                                     # exact: a power of two
+    np.add(a, r, out=block.t)                                # one rounding, to a multiple of C's ulp
+    np.subtract(block.t, r, out=r)                           # exact
+
+
+def _round_block_bits(plan: _Plan, block: _Block, has_nan: bool) -> bool:
+    """Any mode, on bit patterns.
+
+    Magnitudes at or above fmt's min normal are rounded on their integer bit patterns at bit
+    ``drop`` (a carry into the exponent field is the binade crossing).  Below it the quantum is
+    fixed, fmt's min subnormal q: the magnitude, clamped to at most min normal, is scaled by
+    1/q (exact), rounded to an integer by numpy's trunc / rint / floor / ceil, and scaled back.
+    The normal part rounds max(magnitude, min normal) instead, so each element's result is the
+    sum of the two bit patterns less min normal's: one of them is always min normal itself.
+
+    Returns:
+      Whether the result already carries the input's sign.
+    """
+    x, r, a, t, y, u, g, d = block
+    k, uint, rounding = len(x), plan.uint, plan.rounding
+    big_r, big_x = r.view(uint), x.view(uint)
+    split = has_nan or a.min() < plan.min_normal             # some elements below min normal
+    if split:
+        # The normal part sees min normal for them, which every mode keeps.
+        np.maximum(a.view(uint), plan.min_normal_bits_row[:k], out=big_r)
+        normal = big_r
+    else:
+        normal = big_x                                       # the sign bit rides along
+    if plan.directed:
+        # away: all ones where the magnitude rounds away from zero when inexact.
+        away = y.view(uint)
+        np.right_shift(big_x.view(plan.sint), plan.sint(plan.width - 1), out=away.view(plan.sint))
+        if rounding == "up":
+            np.invert(away, out=away)
+
+    # Normal range: round the bit patterns at bit `drop`.
+    if rounding == "nearest_even" and plan.m > 0:
+        np.right_shift(normal, uint(plan.drop), out=u)
+        np.bitwise_and(u, uint(1), out=u)
+        np.add(u, plan.ne_bias, out=u)
+        np.add(normal, u, out=big_r)
+        np.bitwise_and(big_r, plan.keep_mask, out=big_r)
+    elif rounding == "toward_zero":
+        np.bitwise_and(normal, plan.keep_mask, out=big_r)
+    elif rounding in ("nearest_away", "nearest_even"):
+        # (With no mantissa bits every normal significand is 1, odd: ties go up.)
+        np.add(normal, plan.half_step, out=big_r)
+        np.bitwise_and(big_r, plan.keep_mask, out=big_r)
+    elif plan.directed:
+        np.bitwise_and(away, plan.low_mask, out=u)
+        np.add(normal, u, out=big_r)
+        np.bitwise_and(big_r, plan.keep_mask, out=big_r)
+    else:  # stochastic: up with probability (dropped bits) / 2**drop, to 32 bits
+        np.bitwise_and(normal, plan.low_mask, out=u)
+        if plan.shift_left:
+            np.left_shift(u, plan.shift_left, out=u)
+        if plan.shift_right:
+            np.right_shift(u, plan.shift_right, out=u)
+        np.less(d, u, out=g)
+        # (bits | low) + 1 carries into bit `drop`: a masked add, without a slow where=.
+        np.bitwise_or(normal, plan.low_mask, out=big_r)
+        np.add(big_r, g, out=big_r)
+        np.bitwise_and(big_r, plan.keep_mask, out=big_r)
+
+    # Below fmt's min normal: multiples of q, in units of q.
+    if split:
+        if plan.signed_sub:
+            # rint and trunc are odd, ceil / floor round up / down: the sign comes along, and
+            # the clamp leaves +-min normal, whose bits add the sign bit.
+            np.minimum(x, plan.min_normal_row[:k], out=y)
+            np.maximum(y, plan.neg_min_normal_row[:k], out=y)
+        else:
+            np.minimum(a, plan.min_normal_row[:k], out=y)
+        for scale in plan.scales:
+            y *= scale                                       # exact: powers of two, |y| <= 2**m
+        plan.integer_round(y, out=t)
+        if rounding == "nearest_away":
+            np.subtract(y, t, out=y)                         # the fraction, exact
+            np.greater_equal(y, plan.ftype(0.5), out=g)
+            np.add(t, g, out=t)
+        elif plan.stochastic:
+            np.subtract(y, t, out=y)                         # the fraction, exact
+            y *= plan.to_fixed                               # exact, below 2**32
+            np.floor(y, out=y)
+            np.less(d, y, out=g)
+            np.add(t, g, out=t)
+        t *= plan.q                                          # exact
+        np.add(big_r, t.view(uint), out=big_r)
+        np.subtract(big_r, plan.min_normal_bits, out=big_r)
+    return not split or plan.signed_sub
+
+
+def _finish_block(plan: _Plan, fmt: Format, block: _Block, signed: bool, subnormals: bool, has_nan: bool,
+                  highest, flags: bool, overflowed, start: int) -> None:
+    """Flush-to-zero, the sign, fnuz's lone zero, then NaN and overflow, in the blocks that have them.
+
+    Without flags, overflow in a block without NaN is resolved in bulk: a clip, or for IEEE
+    formats in the nearest modes a scaling up and back down by 2**(emax_source - emax), which
+    turns exactly the magnitudes >= 2**(emax + 1) into infinities.
+    """
+    x, r, a, t, y, u, g, d = block
+    big_r = r.view(plan.uint)
+    if not subnormals:
+        np.abs(r, out=t)
+        np.greater_equal(t, plan.min_normal, out=g)
+        np.multiply(r, g, out=r)                             # flush to signed zero (NaN: redone)
+    if not signed:
+        np.bitwise_and(x.view(plan.uint), plan.sign_bit, out=u)
+        np.bitwise_or(big_r, u, out=big_r)
+    if not fmt.has_negative_zero:
+        r += plan.ftype(0)                                   # -0 + 0 = +0
+    stop = start + len(x)
+    if has_nan:
+        nan_in = np.isnan(a)
+        over = (np.abs(r) > plan.max_finite) & ~nan_in
+        _fix_overflow(r, x, over, fmt, plan.rounding, plan.overflow, overflowed, start, stop)
+        r[nan_in] = plan.ftype(np.nan)
+        return
+    if not highest > plan.max_finite:                        # nothing can overflow
+        return
+    fix = None if flags else plan.overflow_fix
+    if fix == "clip" or (fix == "clip_finite" and highest != np.inf):
+        np.clip(r, -plan.max_finite, plan.max_finite, out=r)
+    elif fix == "scale":
+        r *= plan.scale_up                                   # >= 2**(emax + 1): +-inf
+        r *= plan.scale_down                                 # exact for the others
+    elif fix == "nan":
+        # All ones where |r| > max finite (the sign of max_bits - |r| bits), and there
+        # r ^= r ^ NaN: a branch-free select, several times a putmask's speed.
+        sint = plan.sint
+        np.bitwise_and(big_r, plan.magnitude_mask, out=u)
+        np.subtract(plan.max_bits, u, out=u)
+        np.right_shift(u.view(sint), sint(plan.width - 1), out=u.view(sint))
+        big_t = t.view(plan.uint)
+        np.bitwise_xor(big_r, plan.nan_bits, out=big_t)
+        np.bitwise_and(big_t, u, out=big_t)
+        np.bitwise_xor(big_r, big_t, out=big_r)
+    else:
+        over = np.abs(r) > plan.max_finite
+        _fix_overflow(r, x, over, fmt, plan.rounding, plan.overflow, overflowed, start, stop)
 
 
 def _fix_overflow(r, x, over, fmt, rounding, overflow, overflowed, start, stop) -> None:
