@@ -286,18 +286,21 @@ def _xla_cpu_sum_of_squares(k: Kernel, e: np.ndarray) -> np.ndarray:
     if flat.size == 1:
         return k.mul(flat[0], flat[0])
     if rows == 1 or cols == 1:
-        total = k.fma(flat[0], flat[0], k.mul(flat[1], flat[1]))
-        for value in flat[2:]:
-            total = k.fma(value, value, total)
-        return total
-    lanes = []
-    for row in (e if rows == 4 else [flat]):
-        lane = F32(0)
-        for value in row:
-            lane = k.fma(value, value, lane)
-        lanes.append(lane)
+        return _fma_squares(k, flat[2:], k.fma(flat[0], flat[0], k.mul(flat[1], flat[1])))
     if rows != 4:
-        return lanes[0]
+        return _fma_squares(k, flat, F32(0))
+    return _four_lane_sum(k, [_fma_squares(k, row, F32(0)) for row in e])
+
+
+def _fma_squares(k: Kernel, values, total):
+    """total + sum of value * value, one fused multiply-add at a time, in order."""
+    for value in values:
+        total = k.fma(value, value, total)
+    return total
+
+
+def _four_lane_sum(k: Kernel, lanes: list):
+    """A 4-lane vector reduced as x86 code folds it: (l0 + l2) + (l1 + l3)."""
     return k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
 
 
@@ -315,18 +318,13 @@ def _xla_cpu_fp8_sum_of_squares(k: Kernel, e: np.ndarray, inner: int) -> np.ndar
     if _fp8_loss_sums_as_bf16(k.fmt.name, rows, inner, cols):
         return _xla_cpu_sum_of_squares(k, e)
     if cols == 2 or (cols == 1 and rows <= 2):
-        total = F32(0)
-        for value in e.reshape(-1):
-            total = k.fma(value, value, total)
-        return total
+        return _fma_squares(k, e.reshape(-1), F32(0))
     if cols == 1:
-        lanes = [k.mul(value, value) for value in e[:, 0]] + [F32(0)] * (4 - rows)
-        return k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+        return _four_lane_sum(k, [k.mul(value, value) for value in e[:, 0]] + [F32(0)] * (4 - rows))
     total = F32(0)
     for row in e:
         lanes = [k.fma(row[0], row[0], total)] + [k.mul(value, value) for value in row[1:]]
-        lanes += [F32(-0.0)] * (4 - cols)
-        total = k.add(k.add(lanes[0], lanes[2]), k.add(lanes[1], lanes[3]))
+        total = _four_lane_sum(k, lanes + [F32(-0.0)] * (4 - cols))
     return total
 
 
