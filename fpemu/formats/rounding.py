@@ -265,7 +265,7 @@ def _round_array(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, s
         with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
             return Rounded(wide.values.astype(np.float32), wide.overflowed)
     flat = arr.reshape(-1)
-    if _fast_kernel_applies(arr.dtype, fmt, rounding):
+    if _max_finite_fits(arr.dtype, fmt):  # else the general kernel, _round_bits
         # Draws made block by block: the same stream as _random_draws, never all in memory.
         bits = np.random.default_rng(seed).bit_generator if rounding == "stochastic" else None
         values, overflowed = _round_fast(flat, fmt, rounding, overflow, subnormals, bits, flags)
@@ -292,12 +292,9 @@ def _random_draws(size: int, seed) -> np.ndarray:
     return raw.view(np.uint32)[:size]
 
 
-def _fast_kernel_applies(dtype, fmt: Format, rounding) -> bool:
-    """Whether :func:`_round_fast` handles this case (else the general :func:`_round_bits`).
-
-    It needs fmt's max finite to be finite in the source type, so that infinite
-    inputs compare above it.
-    """
+def _max_finite_fits(dtype, fmt: Format) -> bool:
+    """Whether fmt's max finite is finite in ``dtype``.  The fast kernel needs it (infinite inputs
+    must compare above max finite), and so do float results that hold all of fmt's values."""
     with np.errstate(over="ignore"):
         return bool(np.isfinite(np.array(fmt.max_finite, dtype=dtype)))
 
@@ -795,9 +792,7 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     """
     fmt = get_format(fmt)
     arr = as_float_array(x)
-    with np.errstate(over="ignore"):
-        beyond_float32 = not np.isfinite(np.float32(fmt.max_finite))
-    if beyond_float32:  # round from float64 (exact widening), where fmt's large values fit
+    if not _max_finite_fits(arr.dtype, fmt):  # round from float64 (exact widening), where they fit
         arr = arr.astype(np.float64)
     values = quantize(arr, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals,
                       seed=seed).astype(np.float64)
