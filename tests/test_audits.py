@@ -30,6 +30,15 @@ def vector_setup(init_scale, values, **scaler_kw):
     return weight, optimizer, scaler, torch.tensor(values)
 
 
+def correct_step(weight, optimizer, scaler, coefficients):
+    """backward, unscale_, step, update, zero_grad: the order GradScaler expects."""
+    scaler.scale((weight * coefficients).sum()).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
 def clip_step(weight, optimizer, scaler, coefficients, clip, limit, unscale_first):
     scaler.scale((weight * coefficients).sum()).backward()
     if unscale_first:
@@ -121,11 +130,7 @@ def test_audit_changes_nothing_and_restores_everything():
 def test_manual_unscale_before_the_scaler_divides_again(explicit_unscale):
     weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])
     with audit_torch(scaler, optimizer) as audit:
-        scaler.scale((weight * coefficients).sum()).backward()
-        scaler.unscale_(optimizer)  # a correct step: no finding
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad()
+        correct_step(weight, optimizer, scaler, coefficients)
         assert audit.findings == ()
         before = weight.detach().clone()
         scaler.scale((weight * coefficients).sum()).backward()
@@ -148,12 +153,8 @@ def test_backward_after_unscale_counts_scale_times_too_much():
     update multiplied by S (step does not unscale again), as the weights show."""
     weight, optimizer, scaler, coefficients = vector_setup(64.0, [3.0, 4.0])
     with audit_torch(scaler, optimizer) as audit:
-        for _ in range(2):  # a correct step first: unscale_ in one step, backward in the next
-            scaler.scale((weight * coefficients).sum()).backward()
-            scaler.unscale_(optimizer)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad()
+        for _ in range(2):  # correct steps first: unscale_ in one step, backward in the next
+            correct_step(weight, optimizer, scaler, coefficients)
         assert audit.findings == ()
         before = weight.detach().clone()
         scaler.scale((weight * coefficients).sum()).backward()
