@@ -125,6 +125,46 @@ def _cmd_run(args) -> int:
     return 1 if any(v.failed for v in verdicts) else 0
 
 
+def _cmd_env_build(args) -> int:
+    from fpemu.harness import environments
+    built = environments.environment_python(args.name) is not None  # an unknown name fails here, exit 2
+    if not built and not args.quiet:
+        print(f"building {args.name}: {' '.join(environments.requirements_of(args.name))} (pip, minutes)",
+              file=sys.stderr)
+    folder = environments.build_environment(args.name)
+    manifest = environments.environment_manifest(args.name)
+    line = f"{args.name} is built at {folder}"
+    if not built:
+        line += f" ({manifest['build_seconds']:.0f} s, {manifest['size_bytes'] / 2**20:.0f} MiB)"
+    _emit(args, {"name": args.name, "folder": str(folder), "built_now": not built, "manifest": manifest}, [line])
+    return 0
+
+
+def _cmd_env_list(args) -> int:
+    from fpemu.harness import environments
+    rows = []
+    for name, requirements in environments.ENVIRONMENTS.items():
+        python = environments.environment_python(name)
+        rows.append({"name": name, "requirements": list(requirements), "python": python and str(python)})
+    _emit(args, {"environments": rows},
+          [f"{r['name']:<12} {r['python'] or 'not built'}  ({' '.join(r['requirements'])})" for r in rows])
+    return 0
+
+
+def _add_env_commands(sub) -> None:
+    env_help = "isolated environments for packages that conflict with fpemu's own (paddle, tf_keras)"
+    env = sub.add_parser("env", help=env_help, description=env_help)
+    actions = env.add_subparsers(dest="env_command", required=True)
+    for name, help_text, handler in (("build", "build an environment (instant when built)", _cmd_env_build),
+                                     ("list", "list the environments and where they are built", _cmd_env_list)):
+        action = actions.add_parser(name, help=help_text, description=help_text)
+        action.add_argument("--json", action="store_true", help="print a JSON result on stdout (for CI)")
+        action.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        action.set_defaults(handler=handler)
+        if name == "build":
+            action.add_argument("name", help="the environment's name (see `fpemu env list`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpemu", description="Bit-exact emulation of number formats and loss "
                                      "scaling, and a differential harness against real implementations.")
@@ -138,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         return cmd
 
     specs_help = "spec files or folders of *.toml specs"
-    impl_help = ("implementations to drive: torch, torch_sharded, jmp, flax, keras, optax, and jax_step, "
-                 "torch_step for [step] specs (add @cuda for the GPU)")
+    from fpemu.adapters import adapters_of_kind
+    impl_help = (f"implementations to drive: {', '.join(adapters_of_kind('scaler'))}, and "
+                 f"{', '.join(adapters_of_kind('step'))} for [step] specs (add @cuda for the GPU)")
     golden = command("golden", "write the reference (golden) trace of each spec", _cmd_golden)
     golden.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     golden.add_argument("--out", type=pathlib.Path, required=True, help="folder for the golden traces")
@@ -169,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                   _cmd_run)
     run.add_argument("--specs", type=pathlib.Path, default=DEFAULT_SPECS, help="spec folder (default: specs/)")
     run.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder (default: reports/)")
+    _add_env_commands(sub)
     return parser
 
 

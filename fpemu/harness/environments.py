@@ -1,0 +1,368 @@
+"""Isolated environments: packages whose dependencies conflict with the project's run in a venv of their own.
+
+Paddle needs numpy < 2.4 and TensorFlow downgrades h5py, so instead of changing the
+project's environment the harness builds one venv per named requirement set
+(:data:`ENVIRONMENTS`) and calls functions inside it.  A build creates the venv in a
+temporary folder next to its final place, installs the requirements together with
+fpemu's core dependencies (``numpy``, ``ml_dtypes``: the pins in the requirements
+win), installs this checkout of fpemu without dependencies, checks that fpemu imports
+there, and renames the folder into place: a killed build leaves nothing half-made
+under the final name, and a built environment is found again at once.
+
+Environments live in ``$FPEMU_ENV_DIR`` (default ``~/.cache/fpemu/envs``), one folder
+``<name>-<hash>`` per requirement set and Python version.  Console scripts inside
+them keep their temporary path in the shebang: run tools as ``<env>/bin/python -m ...``.
+
+:func:`call_in_environment` runs ``"module:function"`` in a worker process of the
+environment's Python, started once per environment and reused; arguments and results
+cross as pickles.  The worker imports fpemu from the same checkout as the caller, so
+both sides agree on the classes that cross.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import pathlib
+import pickle
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from fpemu.errors import FpemuInputError
+from fpemu.harness._env_worker import FRAME, split_entry
+
+# name -> pip requirements.  Pin every package whose version decides a result.
+ENVIRONMENTS = {
+    "paddle": ("paddlepaddle==3.3.1", "numpy==2.3.5", "ml_dtypes==0.5.4"),
+    "tf_keras": ("tf-keras==2.21.0", "tensorflow==2.21.0", "numpy==2.4.6", "ml_dtypes==0.6.0"),
+}
+
+MANIFEST = "fpemu-environment.json"
+
+
+class EnvironmentBuildError(RuntimeError):
+    """pip or the import check failed while building an environment."""
+
+
+class EnvironmentNotBuilt(RuntimeError):
+    """The environment asked for has not been built here."""
+
+
+class EnvironmentCallError(RuntimeError):
+    """A function called in an environment raised, or its worker died; ``remote_traceback`` has the details."""
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+class EnvironmentTimeout(EnvironmentCallError, TimeoutError):
+    """A call in an environment ran past its timeout (its worker was killed)."""
+
+
+# -- where environments live --------------------------------------------------
+
+def requirements_of(name: str) -> tuple:
+    """The requirements of environment ``name``; an unknown name is an input error listing the known ones."""
+    if name not in ENVIRONMENTS:
+        raise FpemuInputError(f"unknown environment {name!r}; known environments: "
+                              f"{', '.join(ENVIRONMENTS)}")
+    return ENVIRONMENTS[name]
+
+
+def environments_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("FPEMU_ENV_DIR") or pathlib.Path.home() / ".cache" / "fpemu" / "envs")
+
+
+def _checkout_root() -> pathlib.Path:
+    """The source tree of the fpemu this process imported (the folder holding pyproject.toml)."""
+    import fpemu
+    root = pathlib.Path(fpemu.__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise EnvironmentBuildError(f"fpemu at {root} is not a source checkout (no pyproject.toml): "
+                                    "environments install and import fpemu from a checkout")
+    return root
+
+
+def core_requirements() -> tuple:
+    """fpemu's own dependencies, read from the checkout's pyproject.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    with open(_checkout_root() / "pyproject.toml", "rb") as handle:
+        return tuple(tomllib.load(handle)["project"]["dependencies"])
+
+
+def _install_list(name: str) -> tuple:
+    return requirements_of(name) + core_requirements()
+
+
+def environment_dir(name: str) -> pathlib.Path:
+    """Where environment ``name`` is (or would be) built: a hash of what it installs and the Python."""
+    key = "\n".join((f"python {sys.version_info[0]}.{sys.version_info[1]}", *_install_list(name)))
+    return environments_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _python_in(folder: pathlib.Path) -> pathlib.Path:
+    return folder / "bin" / "python"
+
+
+def environment_python(name: str) -> Optional[pathlib.Path]:
+    """The Python of environment ``name``, or None when it has not been built."""
+    folder = environment_dir(name)
+    return _python_in(folder) if (folder / MANIFEST).is_file() else None
+
+
+def environment_manifest(name: str) -> Optional[dict]:
+    """What the build of ``name`` recorded (packages installed, seconds, size), or None if not built."""
+    path = environment_dir(name) / MANIFEST
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+# -- building -----------------------------------------------------------------
+
+def _run_build_step(name: str, what: str, command: list, timeout: float, **kwargs) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentBuildError(f"environment {name!r}: {what} ran past {timeout:.0f} s") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise EnvironmentBuildError(f"environment {name!r}: {what} failed (exit {done.returncode}):\n{tail}")
+    return done.stdout
+
+
+def _isolated_env() -> dict:
+    """os.environ without anything that would let another environment's packages in."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def _staged_source(root: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
+    """A copy of the files pip builds fpemu from, so the build writes nothing into the checkout."""
+    source = into / "fpemu-source"
+    shutil.copytree(root / "fpemu", source / "fpemu", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, source / name)
+    return source
+
+
+_CHECK = ("import json, importlib.metadata as m, fpemu, numpy, ml_dtypes; "
+          "print(json.dumps({'fpemu_file': fpemu.__file__, "
+          "'packages': {d.metadata['Name']: d.version for d in m.distributions()}}))")
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _build_into(name: str, folder: pathlib.Path, timeout: float) -> dict:
+    """Make the venv in ``folder`` and install everything; returns the manifest."""
+    started = time.monotonic()
+    env = _isolated_env()
+    _run_build_step(name, "python -m venv", [sys.executable, "-m", "venv", str(folder)], timeout, env=env)
+    python = str(_python_in(folder))
+    pip = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    _run_build_step(name, "pip install " + " ".join(_install_list(name)), pip + list(_install_list(name)),
+                    timeout, env=env)
+    with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
+        source = _staged_source(_checkout_root(), pathlib.Path(stage))
+        _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
+    # Run from the venv's folder: the checkout must not shadow the installed copy.
+    check = json.loads(_run_build_step(name, "import fpemu", [python, "-c", _CHECK], timeout, env=env,
+                                       cwd=folder))
+    if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(folder.resolve()):
+        raise EnvironmentBuildError(f"environment {name!r}: fpemu imported from {check['fpemu_file']}, "
+                                    "not from the environment")
+    return {"name": name, "requirements": list(_install_list(name)), "python": sys.version.split()[0],
+            "packages": check["packages"], "build_seconds": round(time.monotonic() - started, 1),
+            "size_bytes": _folder_bytes(folder)}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_abandoned(final: pathlib.Path) -> None:
+    """Remove temporary build folders of ``final`` whose builder was killed."""
+    for stale in final.parent.glob(f".{final.name}.building-*"):
+        pid = stale.name.rsplit("-", 2)[-2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def build_environment(name: str, timeout: float = 1800.0) -> pathlib.Path:
+    """Build environment ``name`` (see the module docstring) and return its folder; instant when built.
+
+    Args:
+      timeout: seconds each build step (venv, pip install, import check) may take.
+    """
+    final = environment_dir(name)
+    if environment_python(name) is not None:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_abandoned(final)
+    building = pathlib.Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.building-{os.getpid()}-"))
+    building.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache private
+    try:
+        manifest = _build_into(name, building, timeout)
+        (building / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        try:
+            os.rename(building, final)
+        except OSError:
+            if environment_python(name) is None:  # not another build finishing first
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return final
+
+
+# -- calling into an environment -----------------------------------------------
+
+def _write_all(fd: int, data: bytes, deadline: float) -> bool:
+    """Write ``data`` to a non-blocking fd before ``deadline``; False if time ran out."""
+    view = memoryview(data)
+    while view:
+        if not select.select([], [fd], [], max(deadline - time.monotonic(), 0))[1]:
+            return False
+        view = view[os.write(fd, view):]
+    return True
+
+
+def _read_exact(fd: int, size: int, deadline: float) -> Optional[bytes]:
+    """``size`` bytes from fd before ``deadline``; None if time ran out, b"" on end of file."""
+    chunks, left = [], size
+    while left:
+        if not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            return None
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return b""
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+_WORKER_SCRIPT = pathlib.Path(__file__).with_name("_env_worker.py")
+
+
+class _Worker:
+    """A process of an environment's Python serving calls; requests and replies are framed pickles."""
+
+    def __init__(self, name: str, python: pathlib.Path):
+        self.name = name
+        self.python = python
+        self.stderr = tempfile.TemporaryFile()
+        env = {**_isolated_env(), "PYTHONPATH": str(_checkout_root())}
+        self.process = subprocess.Popen([str(python), str(_WORKER_SCRIPT)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        env=env, cwd=tempfile.gettempdir())
+        os.set_blocking(self.process.stdin.fileno(), False)
+
+    def call(self, entry: str, args: tuple, timeout: float):
+        where = f"environment {self.name!r}, {entry}"
+        try:
+            request = pickle.dumps((entry, args))
+        except Exception as error:
+            raise TypeError(f"{where}: the arguments cannot be pickled: {error}") from None
+        deadline = time.monotonic() + timeout
+        frame = self._exchange(FRAME.pack(len(request)) + request, deadline, where, timeout)
+        try:
+            status, payload, remote = pickle.loads(frame)
+        except Exception as error:
+            raise EnvironmentCallError(f"{where}: its result cannot be unpickled here ({type(error).__name__}: "
+                                       f"{error}); return plain values") from None
+        if status == "ok":
+            return payload
+        last = remote.strip().splitlines()[-1] if remote.strip() else payload
+        raise EnvironmentCallError(f"{where} raised: {last}", remote)
+
+    def _exchange(self, request: bytes, deadline: float, where: str, timeout: float) -> bytes:
+        stdin, stdout = self.process.stdin.fileno(), self.process.stdout.fileno()
+        try:
+            sent = _write_all(stdin, request, deadline)
+        except BrokenPipeError:
+            sent = True  # the worker died; reading says so
+        header = _read_exact(stdout, FRAME.size, deadline) if sent else None
+        body = _read_exact(stdout, FRAME.unpack(header)[0], deadline) if header else header
+        if body is None:
+            self.close()
+            raise EnvironmentTimeout(f"{where}: no result within {timeout:g} s (the worker was killed)")
+        if not body:
+            code = self.process.wait()
+            tail = self._stderr_tail()
+            self.close()
+            raise EnvironmentCallError(f"{where}: the worker died (exit {code}); its stderr ends:\n{tail}")
+        return body
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        self.stderr.seek(0)
+        return "\n".join(self.stderr.read().decode(errors="replace").strip().splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdin.close()
+        self.process.stdout.close()
+        self.stderr.close()
+
+
+_workers = {}
+
+
+def _worker(name: str) -> _Worker:
+    python = environment_python(name)
+    if python is None:
+        raise EnvironmentNotBuilt(f"environment {name!r} is not built in {environments_root()}: "
+                                  f"run `fpemu env build {name}`")
+    worker = _workers.get(name)
+    if worker is not None and (not worker.alive() or worker.python != python):
+        worker.close()
+        worker = None
+    if worker is None:
+        worker = _workers[name] = _Worker(name, python)
+    return worker
+
+
+@atexit.register
+def close_workers() -> None:
+    """Stop every environment worker this process started."""
+    while _workers:
+        _workers.popitem()[1].close()
+
+
+def call_in_environment(name: str, entry: str, *args, timeout: float = 300.0):
+    """Run ``entry`` ("module:function") with ``args`` in environment ``name`` and return its result.
+
+    Raises:
+      FpemuInputError: ``name`` is not a known environment.
+      EnvironmentNotBuilt: it is known but not built here.
+      EnvironmentCallError: the function raised (the message ends with the remote
+        traceback's last line; ``remote_traceback`` has all of it), or the worker died.
+      EnvironmentTimeout: no result within ``timeout`` seconds; the worker is killed and
+        the next call starts a new one.
+    """
+    requirements_of(name)
+    split_entry(entry)
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return _worker(name).call(entry, args, timeout)
