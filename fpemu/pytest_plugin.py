@@ -7,8 +7,8 @@ Fixtures:
   of real implementations are only ever compared).
   ``fpemu_golden(name)``: load a golden trace.
 
-Markers: ``fpemu_torch``, ``fpemu_torch_sharded``, ``fpemu_jmp``, ``fpemu_flax``,
-``fpemu_keras``, ``fpemu_optax``, ``fpemu_jax_step``, ``fpemu_torch_step``: the test drives that real implementation and is
+Markers: ``fpemu_NAME`` for every adapter NAME in ``fpemu.adapters.ADAPTERS`` (``fpemu_torch``,
+``fpemu_flax``, ``fpemu_jax_step``, ...): the test drives that real implementation and is
 skipped, with the reason, where its packages are missing.
 
 The golden folder is the ini option ``fpemu_golden_dir`` (default ``tests/golden``),

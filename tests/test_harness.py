@@ -9,7 +9,7 @@ import fpemu
 from fpemu.cli import main
 from fpemu.compare import compare_traces
 from fpemu.harness import record_trace, reference_trace
-from fpemu.specs import SpecError, load_spec, load_specs, parse_spec
+from fpemu.specs import ScalerScenario, SpecError, StepScenario, load_spec, load_specs, parse_spec
 import fpemu.errors
 from fpemu.traces import TraceError, dumps, loads, read_trace, write_trace
 
@@ -47,7 +47,7 @@ sequence = [false, false, true, false, false, false]
     (GOOD + "\n[implementations.torch]\nexpect_divergence = 3\n", "implementations.torch.expect_divergence: expected a table"),
     (GOOD + "\n[implementations.torch]\nexpect_divergence = { reason = \"r\" }\n",
      "implementations.torch.expect_divergence.step: missing required key"),
-    (GOOD + '\n[implementations."jmp@cuda"]\nparams = { loss_scale = 1.0 }\n', "implementations.jmp@cuda: only the torch adapters"),
+    (GOOD + '\n[implementations."jmp@cuda"]\nparams = { loss_scale = 1.0 }\n', "implementations.jmp@cuda: jmp runs on cpu only"),
     (GOOD + "\n[record]\nfields = []\n", "record.fields: expected a non-empty list"),
     (GOOD + "\n[record]\nfields = [\"hysteresis\"]\n", "record.fields: record at least one of scale"),
     ('name = "../escape"\n' + GOOD, "name: expected letters, digits"),
@@ -61,9 +61,12 @@ def test_spec_errors_name_file_and_key(spec, words):
 def test_shipped_specs_are_valid_and_cover_every_profile():
     scenarios = load_specs([SPECS])
     assert len(scenarios) >= 40
-    assert set(fpemu.PROFILES) <= {s.profile for s in scenarios}
-    assert {s.overflow.kind for s in scenarios if s.overflow} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
-    assert {i.name for s in scenarios if s.step for i in s.implementations} == {"jax_step", "torch_step"}
+    scaler_scenarios = [s for s in scenarios if isinstance(s, ScalerScenario)]
+    step_scenarios = [s for s in scenarios if isinstance(s, StepScenario)]
+    assert len(scaler_scenarios) + len(step_scenarios) == len(scenarios)
+    assert set(fpemu.PROFILES) <= {s.profile for s in scaler_scenarios}
+    assert {s.overflow.kind for s in scaler_scenarios} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
+    assert {i.name for s in step_scenarios for i in s.implementations} == {"jax_step", "torch_step"}
 
 
 def test_traces_are_deterministic_lossless_and_checked(tmp_path):
@@ -273,7 +276,7 @@ def test_independent_spec_mistakes_are_reported_together():
 
 @pytest.mark.parametrize("extra,words", [
     ('[scaler]\nprofile = "torch"\n', r"scaler: a \[step\] scenario has its own scale rule"),
-    ("[implementations.jmp]\n", "implementations.jmp: unknown step implementation"),
+    ("[implementations.jmp]\n", "implementations.jmp: unknown implementation for a step spec"),
     ('[implementations.jax_step]\nparams = { mode = "torch_cpu" }\n', "implementations.jax_step.params.mode: expected one of"),
     ('mode = "torch_cpu"\ncompute = "fp8_e4m3fn"\n', "step.compute: expected one of bf16, fp16, got 'fp8_e4m3fn'"),
 ])

@@ -133,6 +133,50 @@ def test_megatron_hysteresis_refills_only_at_growth():
     assert trace.scales == [1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 2]
 
 
+def test_fairseq_raises_at_min_scale_even_when_tolerance_holds_the_backoff():
+    """fairseq checks the floor after every overflow: at step 4 one overflow in five steps is under
+    tolerance 0.5, so the scale does not back off, but it is already at min_loss_scale: it raises."""
+    trace = fpemu.simulate_scaler([False] * 4 + [True, False], "fairseq", init_scale=1.0, scale_window=100,
+                                  tolerance=0.5, min_loss_scale=1.0)
+    assert trace.stopped_at == 4 and trace.scales == [1.0] * 5 and trace.final_scale == 1.0
+    assert trace.events == [(4, "raised: overflow with the scale at or below the minimum")]
+
+
+def test_apex_stops_when_the_scale_halves_to_zero():
+    """Python floats halve through the subnormal doubles: 2**-1074 / 2 == 0.0, and the next
+    unscale's 1./scale raises ZeroDivisionError."""
+    trace = fpemu.simulate_scaler([True] * 1100, "apex", init_scale=1.0)
+    assert trace.stopped_at == 1075 and trace.scales[1074] == 2.0**-1074 and trace.scales[1075] == 0.0
+    assert trace.events[-1] == (1075, "raised: ZeroDivisionError, the scale reached 0 (1 / scale)")
+    assert trace.attempts == 1076 and trace.completed_updates == 0
+    assert fpemu.simulate_scaler([True] * 1100, "apex", init_scale=1.0, min_loss_scale=2.0**-3).stopped_at is None
+
+
+@pytest.mark.parametrize("field,value,error,words", [
+    ("growth_timing", "n", ValueError, "ScalerRules.growth_timing must be one of 'N', 'N\\+1'"),
+    ("backoff", "halve", ValueError, "ScalerRules.backoff must be one of"),
+    ("at_zero_scale", "stop", ValueError, "ScalerRules.at_zero_scale must be one of"),
+    ("tolerance", "0.25", TypeError, "ScalerRules.tolerance must be a number, got '0.25'"),
+    ("growth_interval", 2.0, TypeError, "ScalerRules.growth_interval must be an int"),
+    ("consecutive_hysteresis", "no", TypeError, "ScalerRules.consecutive_hysteresis must be True or False"),
+])
+def test_rules_refuse_unknown_words_and_wrong_types(field, value, error, words):
+    with pytest.raises(error, match=words):
+        ScalerRules(1.0, **{field: value})
+
+
+@pytest.mark.parametrize("profile,params,error,words", [
+    ("fairseq", dict(tolerance="0.25"), TypeError, "profile 'fairseq': tolerance must be a number, got '0.25'"),
+    ("deepspeed", dict(raise_error_at_min_scale="no"), TypeError,
+     "raise_error_at_min_scale must be true or false, got 'no'"),
+    ("optax", dict(max_consecutive_errors=-1), ValueError, "max_consecutive_errors must be at least 0"),
+    ("jmp", dict(loss_scale=1.0, min_loss_scale="1"), TypeError, "min_loss_scale must be a number"),
+])
+def test_profile_parameters_are_typed(profile, params, error, words):
+    with pytest.raises(error, match=words):
+        fpemu.simulate_scaler([False], profile, **params)
+
+
 def test_fairseq_tolerance_and_stop():
     seq = [False] * 8 + [True] * 3
     trace = fpemu.simulate_scaler(seq, "fairseq", init_scale=1.0, scale_window=100, tolerance=0.25)
@@ -221,12 +265,44 @@ def test_torch_sharded_matches_profile(seq, init, growth, backoff, interval):
                       fpemu.simulate_scaler(seq, "torch_sharded", **params))
 
 
+jmp_floors = st.sampled_from([None, 1.0, 0.3, 4.0, 2.0**-20, 0.0])
+
+
+@pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
 @settings(max_examples=25, deadline=None)
-@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals)
-def test_jmp_matches_profile(seq, init, factor, period):
-    _skip_unless("jmp")
+@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals, floor=jmp_floors)
+def test_jmp_matches_profile(name, seq, init, factor, period, floor):
+    _skip_unless(name)
     params = dict(loss_scale=init, factor=factor, period=period)
-    assert_same_trace(record_scaler("jmp", seq, **params), fpemu.simulate_scaler(seq, "jmp", **params))
+    if floor is not None:
+        params["min_loss_scale"] = floor
+    assert_same_trace(record_scaler(name, seq, **params), fpemu.simulate_scaler(seq, name, **params))
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("jmp", [10, 5, 2.5, 1.25, 1, 1, 1, 1]),                    # jit drops min_loss_scale: floor 1.0
+    ("jmp_eager", [10, 5, 2.5, 1.25, 0.625, 0.3125, np.float32(0.3), np.float32(0.3)]),
+])
+def test_jmp_min_loss_scale_under_jit_and_eager(name, expected):
+    """The user's report: jmp under jax.jit ignores min_loss_scale=0.3 (the pytree drops it)."""
+    params = dict(loss_scale=10.0, min_loss_scale=0.3, period=2)
+    model = fpemu.simulate_scaler([True] * 8, name, **params)
+    assert bits32(model.scales) == bits32(expected)
+    _skip_unless(name)
+    assert bits32(record_scaler(name, [True] * 8, **params).scales) == bits32(expected)
+
+
+def test_jmp_adapter_needs_no_flax(tmp_path):
+    """record_jmp must run with jax and jmp installed but not flax."""
+    _skip_unless("jmp")
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['flax'] = None\n"
+            "from fpemu.adapters import record_scaler\n"
+            "print(record_scaler('jmp', [False, True], loss_scale=4.0, period=1).scales)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[4.0, 8.0]"
 
 
 @settings(max_examples=25, deadline=None)

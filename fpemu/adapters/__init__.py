@@ -1,49 +1,147 @@
 """Adapters drive real implementations through the same scenarios as the reference models.
 
-Each adapter module imports its framework on first use, so ``import fpemu``
-never needs torch or JAX.  ``available(name)`` tells whether an adapter's
-packages are installed, and ``unavailable_reason(name)`` says why not.
+Every adapter is one row of :data:`ADAPTERS`: an :class:`Adapter` descriptor says what
+it drives, which packages it needs, on which devices it runs, which profile its
+traces are compared with and against which versions that comparison was made.
+Adding a framework is one adapter module, one profile and one row here.
+
+Each adapter module imports its framework on first use, so ``import fpemu`` never
+needs torch or JAX.  ``unavailable_reason(name, device)`` says why an adapter
+cannot run here (None when it can).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+from typing import Optional
 
-# adapter name -> (module, packages it needs)
-SCALER_ADAPTERS = {
-    "torch": ("fpemu.adapters.torch_amp", ("torch",)),
-    "torch_sharded": ("fpemu.adapters.torch_amp", ("torch",)),
-    "jmp": ("fpemu.adapters.jax_scalers", ("jax", "jmp")),
-    "flax": ("fpemu.adapters.jax_scalers", ("jax", "flax")),
-    "keras": ("fpemu.adapters.keras_scaler", ("jax", "keras")),
-    "optax": ("fpemu.adapters.jax_scalers", ("jax", "optax")),
-}
-
-# Seed 002's mixed-precision step, run by the real frameworks (for step scenarios).
-STEP_ADAPTERS = {
-    "jax_step": ("fpemu.adapters.jax_step", ("jax",)),
-    "torch_step": ("fpemu.adapters.torch_step", ("torch",)),
-}
-ADAPTERS = {**SCALER_ADAPTERS, **STEP_ADAPTERS}
+SCALER, STEP = "scaler", "step"
+ADAPTER_KINDS = (SCALER, STEP)
+DEVICES = ("cpu", "cuda")
 
 
-def unavailable_reason(name: str):
-    """None if adapter ``name`` can run here, else the reason it cannot."""
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """One real implementation fpemu can drive.
+
+    Attributes:
+      name: the adapter's name in specs (``[implementations.NAME]``), ``--impl`` and traces.
+      kind: ``"scaler"`` (driven through a scenario's overflow flags, compared with a scaler
+        profile) or ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data).
+      entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
+        return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
+        params)`` and return a function of one step's arguments.
+      packages: the distributions it imports (their versions go into every trace it records).
+      modules: the top-level modules it imports, checked before it runs.
+      devices: where it can run.
+      profile: scaler adapters: the profile whose parameters it takes and whose model its
+        traces are compared with.
+      params: step adapters: each parameter it takes and the values it accepts, the default
+        first (a [step] scenario whose own field of that name holds an accepted value uses it).
+      verified: the package versions its comparison with fpemu's model was made on.
+    """
+
+    name: str
+    kind: str
+    entry: str
+    packages: tuple
+    modules: tuple
+    devices: tuple = ("cpu",)
+    profile: Optional[str] = None
+    params: dict = dataclasses.field(default_factory=dict)
+    verified: tuple = ()
+
+    def __post_init__(self):
+        if self.kind not in ADAPTER_KINDS:
+            raise ValueError(f"adapter {self.name!r}: kind must be one of {ADAPTER_KINDS}, got {self.kind!r}")
+        if (self.kind == SCALER) != (self.profile is not None):
+            raise ValueError(f"adapter {self.name!r}: a scaler adapter names its profile, a step adapter none")
+        unknown = set(self.devices) - set(DEVICES)
+        if unknown:
+            raise ValueError(f"adapter {self.name!r}: unknown devices {sorted(unknown)}; devices: {DEVICES}")
+
+    def function(self):
+        """The entry point, imported now."""
+        module, _, attribute = self.entry.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+
+_TORCH_VERIFIED = ("torch 2.13.0+cpu",)
+_JAX_VERIFIED = ("jax 0.10.2", "jaxlib 0.10.2")
+
+ADAPTERS = {adapter.name: adapter for adapter in [
+    Adapter("torch", SCALER, "fpemu.adapters.torch_amp:record_torch", ("torch",), ("torch",),
+            devices=DEVICES, profile="torch", verified=_TORCH_VERIFIED),
+    Adapter("torch_sharded", SCALER, "fpemu.adapters.torch_amp:record_torch_sharded", ("torch",), ("torch",),
+            devices=DEVICES, profile="torch_sharded", verified=_TORCH_VERIFIED),
+    Adapter("jmp", SCALER, "fpemu.adapters.jax_scalers:record_jmp", ("jax", "jaxlib", "jmp"), ("jax", "jmp"),
+            profile="jmp", verified=_JAX_VERIFIED + ("jmp 0.0.4",)),
+    Adapter("jmp_eager", SCALER, "fpemu.adapters.jax_scalers:record_jmp_eager", ("jax", "jaxlib", "jmp"),
+            ("jax", "jmp"), profile="jmp_eager", verified=_JAX_VERIFIED + ("jmp 0.0.4",)),
+    Adapter("flax", SCALER, "fpemu.adapters.jax_scalers:record_flax", ("jax", "jaxlib", "flax"), ("jax", "flax"),
+            profile="flax", verified=_JAX_VERIFIED + ("flax 0.12.8",)),
+    Adapter("keras", SCALER, "fpemu.adapters.keras_scaler:record_keras", ("jax", "jaxlib", "keras"),
+            ("jax", "keras"), profile="keras", verified=_JAX_VERIFIED + ("keras 3.15.1",)),
+    Adapter("optax", SCALER, "fpemu.adapters.jax_scalers:record_optax", ("jax", "jaxlib", "optax"),
+            ("jax", "optax"), profile="optax", verified=_JAX_VERIFIED + ("optax 0.2.8",)),
+    Adapter("jax_step", STEP, "fpemu.adapters.jax_step:step_function", ("jax", "jaxlib"), ("jax",),
+            params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
+    Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),
+            devices=DEVICES, params={"unscale": ("divide", "reciprocal")}, verified=_TORCH_VERIFIED),
+]}
+
+
+def adapters_of_kind(kind: str) -> dict:
+    """The rows of one kind, by name."""
+    return {name: adapter for name, adapter in ADAPTERS.items() if adapter.kind == kind}
+
+
+def get_adapter(name: str) -> Adapter:
+    """The adapter called ``name``; the error lists the known ones."""
+    if name not in ADAPTERS:
+        raise ValueError(f"no adapter named {name!r}; adapters: {', '.join(ADAPTERS)}")
+    return ADAPTERS[name]
+
+
+def unavailable_reason(name: str, device: str = "cpu"):
+    """None if adapter ``name`` can run here on ``device``, else the reason it cannot."""
     if name not in ADAPTERS:
         return f"no adapter named {name!r}; adapters: {', '.join(ADAPTERS)}"
-    missing = [pkg for pkg in ADAPTERS[name][1] if importlib.util.find_spec(pkg) is None]
-    return f"{', '.join(missing)} not installed" if missing else None
+    adapter = ADAPTERS[name]
+    if device not in adapter.devices:
+        return f"{name} runs on {', '.join(adapter.devices)}, not {device}"
+    missing = [module for module in adapter.modules if importlib.util.find_spec(module) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed"
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine"
+    return None
 
 
-def available(name: str) -> bool:
-    return unavailable_reason(name) is None
+def available(name: str, device: str = "cpu") -> bool:
+    return unavailable_reason(name, device) is None
 
 
-def record_scaler(name: str, overflows, **params):
-    """Drive the real implementation ``name`` through ``overflows``; returns a ScalerTrace."""
-    reason = unavailable_reason(name)
+def _runnable(name: str, kind: str, device: str) -> Adapter:
+    adapter = get_adapter(name)
+    if adapter.kind != kind:
+        raise ValueError(f"adapter {name!r} is a {adapter.kind} adapter, not a {kind} adapter")
+    reason = unavailable_reason(name, device)
     if reason:
         raise RuntimeError(f"adapter {name!r} cannot run: {reason}")
-    module = importlib.import_module(SCALER_ADAPTERS[name][0])
-    return getattr(module, f"record_{name}")(overflows, **params)
+    return adapter
+
+
+def record_scaler(name: str, overflows, device: str = "cpu", **params):
+    """Drive the real scaler ``name`` through ``overflows``; returns a ScalerTrace."""
+    return _runnable(name, SCALER, device).function()([bool(o) for o in overflows], params, device)
+
+
+def step_function(name: str, compute: str, device: str = "cpu", **params):
+    """The real step ``name`` as a function of one step's arguments (see mixed_precision_step)."""
+    return _runnable(name, STEP, device).function()(compute, device, params)

@@ -1,4 +1,9 @@
-"""jmp.DynamicLossScale, flax DynamicScale and optax.apply_if_finite, driven for real under jax.jit."""
+"""jmp.DynamicLossScale, flax DynamicScale and optax.apply_if_finite, driven for real.
+
+Each adapter imports only its own package (jmp needs no flax).  They run under
+``jax.jit`` as a training step does; ``jmp_eager`` calls ``adjust`` op by op, which
+computes differently (see the jmp profiles).
+"""
 
 from __future__ import annotations
 
@@ -8,27 +13,30 @@ from fpemu.adapters._trace import observed_trace
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted():
+def _jitted_adjust():
     import jax
-    from flax.training.dynamic_scale import DynamicScale  # noqa: F401  (imported for its pytree)
+    return jax.jit(lambda scale, finite: scale.adjust(finite))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_flax_step():
+    import jax
 
     def flax_step(dynamic_scale, param, grad):
         # d(param * grad)/d(param) = grad, so grad is the unscaled gradient of this step.
         return dynamic_scale.value_and_grad(lambda p, g: p * g)(param, grad)
 
-    return {"jmp": jax.jit(lambda scale, finite: scale.adjust(finite)), "flax": jax.jit(flax_step)}
+    return jax.jit(flax_step)
 
 
-def record_jmp(overflows, **params):
+def _drive_jmp(name, overflows, params, adjust):
     import jax.numpy as jnp
     import jmp
     import numpy as np
-    overflows = [bool(o) for o in overflows]
     kwargs = {k: v for k, v in params.items() if k != "loss_scale"}
     if "min_loss_scale" in kwargs:
         kwargs["min_loss_scale"] = np.float32(kwargs["min_loss_scale"])
     loss_scale = jmp.DynamicLossScale(jnp.float32(params["loss_scale"]), **kwargs)
-    adjust = _jitted()["jmp"]
     scales, counters = [], []
     for overflow in overflows:
         scales.append(float(loss_scale.loss_scale))
@@ -36,19 +44,26 @@ def record_jmp(overflows, **params):
         counters.append(int(loss_scale.counter))
     # jmp leaves skipping to the caller (jmp.select_tree on grads_finite).
     applied = [not o for o in overflows]
-    return observed_trace("jmp", params, overflows, scales, applied, counters, float(loss_scale.loss_scale))
+    return observed_trace(name, params, overflows, scales, applied, counters, float(loss_scale.loss_scale))
 
 
-def record_flax(overflows, **params):
+def record_jmp(overflows, params, device):
+    return _drive_jmp("jmp", overflows, params, _jitted_adjust())
+
+
+def record_jmp_eager(overflows, params, device):
+    return _drive_jmp("jmp_eager", overflows, params, lambda scale, finite: scale.adjust(finite))
+
+
+def record_flax(overflows, params, device):
     import jax.numpy as jnp
     import numpy as np
     from flax.training.dynamic_scale import DynamicScale
-    overflows = [bool(o) for o in overflows]
     kwargs = dict(params)
     if "scale" in kwargs:
         kwargs["scale"] = jnp.float32(kwargs["scale"])
     dynamic_scale = DynamicScale(**kwargs)
-    step = _jitted()["flax"]
+    step = _jitted_flax_step()
     scales, applied, counters = [], [], []
     for overflow in overflows:
         scales.append(float(dynamic_scale.scale))
@@ -58,12 +73,11 @@ def record_flax(overflows, **params):
     return observed_trace("flax", params, overflows, scales, applied, counters, float(dynamic_scale.scale))
 
 
-def record_optax(overflows, **params):
+def record_optax(overflows, params, device):
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
-    overflows = [bool(o) for o in overflows]
     transform = optax.apply_if_finite(optax.sgd(1.0), **params)
     state = transform.init(jnp.zeros(()))
     update = jax.jit(transform.update)

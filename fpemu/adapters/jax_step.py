@@ -146,6 +146,11 @@ def jax_step(params, x, y, loss_scale, good_steps, lr, growth_interval, *, mode:
     return run_jax_steps([case], mode=mode, compute=compute)[0]
 
 
+def step_function(compute: str, device: str, params: dict):
+    """The adapter table's entry: the jitted step as a function of one step's arguments."""
+    return lambda **case: jax_step(**case, mode=params["mode"], compute=compute)
+
+
 def _serve() -> None:
     """Worker loop: read (cases, compute) pickles from stdin until it closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

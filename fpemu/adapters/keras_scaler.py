@@ -20,12 +20,11 @@ def _import_keras():
     return keras
 
 
-def record_keras(overflows, **params):
+def record_keras(overflows, params, device):
     import jax
     import jax.numpy as jnp
     import numpy as np
     keras = _import_keras()
-    overflows = [bool(o) for o in overflows]
     variable = keras.Variable(np.float32(0.0), dtype="float32")
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=1.0), **params)
     optimizer.build([variable])

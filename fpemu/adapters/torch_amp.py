@@ -29,9 +29,8 @@ def _drive(scaler, torch, overflows, device):
     return scales, applied, counters, scaler._scale.item()
 
 
-def record_torch(overflows, device: str = "cpu", **params):
+def record_torch(overflows, params, device):
     import torch
-    overflows = [bool(o) for o in overflows]
     scaler = torch.amp.GradScaler(device, **params)
     return observed_trace("torch", params, overflows, *_drive(scaler, torch, overflows, device))
 
@@ -44,11 +43,10 @@ def _ensure_process_group(dist) -> None:
         dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
 
 
-def record_torch_sharded(overflows, device: str = "cpu", **params):
+def record_torch_sharded(overflows, params, device):
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     _ensure_process_group(dist)
-    overflows = [bool(o) for o in overflows]
     scaler = ShardedGradScaler(device, **params)
     return observed_trace("torch_sharded", params, overflows, *_drive(scaler, torch, overflows, device))

@@ -70,3 +70,8 @@ def torch_step(params, x, y, loss_scale, good_steps, lr, growth_interval, *, com
     return {"loss": f32(loss.cpu().numpy()), "params": {"w": w.cpu().numpy(), "b": b.cpu().numpy()},
             "loss_scale": f32(new_scale.cpu().numpy()), "good_steps": np.int32(new_good),
             "grads_finite": np.bool_(finite)}
+
+
+def step_function(compute: str, device: str, params: dict):
+    """The adapter table's entry: the eager step as a function of one step's arguments."""
+    return lambda **case: torch_step(**case, compute=compute, device=device, unscale=params["unscale"])

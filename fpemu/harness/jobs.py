@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from fpemu.compare import SKIPPED, Verdict, compare_traces
 from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, implementation_key, record_trace, reference_trace, skip_reason)
-from fpemu.specs import Implementation, Scenario, load_specs, parse_spec
+from fpemu.specs import ScalerScenario, StepScenario, load_specs, parse_spec
 from fpemu.traces import read_trace, trace_filename, write_trace
 
 Progress = Callable[[int, int, str], None]
@@ -35,40 +35,55 @@ def _quiet(done: int, total: int, label: str) -> None:
     pass
 
 
-DEVICES = ("cpu", "cuda")
-
-
 def parse_implementation(name: str) -> tuple:
     """``torch@cuda`` -> ("torch", "cuda"); the device defaults to cpu."""
+    from fpemu.adapters import ADAPTERS, DEVICES
     adapter, _, device = name.partition("@")
     device = device or "cpu"
+    if adapter not in ADAPTERS:
+        raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(ADAPTERS)}")
     if device not in DEVICES:
         raise FpemuInputError(f"--impl {name}: unknown device {device!r}; devices: {', '.join(DEVICES)}")
-    if device != "cpu" and not adapter.startswith("torch"):
-        raise FpemuInputError(f"--impl {name}: only the torch adapters run on {device}")
+    if device not in ADAPTERS[adapter].devices:
+        raise FpemuInputError(f"--impl {name}: {adapter} runs on {', '.join(ADAPTERS[adapter].devices)} only")
     return adapter, device
 
 
-def implementations_for(scenario: Scenario, requested: Optional[list]) -> list:
-    """The implementations to drive: those named (``torch``, ``torch@cuda``), else the spec's own,
-    else the real implementation of the scenario's profile when fpemu has an adapter for it."""
-    from fpemu.adapters import ADAPTERS, SCALER_ADAPTERS
+def _scenario_kind(scenario) -> str:
+    return "step" if isinstance(scenario, StepScenario) else "scaler"
+
+
+def _drives(scenario, adapter) -> bool:
+    """Whether the scenario runs an undeclared ``adapter`` when asked by name: a scaler scenario its
+    profile's own adapter; a step scenario any step adapter, unless it declares which it runs (a
+    torch-only step spec was fitted to torch, and running JAX on it would report a false divergence)."""
+    if adapter.kind != _scenario_kind(scenario):
+        return False
+    if adapter.kind == "step":
+        return not scenario.implementations
+    return adapter.profile == scenario.profile
+
+
+def implementations_for(scenario: ScalerScenario | StepScenario, requested: Optional[list]) -> list:
+    """The implementations to drive: those named (``torch``, ``torch@cuda``) that the scenario can
+    run, else the spec's own, else the real implementation of the scenario's profile when fpemu
+    has an adapter for it."""
+    from fpemu.adapters import adapters_of_kind, get_adapter
     if requested:
         chosen = []
         for name in requested:
             adapter, device = parse_implementation(name)
-            if adapter not in ADAPTERS:
-                raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(ADAPTERS)}")
-            declared = next((i for i in scenario.implementations if i.name == adapter), None)
+            declared = scenario.declared(adapter)
             if declared is not None:
                 chosen.append(dataclasses.replace(declared, device=device))
-            elif adapter == scenario.profile or (scenario.step is not None and adapter.endswith("_step")):
-                chosen.append(Implementation(adapter, dict(scenario.params), device))
+            elif _drives(scenario, get_adapter(adapter)):
+                chosen.append(dataclasses.replace(scenario.implementation(adapter), device=device))
         return chosen
     if scenario.implementations:
         return list(scenario.implementations)
-    if scenario.profile in SCALER_ADAPTERS:
-        return [Implementation(scenario.profile, dict(scenario.params))]
+    if isinstance(scenario, ScalerScenario):
+        own = [name for name, adapter in adapters_of_kind("scaler").items() if adapter.profile == scenario.profile]
+        return [scenario.implementation(name) for name in own]
     return []
 
 
@@ -82,7 +97,7 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
     return written
 
 
-def _golden_for(scenario: Scenario, golden_dir) -> "Trace":
+def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
     path = pathlib.Path(golden_dir) / trace_filename(scenario.name, REFERENCE)
     if not path.exists():
         raise FpemuInputError(f"{path}: no golden trace for spec {scenario.name!r}; run `fpemu golden` first")
@@ -175,8 +190,7 @@ def audit(baseline_dir, progress: Progress = _quiet) -> tuple:
         spec = before.metadata["spec"]
         scenario = parse_spec(spec["text"], spec["path"])
         adapter, device = parse_implementation(before.implementation)
-        impl = Implementation(adapter, {k: v for k, v in before.metadata["params"].items()
-                                        if k in _explicit_params(scenario, adapter)}, device)
+        impl = dataclasses.replace(scenario.implementation(adapter), device=device)
         reason = skip_reason(impl)
         if reason:
             skipped.append((str(path), reason))
@@ -192,9 +206,3 @@ def audit(baseline_dir, progress: Progress = _quiet) -> tuple:
         progress(index, len(baselines), f"{before.spec_name} / {before.implementation}")
     return changes, unchanged, skipped
 
-
-def _explicit_params(scenario: Scenario, adapter: str) -> set:
-    declared = next((i for i in scenario.implementations if i.name == adapter), None)
-    if declared is not None:
-        return set(declared.params)
-    return set(scenario.params) if adapter == scenario.profile else set()

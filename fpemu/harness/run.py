@@ -8,15 +8,15 @@ import platform
 import numpy as np
 
 import fpemu
-from fpemu.adapters import SCALER_ADAPTERS, record_scaler, unavailable_reason
+from fpemu.adapters import get_adapter, record_scaler, step_function, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
-from fpemu.specs.loader import OBSERVED_FIELDS
-from fpemu.specs.scenario import Implementation, Scenario
+from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
 from fpemu.traces import Trace, float_fields
-from fpemu.traces.format import encode_float
+from fpemu.traces.format import OBSERVED_FIELDS, encode_float
 
 REFERENCE = "reference"
+STEP_PROFILE = "seed_step"  # the profile named in step traces: seed 002's own scale rule
 
 
 def implementation_key(impl: Implementation) -> str:
@@ -36,15 +36,10 @@ def package_versions(packages) -> dict:
 
 def skip_reason(impl: Implementation):
     """None if ``impl`` can run here, else why not."""
-    reason = unavailable_reason(impl.name)
-    if reason is None and impl.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            reason = "CUDA is not available on this machine"
-    return reason
+    return unavailable_reason(impl.name, impl.device)
 
 
-def _metadata(scenario: Scenario, implementation: str, profile: str, params: dict, packages, device: str,
+def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, profile: str, params: dict, packages, device: str,
               **extra) -> dict:
     """The metadata every trace carries (see fpemu.traces.format)."""
     return {"fpemu_version": fpemu.__version__,
@@ -53,7 +48,7 @@ def _metadata(scenario: Scenario, implementation: str, profile: str, params: dic
             "packages": package_versions(packages), "device": device, "platform": platform.platform(), **extra}
 
 
-def scenario_flags(scenario: Scenario):
+def scenario_flags(scenario: ScalerScenario):
     """The overflow flags of every step, and the model's per-step records when a model decides them."""
     if scenario.overflow.kind != "model":
         return scenario.overflow.flags(scenario.steps), None
@@ -101,7 +96,7 @@ def _summary(scaler_trace) -> dict:
             "events": [[step, text] for step, text in scaler_trace.events]}
 
 
-def _run_steps(scenario: Scenario, step_fn) -> tuple:
+def _run_steps(scenario: StepScenario, step_fn) -> tuple:
     """Iterate seed 002's step over the scenario's data, feeding each result into the next step.
 
     Returns (step records, summary) in the trace layout.
@@ -139,36 +134,37 @@ def _run_steps(scenario: Scenario, step_fn) -> tuple:
     return tuple(records), summary
 
 
-def _reference_step_trace(scenario: Scenario) -> Trace:
+def _reference_step_trace(scenario: StepScenario) -> Trace:
     from fpemu.steps import mixed_precision_step
     source = scenario.step
     steps, summary = _run_steps(scenario, lambda **case: mixed_precision_step(**case, compute=source.compute,
                                                                               mode=source.mode))
-    metadata = _metadata(scenario, REFERENCE, scenario.profile, {"mode": source.mode, "compute": source.compute},
+    metadata = _metadata(scenario, REFERENCE, STEP_PROFILE, {"mode": source.mode, "compute": source.compute},
                          ["numpy", "ml_dtypes"], "cpu", verified="driven")
     return Trace(metadata, steps, summary)
 
 
-def _recorded_step_trace(scenario: Scenario, impl: Implementation) -> Trace:
-    source = scenario.step
-    if impl.name == "jax_step":
-        from fpemu.adapters.jax_step import jax_step
-        mode = impl.params.get("mode", source.mode if source.mode.startswith("jax") else "jax_cpu_strict")
-        steps, summary = _run_steps(scenario, lambda **case: jax_step(**case, mode=mode, compute=source.compute))
-        params, packages = {"mode": mode}, ["jax", "jaxlib"]
-    else:
-        from fpemu.adapters.torch_step import torch_step
-        unscale = impl.params.get("unscale", "divide")
-        steps, summary = _run_steps(scenario, lambda **case: torch_step(**case, compute=source.compute,
-                                                                          device=impl.device, unscale=unscale))
-        params, packages = {"unscale": unscale}, ["torch"]
-    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, packages, impl.device)
+def step_params(scenario: StepScenario, impl: Implementation) -> dict:
+    """Every parameter of a step adapter: the spec's, else the scenario's own field of that name where
+    the adapter accepts its value (a jax_cpu scenario runs jax_step in jax_cpu), else the default."""
+    params = {}
+    for param, accepted in get_adapter(impl.name).params.items():
+        own = getattr(scenario.step, param, None)
+        params[param] = impl.params.get(param, own if own in accepted else accepted[0])
+    return params
+
+
+def _recorded_step_trace(scenario: StepScenario, impl: Implementation) -> Trace:
+    params = step_params(scenario, impl)
+    steps, summary = _run_steps(scenario, step_function(impl.name, scenario.step.compute, impl.device, **params))
+    adapter = get_adapter(impl.name)
+    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, adapter.packages, impl.device)
     return Trace(metadata, steps, summary)
 
 
-def reference_trace(scenario: Scenario) -> Trace:
+def reference_trace(scenario: ScalerScenario | StepScenario) -> Trace:
     """The golden trace: the scenario run on fpemu's reference model."""
-    if scenario.step is not None:
+    if isinstance(scenario, StepScenario):
         return _reference_step_trace(scenario)
     flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
@@ -178,17 +174,14 @@ def reference_trace(scenario: Scenario) -> Trace:
     return Trace(metadata, _steps(simulated, scenario.record, model_columns), _summary(simulated))
 
 
-def record_trace(scenario: Scenario, impl: Implementation) -> Trace:
+def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) -> Trace:
     """Drive the real implementation ``impl`` through the scenario's overflow flags (or its steps)."""
-    if scenario.step is not None:
+    if isinstance(scenario, StepScenario):
         return _recorded_step_trace(scenario, impl)
     flags, _ = scenario_flags(scenario)
-    kwargs = dict(impl.params)
-    if impl.name.startswith("torch"):
-        kwargs["device"] = impl.device
-    observed = record_scaler(impl.name, flags.tolist(), **kwargs)
-    packages = list(SCALER_ADAPTERS[impl.name][1]) + (["jaxlib"] if "jax" in SCALER_ADAPTERS[impl.name][1] else [])
-    metadata = _metadata(scenario, implementation_key(impl), impl.name,
-                         {**get_profile(impl.name).defaults, **impl.params}, packages, impl.device)
+    observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
+    adapter = get_adapter(impl.name)
+    metadata = _metadata(scenario, implementation_key(impl), adapter.profile,
+                         {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device)
     fields = tuple(f for f in scenario.record if f in OBSERVED_FIELDS)
     return Trace(metadata, _steps(observed, fields), _summary(observed))

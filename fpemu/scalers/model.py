@@ -18,25 +18,56 @@ scalers differ is a field of :class:`ScalerRules`:
 * ``on_growth_overflow``: ``"keep"`` the old scale, ``"clamp"`` to float32 max,
   or ``"inf"``; ``max_scale`` is a hard cap (apex).
 * ``floor`` / ``floor_action``: ``"clamp"`` at the floor, or ``"raise"`` when an
-  overflow arrives at the floor (DeepSpeed); ``stop_at``: training stops when a
-  backoff brings the scale to this value or under (fairseq's min_loss_scale).
+  overflow arrives at the floor (DeepSpeed); ``stop_at``: training stops on any
+  overflow after which the scale is at this value or under, whether or not that
+  overflow backed off (fairseq's min_loss_scale raises FloatingPointError even when
+  ``tolerance`` holds the backoff back).
 * ``hysteresis`` with ``hysteresis_style`` ``"megatron"`` (refill on growth) or
   ``"deepspeed"`` (refill on growth, or on every finite step when
   ``consecutive_hysteresis``); ``tolerance`` (fairseq); ``backoff_every``
   (Paddle's decr_every_n_nan_or_inf); ``flush_subnormals`` (XLA on the CPU);
-  ``zero_scale_is_overflow``: a profile that checks the unscaled gradients sees
-  0/0 = NaN on every step once its scale has reached 0 (flax without a floor).
+  ``at_zero_scale``: what a step does once the scale has reached exactly 0:
+  ``"continue"`` (torch: the inf check runs on the scaled gradients, all zero),
+  ``"overflow"`` (a profile that checks the unscaled gradients sees 0/0 = NaN on
+  every step: flax without a floor) or ``"raise"`` (apex divides ``1./scale`` in
+  Python: ZeroDivisionError stops training).
+* ``overflow_at_inf_raises``: an overflow while the scale is inf stops training
+  (DeepSpeed's DynamicLossScaler formats ``int(scale)`` into its overflow log line:
+  OverflowError; its Python-float scale grows past float32 to inf).
+
+Every string field takes one of the values in :data:`RULE_CHOICES`; anything else is
+refused when the rules are built, so a typo cannot silently run another profile's rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
 
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)
+
+# The one vocabulary of the rules' string fields (reports and profiles read it from here).
+RULE_CHOICES = {
+    "growth_timing": ("N", "N+1", "window", "window+1"),
+    "arithmetic": ("fp32", "fp64_to_fp32", "python"),
+    "backoff": ("multiply", "divide", "reciprocal"),
+    "on_growth_overflow": ("keep", "clamp", "inf"),
+    "floor_action": ("clamp", "raise"),
+    "hysteresis_style": ("megatron", "deepspeed"),
+    "at_zero_scale": ("continue", "overflow", "raise"),
+}
+_NUMBER_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "max_scale", "floor", "stop_at", "tolerance")
+_COUNT_FIELDS = ("growth_interval", "hysteresis", "backoff_every", "pass_after_consecutive")
+_FLAG_FIELDS = ("consecutive_hysteresis", "flush_subnormals", "dynamic", "skip_nonfinite",
+                "overflow_at_inf_raises")
+
+
+def _is_number(value) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +132,25 @@ class ScalerRules:
     dynamic: bool = True
     skip_nonfinite: bool = True
     pass_after_consecutive: Optional[int] = None
-    zero_scale_is_overflow: bool = False
+    at_zero_scale: str = "continue"
+    overflow_at_inf_raises: bool = False
+
+    def __post_init__(self):
+        for name, choices in RULE_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"ScalerRules.{name} must be one of {', '.join(map(repr, choices))}, "
+                                 f"got {getattr(self, name)!r}")
+        for name in _NUMBER_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not _is_number(value):
+                raise TypeError(f"ScalerRules.{name} must be a number, got {value!r}")
+        for name in _COUNT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
+                raise TypeError(f"ScalerRules.{name} must be an int, got {value!r}")
+        for name in _FLAG_FIELDS:
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"ScalerRules.{name} must be True or False, got {getattr(self, name)!r}")
 
     def init(self) -> ScalerState:
         return ScalerState(scale=self._round(self.init_scale), hysteresis=self.hysteresis)
@@ -158,7 +207,10 @@ class ScalerRules:
         """The state after a step whose gradients were (not) finite."""
         if not self.dynamic:
             return self._constant_scale(state, overflow)
-        if not overflow and self.zero_scale_is_overflow and state.scale == 0:
+        if state.scale == 0 and self.at_zero_scale == "raise":
+            return StepOutcome(dataclasses.replace(state, stopped=True), False,
+                               "raised: ZeroDivisionError, the scale reached 0 (1 / scale)")
+        if not overflow and state.scale == 0 and self.at_zero_scale == "overflow":
             outcome = self._on_overflow(state)
             return dataclasses.replace(outcome, event="scale is 0: unscaled gradients are 0/0 = NaN")
         if overflow:
@@ -202,6 +254,9 @@ class ScalerRules:
                                    iteration=s.iteration + 1, last_rescale=last_rescale, bad_streak=0)
 
     def _on_overflow(self, s: ScalerState) -> StepOutcome:
+        if self.overflow_at_inf_raises and s.scale == math.inf:
+            return StepOutcome(dataclasses.replace(s, stopped=True), False,
+                               "raised: OverflowError, int(inf) in the overflow log line")
         hysteresis = s.hysteresis
         streak = s.bad_streak + 1
         back_off = streak % self.backoff_every == 0
@@ -224,9 +279,10 @@ class ScalerRules:
                                    "raised: overflow at the minimum scale")
             scale = self._backed_off_clamped(scale)
             last_rescale, overflows_since = s.iteration, 0
-            if self.stop_at is not None and scale <= self.stop_at:
-                return StepOutcome(dataclasses.replace(s, stopped=True), False,
-                                   "raised: scale fell to the minimum")
+        if self.stop_at is not None and scale <= self.stop_at:
+            # fairseq restores the scale it had before this overflow, then raises.
+            return StepOutcome(dataclasses.replace(s, stopped=True), False,
+                               "raised: overflow with the scale at or below the minimum")
         state = dataclasses.replace(
             s, scale=scale, growth_counter=0, hysteresis=hysteresis, iteration=s.iteration + 1,
             last_overflow=s.iteration, last_rescale=last_rescale,

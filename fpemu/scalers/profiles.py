@@ -63,31 +63,47 @@ class Profile:
         return self.build(merged)
 
 
-_SCALE_PARAMS = {"init_scale", "loss_scale", "scale", "initial_scale", "init_loss_scaling"}
-_GROWTH_PARAMS = {"growth_factor", "factor", "scale_factor", "incr_ratio"}
-_BACKOFF_PARAMS = {"backoff_factor", "decr_ratio"}
-_INTERVAL_PARAMS = {"growth_interval", "period", "dynamic_growth_steps", "scale_window",
-                    "incr_every_n_steps", "decr_every_n_nan_or_inf", "delayed_shift", "hysteresis"}
+# What each implementation parameter is, across every profile (one table; values are checked by kind).
+_PARAM_KINDS = {
+    **dict.fromkeys(("init_scale", "loss_scale", "scale", "initial_scale", "init_loss_scaling"), "scale"),
+    **dict.fromkeys(("growth_factor", "factor", "scale_factor", "incr_ratio"), "growth"),
+    **dict.fromkeys(("backoff_factor", "decr_ratio"), "backoff"),
+    **dict.fromkeys(("growth_interval", "period", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
+                     "decr_every_n_nan_or_inf", "delayed_shift", "hysteresis"), "interval"),
+    **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold", "max_loss_scale"), "bound"),
+    "tolerance": "share",
+    "max_consecutive_errors": "count",
+    **dict.fromkeys(("consecutive_hysteresis", "raise_error_at_min_scale"), "flag"),
+}
 
 
 def _check_param(profile: str, key: str, value) -> None:
     where = f"profile {profile!r}: {key}"
-    if key in _SCALE_PARAMS | _GROWTH_PARAMS | _BACKOFF_PARAMS:
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise TypeError(f"{where} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"{where} must be finite, got {value}")
-    if key in _SCALE_PARAMS and value <= 0:
-        raise ValueError(f"{where} must be positive, got {value}")
-    if key in _GROWTH_PARAMS and value <= 1:
-        raise ValueError(f"{where} must be greater than 1, got {value}")
-    if key in _BACKOFF_PARAMS and not 0 < value < 1:
-        raise ValueError(f"{where} must be in (0, 1), got {value}")
-    if key in _INTERVAL_PARAMS:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    kind = _PARAM_KINDS.get(key)
+    if kind == "flag":
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{where} must be true or false, got {value!r}")
+        return
+    if kind in ("interval", "count"):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{where} must be an int, got {value!r}")
-        if value < 1:
-            raise ValueError(f"{where} must be at least 1, got {value}")
+        if value < (1 if kind == "interval" else 0):
+            raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
+        return
+    if kind is None or (kind == "bound" and value is None):
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where} must be finite, got {value}")
+    if kind == "scale" and value <= 0:
+        raise ValueError(f"{where} must be positive, got {value}")
+    if kind == "growth" and value <= 1:
+        raise ValueError(f"{where} must be greater than 1, got {value}")
+    if kind == "backoff" and not 0 < value < 1:
+        raise ValueError(f"{where} must be in (0, 1), got {value}")
+    if kind in ("bound", "share") and value < 0:
+        raise ValueError(f"{where} must be at least 0, got {value}")
 
 
 def _torch(p):
@@ -101,8 +117,16 @@ def _torch_sharded(p):
 
 
 def _jmp(p):
+    # Under jit the state is flattened and rebuilt: min_loss_scale is not among the pytree's
+    # fields, so the traced adjust floors at the dataclass default, 1.0, whatever was passed.
     return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
                        arithmetic="fp32", backoff="reciprocal", on_growth_overflow="keep",
+                       floor=1.0, flush_subnormals=True)
+
+
+def _jmp_eager(p):
+    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
+                       arithmetic="fp32", backoff="divide", on_growth_overflow="keep",
                        floor=float(np.float32(p["min_loss_scale"])), flush_subnormals=True)
 
 
@@ -111,7 +135,7 @@ def _flax(p):
     return ScalerRules(p["scale"], p["growth_factor"], p["backoff_factor"], p["growth_interval"],
                        growth_timing="N+1", arithmetic="fp32", on_growth_overflow="clamp",
                        floor=None if floor is None else float(np.float32(floor)), flush_subnormals=True,
-                       zero_scale_is_overflow=True)
+                       at_zero_scale="overflow")
 
 
 def _keras(p):
@@ -124,17 +148,25 @@ def _tf_keras(p):
                        backoff="divide", on_growth_overflow="keep", floor=1.0)
 
 
-def _deepspeed(p):
-    return ScalerRules(p["init_scale"], p["scale_factor"], growth_interval=p["scale_window"],
-                       growth_timing="window", arithmetic="python", backoff="divide",
+def _deepspeed_loss_scaler(p, factor, timing):
+    return ScalerRules(p["init_scale"], factor, growth_interval=p["scale_window"],
+                       growth_timing=timing, arithmetic="python", backoff="divide",
                        on_growth_overflow="inf", floor=float(p["min_scale"]),
                        floor_action="raise" if p["raise_error_at_min_scale"] else "clamp",
                        hysteresis=p["delayed_shift"], hysteresis_style="deepspeed",
-                       consecutive_hysteresis=p["consecutive_hysteresis"])
+                       consecutive_hysteresis=p["consecutive_hysteresis"], overflow_at_inf_raises=True)
+
+
+def _deepspeed(p):  # 0.17.1 on (PR #6976): the factor is fixed at 2, growth comes one good step later
+    return _deepspeed_loss_scaler(p, 2.0, "window+1")
+
+
+def _deepspeed_0_17(p):
+    return _deepspeed_loss_scaler(p, p["scale_factor"], "window")
 
 
 def _deepspeed_fp16_optimizer(p):
-    return ScalerRules(p["init_scale"], p["scale_factor"], growth_interval=p["scale_window"],
+    return ScalerRules(p["init_scale"], 2.0, growth_interval=p["scale_window"],
                        growth_timing="window+1", arithmetic="python", backoff="divide",
                        on_growth_overflow="inf", floor=float(p["min_loss_scale"]))
 
@@ -148,7 +180,7 @@ def _megatron(p):
 def _apex(p):
     return ScalerRules(min(p["max_loss_scale"], p["init_scale"]), 2.0, 0.5, p["scale_window"],
                        arithmetic="python", on_growth_overflow="inf", max_scale=p["max_loss_scale"],
-                       floor=p["min_loss_scale"] or None)
+                       floor=p["min_loss_scale"] or None, at_zero_scale="raise")
 
 
 def _fairseq(p):
@@ -172,6 +204,10 @@ def _static(p):
     return ScalerRules(p["loss_scale"], dynamic=False, arithmetic="fp32")
 
 
+def _megatron_constant(p):
+    return ScalerRules(p["initial_scale"], dynamic=False, arithmetic="fp32")
+
+
 PROFILES = {profile.name: profile for profile in [
     Profile("torch", "torch.amp.GradScaler", "torch 2.13.0: torch/amp/grad_scaler.py, "
             "aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp (_amp_update_scale_)", "driven",
@@ -189,8 +225,16 @@ PROFILES = {profile.name: profile for profile in [
             "driven", dict(loss_scale=REQUIRED, period=2000, factor=2, min_loss_scale=1.0),
             _jmp, "mul_recip_fp32", "unscaled",
             "Grows on N, keeps the old scale if growth overflows; backoff divides by factor, which XLA "
-            "rewrites to a multiply by float32(1/factor) under jit; min_loss_scale is dropped on any "
-            "pytree round trip (jit included) and falls back to 1.0."),
+            "rewrites to a multiply by float32(1/factor) under jit; min_loss_scale is not a pytree field, "
+            "so under jit it is dropped and the floor is 1.0 whatever was passed (min_loss_scale=0.3 "
+            "gives 10, 5, 2.5, 1.25, 1, 1; see jmp_eager for the value honoured)."),
+    Profile("jmp_eager", "jmp.DynamicLossScale (adjust called eagerly, op by op)",
+            "jmp 0.0.4: jmp/_src/loss_scale.py", "driven",
+            dict(loss_scale=REQUIRED, period=2000, factor=2, min_loss_scale=1.0),
+            _jmp_eager, "mul_recip_fp32", "unscaled",
+            "As jmp, but outside jit: min_loss_scale is honoured and the backoff is a true float32 "
+            "division (differs from jit's reciprocal multiply for factors that are not powers of two); "
+            "each op is still compiled by XLA, so subnormal scales flush to zero."),
     Profile("flax", "flax.training.dynamic_scale.DynamicScale (under jax.jit)",
             "flax 0.12.8: flax/training/dynamic_scale.py", "driven",
             dict(scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
@@ -208,47 +252,77 @@ PROFILES = {profile.name: profile for profile in [
             "mul_recip_fp32", "unscaled",
             "Grows on N (counter + 1 >= steps); keeps the old scale if growth overflows; backoff "
             "max(scale / 2, 1)."),
-    Profile("deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (engine config defaults)",
-            "DeepSpeed source as of 2025-02-21: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
-            "source-derived",
-            dict(init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_scale=1,
+    Profile("deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config defaults)",
+            "DeepSpeed >= 0.17.1 (PR #6976), driven against 0.19.8: deepspeed/runtime/fp16/loss_scaler.py, "
+            "runtime/precision_config.py", "driven",
+            dict(init_scale=2.0**16, scale_window=1000, min_scale=1,
                  delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
             _deepspeed, "mul_recip_fp64", "scaled",
-            "Grows when the steps since the last overflow are a multiple of the window; hysteresis "
-            "(delayed_shift) refills on growth; raises on an overflow at min_scale; Python floats; "
-            "unscales with the scale after its update."),
-    Profile("deepspeed_legacy", "DeepSpeed DynamicLossScaler with its class defaults",
-            "DeepSpeed source 2021-2023: deepspeed/runtime/fp16/loss_scaler.py", "source-derived",
+            "For DeepSpeed 0.17.1 and later. Grows when (steps since the last overflow) - 1 is a positive "
+            "multiple of the window: the first growth after an overflow, and at the start, comes on the "
+            "(N+1)-th good step, later ones every N; the factor is fixed at 2 and the class has no defaults "
+            "(these are the engine's fp16 config defaults, which it always passes); hysteresis "
+            "(delayed_shift) refills on growth; raises on an overflow at min_scale, and on an overflow "
+            "once the Python-float scale has grown to inf (int(inf) in its log line); ZeRO unscales with "
+            "the scale after its update."),
+    Profile("deepspeed_0_17", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config "
+            "defaults), DeepSpeed <= 0.17.0",
+            "DeepSpeed <= 0.17.0, driven against 0.17.0: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
+            "driven",
+            dict(init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_scale=1,
+                 delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
+            _deepspeed_0_17, "mul_recip_fp64", "scaled",
+            "For DeepSpeed up to 0.17.0. Grows when the steps since the last overflow are a multiple "
+            "of the window; scale_factor is an argument; otherwise as the deepspeed profile. The engine "
+            "passes these config defaults only when the fp16 config names one of its dynamic-scale keys "
+            "(else see deepspeed_legacy)."),
+    Profile("deepspeed_legacy", "DeepSpeed DynamicLossScaler with its class defaults, DeepSpeed <= 0.17.0",
+            "DeepSpeed <= 0.17.0, driven against 0.17.0: deepspeed/runtime/fp16/loss_scaler.py", "driven",
             dict(init_scale=2.0**32, scale_factor=2.0, scale_window=1000, min_scale=1,
                  delayed_shift=1, consecutive_hysteresis=False, raise_error_at_min_scale=True),
-            _deepspeed, "mul_recip_fp64", "scaled",
-            "The class defaults ZeRO used without a dynamic fp16 config: 2^32 and no hysteresis."),
+            _deepspeed_0_17, "mul_recip_fp64", "scaled",
+            "For DeepSpeed up to 0.17.0 (0.17.1 removed the class defaults): what its ZeRO built from an "
+            "fp16 config without dynamic-scale keys: 2^32 and no hysteresis; growth as deepspeed_0_17."),
     Profile("deepspeed_fp16_optimizer", "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer._update_scale",
-            "DeepSpeed source as of 2025-02-21: deepspeed/runtime/fp16/fused_optimizer.py", "source-derived",
-            dict(init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_loss_scale=1),
+            "DeepSpeed, driven against 0.17.0 and 0.19.8: deepspeed/runtime/fp16/fused_optimizer.py "
+            "(unfused_optimizer.py's FP16_UnfusedOptimizer, ZeRO-0 with a torch optimizer, has the same rule)",
+            "driven",
+            dict(init_scale=2.0**16, scale_window=1000, min_loss_scale=1),
             _deepspeed_fp16_optimizer, "mul_recip_fp64", "scaled",
-            "stable_interval rule: the first growth after an overflow (and at the start) comes on "
-            "the (N+1)-th good step, later ones every N; floor without raising; no hysteresis."),
+            "The same in 0.17.0 and 0.19.8. stable_interval rule: the first growth after an overflow (and at "
+            "the start) comes on the (N+1)-th good step, later ones every N; factor fixed at 2; floor "
+            "without raising; no hysteresis; unscales with the scale after its update."),
     Profile("megatron", "megatron.core.optimizer.grad_scaler.DynamicGradScaler",
-            "Megatron-LM 2026-08: megatron/core/optimizer/grad_scaler.py", "source-derived",
+            "megatron-core 0.16.1 (driven; 0.19.2 differs in docstrings only): "
+            "megatron/core/optimizer/grad_scaler.py, defaults from optimizer_config.py", "driven",
             dict(initial_scale=2.0**32, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=1000, hysteresis=2),
             _megatron, "mul_recip_fp64", "scaled",
             "float32 tensors; hysteresis refills only at growth, so after it is spent every "
-            "overflow backs off; growth can reach inf."),
+            "overflow backs off; growth can reach inf. The class has no defaults and asserts "
+            "0 < min_scale <= initial_scale; these are OptimizerConfig's (growth 2, backoff 0.5 fixed by "
+            "get_megatron_optimizer)."),
+    Profile("megatron_constant", "megatron.core.optimizer.grad_scaler.ConstantGradScaler",
+            "megatron-core 0.16.1 (driven): megatron/core/optimizer/grad_scaler.py", "driven",
+            dict(initial_scale=REQUIRED), _megatron_constant, "mul_recip_fp64", "scaled",
+            "OptimizerConfig.loss_scale set: the float32 scale never changes; megatron's optimizer skips "
+            "every overflowing step."),
     Profile("apex", "apex.amp.scaler.LossScaler", "apex before amp's removal (2025-05-08): apex/amp/scaler.py",
             "source-derived", dict(init_scale=2.0**16, scale_window=2000, min_loss_scale=None,
                                    max_loss_scale=2.0**24),
             _apex, "mul_recip_fp64", "scaled",
             "Factor fixed at 2 (its argument is ignored); hard cap max_loss_scale = 2^24; floor only "
-            "if min_loss_scale is set; Python floats."),
+            "if min_loss_scale is set (a falsy 0 is none); Python floats, so the scale halves through "
+            "the subnormal doubles to exactly 0.0, and the next unscale's 1./scale raises "
+            "ZeroDivisionError (training stops)."),
     Profile("fairseq", "fairseq.optim.dynamic_loss_scaler.DynamicLossScaler",
             "fairseq 2025-09: fairseq/optim/dynamic_loss_scaler.py", "source-derived",
             dict(init_scale=2.0**15, scale_factor=2.0, scale_window=2000, tolerance=0.0,
                  threshold=None, min_loss_scale=1e-4),
             _fairseq, "mul_recip_fp64", "grad_norm",
             "Backs off only when the share of overflows since the last rescale reaches tolerance; "
-            "raises (training stops) when the scale falls to min_loss_scale."),
+            "raises FloatingPointError (training stops, scale restored) on any overflow after which the "
+            "scale is at or below min_loss_scale, even one that tolerance kept from backing off."),
     Profile("paddle", "paddle.amp.GradScaler (dygraph)", "Paddle: python/paddle/amp/grad_scaler.py",
             "source-derived", dict(init_loss_scaling=2.0**16, incr_ratio=2.0, decr_ratio=0.5,
                                    incr_every_n_steps=2000, decr_every_n_nan_or_inf=1),

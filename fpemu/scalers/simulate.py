@@ -99,7 +99,7 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
     """The same trace as the step loop, with Python work only at growth and backoff steps.
 
     Returns None where the trace turns out to depend on values (a zero scale under
-    ``zero_scale_is_overflow``); the caller then runs the step loop.
+    an ``at_zero_scale`` policy other than ``"continue"``); the caller then runs the step loop.
     """
     overflow = flags
     n = overflow.size
@@ -128,7 +128,7 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
         scale = following
     bounds = [0, *(index + 1 for index in events), n]
     lengths = [stop - start for start, stop in zip(bounds, bounds[1:])]
-    if rules.zero_scale_is_overflow and any(v == 0.0 for v, length in zip(values, lengths) if length):
+    if rules.at_zero_scale != "continue" and any(v == 0.0 for v, length in zip(values, lengths) if length):
         return None
     # One Python float object per segment, referenced once per step of it.
     scales_used = []

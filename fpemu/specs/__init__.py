@@ -1,7 +1,7 @@
 """Scenario specs (TOML files in specs/) and the scenarios they describe."""
 
 from fpemu.specs.loader import SpecError, find_specs, load_spec, load_specs, parse_spec
-from fpemu.specs.scenario import Implementation, OverflowSource, Scenario
+from fpemu.specs.scenario import Implementation, OverflowSource, ScalerScenario, StepScenario, StepSource
 
 __all__ = ["SpecError", "find_specs", "load_spec", "load_specs", "parse_spec", "Implementation",
-           "OverflowSource", "Scenario"]
+           "OverflowSource", "ScalerScenario", "StepScenario", "StepSource"]

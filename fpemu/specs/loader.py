@@ -41,21 +41,15 @@ from fpemu.fileio import read_text
 from fpemu.scalers.profiles import PROFILES, get_profile
 from fpemu.steps.semantics import get_semantics
 from fpemu.steps.step import checked_compute
-from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
-from fpemu.specs.scenario import (OVERFLOW_SOURCES, SEED_STEP, ExpectedDivergence, Implementation,
-                                  OverflowSource, Scenario, StepSource)
+from fpemu.traces.format import EXACT_FIELDS, OBSERVED_FIELDS, ULP_FIELDS, fields_recorded_by
+from fpemu.specs.scenario import (OVERFLOW_SOURCES, ExpectedDivergence, Implementation, OverflowSource,
+                                  ScalerScenario, StepScenario, StepSource)
 
-SCALER_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
-OBSERVED_FIELDS = ("scale", "overflow", "applied", "growth_counter")  # what the scaler adapters record
-MODEL_FIELDS = ("loss", "underflow_share", "subnormal_share", "overflow_share")
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step"}
-STEP_FIELDS = ("scale", "overflow", "applied", "growth_counter", "loss", "params")
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
-_STEP_IMPL_PARAMS = {"jax_step": {"mode": ("jax_cpu", "jax_cpu_strict")},
-                     "torch_step": {"unscale": ("divide", "reciprocal")}}
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
     "bernoulli": {"rate", "seed"},
@@ -165,20 +159,25 @@ def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
     return dict(params)
 
 
-def _implementation_tables(check: _Checker, raw, known, what: str):
-    """Yield (key, adapter, device, body, declared divergence) for each [implementations.X] table."""
+def _implementation_tables(check: _Checker, raw, kind: str):
+    """Yield (key, adapter, device, body, declared divergence) for each [implementations.X] table
+    naming an adapter of ``kind``."""
+    from fpemu.adapters import DEVICES, adapters_of_kind
+    known = adapters_of_kind(kind)
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
     for name, body in raw.items():
         key = f"implementations.{name}"
         adapter, _, device = name.partition("@")
         if adapter not in known:
-            check.fail(key, f"unknown {what}; known: {', '.join(known)} (add @cuda to run on the GPU)")
-        check.choice(device or "cpu", key, ("cpu", "cuda"))
-        if device and device != "cpu" and not adapter.startswith("torch"):
-            check.fail(key, f"only the torch adapters run on {device}")
+            other = "[step]" if kind == "scaler" else "scaler"
+            check.fail(key, f"unknown implementation for a {kind} spec; known: {', '.join(known)} (add @cuda "
+                            f"to run on the GPU; the other adapters run {other} specs)")
+        device = check.choice(device or "cpu", key, DEVICES)
+        if device not in known[adapter].devices:
+            check.fail(key, f"{adapter} runs on {', '.join(known[adapter].devices)} only")
         check.table(body, key, {"params", "expect_divergence"})
-        yield key, adapter, device or "cpu", body, _expected_divergence(check, body, key)
+        yield key, adapter, device, body, _expected_divergence(check, body, key)
 
 
 def _expected_divergence(check: _Checker, body: dict, key: str):
@@ -196,13 +195,13 @@ def _expected_divergence(check: _Checker, body: dict, key: str):
 
 
 def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
-    from fpemu.adapters import SCALER_ADAPTERS
+    from fpemu.adapters import get_adapter
     out = []
-    for key, adapter, device, body, reason in _implementation_tables(
-            check, raw, SCALER_ADAPTERS, "implementation for a scaler scenario (jax_step and torch_step run [step] specs)"):
+    for key, adapter, device, body, reason in _implementation_tables(check, raw, "scaler"):
+        adapter_profile = get_adapter(adapter).profile
         if "params" in body:
-            impl_params = _profile_params(check, adapter, body["params"], f"{key}.params")
-        elif adapter == profile:
+            impl_params = _profile_params(check, adapter_profile, body["params"], f"{key}.params")
+        elif adapter_profile == profile:
             impl_params = dict(params)
         else:
             check.fail(f"{key}.params", f"required: {adapter} runs under another profile than {profile}")
@@ -223,11 +222,11 @@ def _record_fields(check: _Checker, raw: dict, available) -> tuple:
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def _scenario(check: _Checker, raw: dict, text: str, path: str, **fields) -> Scenario:
+def _scenario(check: _Checker, kind, raw: dict, text: str, path: str, **fields):
     name = check.string(raw.get("name", pathlib.Path(path).stem), "name")
     if not _NAME.fullmatch(name) or ".." in name:
         check.fail("name", f"expected letters, digits, '_', '.' and '-' (it names the trace files), got {name!r}")
-    return Scenario(name=name,
+    return kind(name=name,
                     description=check.string(raw.get("description", ""), "description"),
                     path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, **fields)
 
@@ -257,26 +256,27 @@ def _step_source(check: _Checker, raw) -> StepSource:
 
 
 def _step_implementations(check: _Checker, raw) -> tuple:
+    from fpemu.adapters import get_adapter
     out = []
-    for key, adapter, device, body, reason in _implementation_tables(check, raw, _STEP_IMPL_PARAMS,
-                                                                     "step implementation"):
-        params = check.table(body.get("params", {}), f"{key}.params", _STEP_IMPL_PARAMS[adapter])
+    for key, adapter, device, body, reason in _implementation_tables(check, raw, "step"):
+        accepted = get_adapter(adapter).params
+        params = check.table(body.get("params", {}), f"{key}.params", accepted)
         for param, value in params.items():
-            check.choice(value, f"{key}.params.{param}", _STEP_IMPL_PARAMS[adapter][param])
+            check.choice(value, f"{key}.params.{param}", accepted[param])
         out.append(Implementation(adapter, dict(params), device, reason))
     return tuple(out)
 
 
-def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> Scenario:
+def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> StepScenario:
     for key in ("scaler", "overflow"):
         if key in raw:
             check.attempt(check.fail, key, "a [step] scenario has its own scale rule and data; remove this table")
     steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
     step = check.attempt(_step_source, check, raw["step"])
     implementations = check.attempt(_step_implementations, check, raw.get("implementations", {}))
-    record = check.attempt(_record_fields, check, raw, STEP_FIELDS)
+    record = check.attempt(_record_fields, check, raw, fields_recorded_by("step"))
     check.raise_errors()
-    return _scenario(check, raw, text, path, steps=steps, profile=SEED_STEP, params={}, overflow=None, step=step,
+    return _scenario(check, StepScenario, raw, text, path, steps=steps, step=step,
                      implementations=implementations, record=record)
 
 
@@ -295,8 +295,9 @@ def _check_overflow_fits(check: _Checker, overflow: OverflowSource, steps, profi
         check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
 
 
-def parse_spec(text: str, path: str = "<string>") -> Scenario:
-    """Validate TOML ``text`` and build its :class:`Scenario`."""
+def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenario:
+    """Validate TOML ``text`` and build its scenario: a :class:`StepScenario` for a spec with
+    a [step] table, else a :class:`ScalerScenario`."""
     check = _Checker(path)
     try:
         raw = tomllib.loads(text)
@@ -319,7 +320,7 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     fields = implementations = None  # (left None only where an error is recorded)
     if overflow is not None:
         check.attempt(_check_overflow_fits, check, overflow, steps, profile, params)
-        available = SCALER_FIELDS + (MODEL_FIELDS if overflow.kind == "model" else ())
+        available = fields_recorded_by("model" if overflow.kind == "model" else "scaler")
         fields = check.attempt(_record_fields, check, raw, available)
         if fields is not None and not set(fields) & set(OBSERVED_FIELDS):
             check.attempt(check.fail, "record.fields", f"record at least one of {', '.join(OBSERVED_FIELDS)}: "
@@ -327,11 +328,11 @@ def parse_spec(text: str, path: str = "<string>") -> Scenario:
     if profile is not None:
         implementations = check.attempt(_implementations, check, raw.get("implementations", {}), profile, params)
     check.raise_errors()
-    return _scenario(check, raw, text, path, steps=steps, profile=profile, params=params, overflow=overflow,
-                     implementations=implementations, record=fields)
+    return _scenario(check, ScalerScenario, raw, text, path, steps=steps, profile=profile, params=params,
+                     overflow=overflow, implementations=implementations, record=fields)
 
 
-def load_spec(path) -> Scenario:
+def load_spec(path) -> ScalerScenario | StepScenario:
     """Load and validate one spec file."""
     return parse_spec(read_text(path, SpecError), str(path))
 

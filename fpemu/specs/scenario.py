@@ -15,7 +15,6 @@ from typing import Optional
 import numpy as np
 
 OVERFLOW_SOURCES = ("explicit", "bernoulli", "bursts", "periodic", "model")
-SEED_STEP = "seed_step"  # the profile name of step scenarios: seed 002's own scale rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,26 +129,44 @@ class Implementation:
     expect_divergence: Optional[ExpectedDivergence] = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    """A validated scenario (see :func:`fpemu.specs.load_spec`)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _ScenarioBase:
+    """What every scenario has: its name, its spec, its steps and the real implementations to drive."""
 
     name: str
     description: str
     steps: int
-    profile: str
-    params: dict
-    overflow: Optional[OverflowSource]  # None for step scenarios
     implementations: tuple
     record: tuple
     path: str = ""
     sha256: str = ""
     text: str = ""
-    step: Optional[StepSource] = None
+
+    def declared(self, name: str) -> Optional[Implementation]:
+        """The spec's own [implementations.NAME] table, if it has one."""
+        return next((impl for impl in self.implementations if impl.name == name), None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScalerScenario(_ScenarioBase):
+    """A loss scaler profile driven through overflow flags (see :func:`fpemu.specs.load_spec`)."""
+
+    profile: str
+    params: dict
+    overflow: OverflowSource
 
     def implementation(self, name: str) -> Implementation:
-        for impl in self.implementations:
-            if impl.name == name:
-                return impl
-        own = name == self.profile or (self.step is not None and name.endswith("_step"))
-        return Implementation(name, dict(self.params) if own else {})
+        """The implementation ``name`` as this scenario drives it: its own table, else the scaler's
+        parameters for the profile's own adapter, else the adapter's defaults."""
+        return self.declared(name) or Implementation(name, dict(self.params) if name == self.profile else {})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepScenario(_ScenarioBase):
+    """Seed 002's mixed-precision step run on seeded data (see :func:`fpemu.specs.load_spec`)."""
+
+    step: StepSource
+
+    def implementation(self, name: str) -> Implementation:
+        return self.declared(name) or Implementation(name, {})
+

@@ -45,9 +45,47 @@ from fpemu.fileio import atomic_write, read_text
 
 FORMAT_NAME = "fpemu-trace"
 FORMAT_VERSION = 1
-# Step-record fields: compared bit for bit, and tensor-like ones whose ulp distance is also reported.
-EXACT_FIELDS = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
-ULP_FIELDS = ("loss", "params", "underflow_share", "subnormal_share", "overflow_share")
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceField:
+    """One field of a step record.
+
+    Attributes:
+      name: its key in the step records.
+      ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
+      recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
+        through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
+      observed: the real scaler adapters record it (the others exist only in reference traces).
+    """
+
+    name: str
+    ulp: bool
+    recorded_by: tuple
+    observed: bool = False
+
+
+# The one table of step-record fields; every other list of field names is derived from it.
+FIELDS = {field.name: field for field in [
+    TraceField("scale", False, ("scaler", "model", "step"), observed=True),
+    TraceField("overflow", False, ("scaler", "model", "step"), observed=True),
+    TraceField("applied", False, ("scaler", "model", "step"), observed=True),
+    TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
+    TraceField("hysteresis", False, ("scaler", "model")),
+    TraceField("loss", True, ("model", "step")),
+    TraceField("params", True, ("step",)),
+    TraceField("underflow_share", True, ("model",)),
+    TraceField("subnormal_share", True, ("model",)),
+    TraceField("overflow_share", True, ("model",)),
+]}
+EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
+ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
+OBSERVED_FIELDS = tuple(name for name, field in FIELDS.items() if field.observed)
+
+
+def fields_recorded_by(kind: str) -> tuple:
+    """The fields a scenario of ``kind`` can record, in table order."""
+    return tuple(name for name, field in FIELDS.items() if kind in field.recorded_by)
 
 
 class TraceError(FpemuInputError):
