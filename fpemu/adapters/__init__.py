@@ -41,6 +41,8 @@ class Adapter:
       params: step adapters: each parameter it takes and the values it accepts, the default
         first (a [step] scenario whose own field of that name holds an accepted value uses it).
       verified: the package versions its comparison with fpemu's model was made on.
+      environment: the isolated environment it runs in (``fpemu.harness.environments``) when its
+        packages cannot share the project's; None to run in this process.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Adapter:
     profile: Optional[str] = None
     params: dict = dataclasses.field(default_factory=dict)
     verified: tuple = ()
+    environment: Optional[str] = None
 
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
@@ -113,6 +116,12 @@ def unavailable_reason(name: str, device: str = "cpu"):
     adapter = ADAPTERS[name]
     if device not in adapter.devices:
         return f"{name} runs on {', '.join(adapter.devices)}, not {device}"
+    if adapter.environment is not None:
+        from fpemu.harness.environments import environment_python
+        if environment_python(adapter.environment) is None:
+            return (f"its environment {adapter.environment!r} is not built "
+                    f"(run `fpemu env build {adapter.environment}`)")
+        return None
     missing = [module for module in adapter.modules if importlib.util.find_spec(module) is None]
     if missing:
         return f"{', '.join(missing)} not installed"
@@ -139,7 +148,12 @@ def _runnable(name: str, kind: str, device: str) -> Adapter:
 
 def record_scaler(name: str, overflows, device: str = "cpu", **params):
     """Drive the real scaler ``name`` through ``overflows``; returns a ScalerTrace."""
-    return _runnable(name, SCALER, device).function()([bool(o) for o in overflows], params, device)
+    adapter = _runnable(name, SCALER, device)
+    args = ([bool(o) for o in overflows], params, device)
+    if adapter.environment is not None:
+        from fpemu.harness.environments import call_in_environment
+        return call_in_environment(adapter.environment, adapter.entry, *args)
+    return adapter.function()(*args)
 
 
 def step_function(name: str, compute: str, device: str = "cpu", **params):

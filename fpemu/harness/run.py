@@ -24,7 +24,12 @@ def implementation_key(impl: Implementation) -> str:
     return f"{impl.name}@{impl.device}"
 
 
-def package_versions(packages) -> dict:
+def package_versions(packages, environment=None) -> dict:
+    """Each package's installed version, here or in an isolated environment (from its build manifest)."""
+    if environment is not None:
+        from fpemu.harness.environments import environment_manifest
+        installed = (environment_manifest(environment) or {}).get("packages", {})
+        return {package: installed.get(package, "not installed") for package in packages}
     versions = {}
     for package in packages:
         try:
@@ -40,12 +45,12 @@ def skip_reason(impl: Implementation):
 
 
 def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, profile: str, params: dict, packages, device: str,
-              **extra) -> dict:
+              environment=None, **extra) -> dict:
     """The metadata every trace carries (see fpemu.traces.format)."""
     return {"fpemu_version": fpemu.__version__,
             "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
             "implementation": implementation, "profile": profile, "params": params,
-            "packages": package_versions(packages), "device": device, "platform": platform.platform(), **extra}
+            "packages": package_versions(packages, environment), "device": device, "platform": platform.platform(), **extra}
 
 
 def scenario_flags(scenario: ScalerScenario):
@@ -182,6 +187,7 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)
     metadata = _metadata(scenario, implementation_key(impl), adapter.profile,
-                         {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device)
+                         {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device,
+                         adapter.environment)
     fields = tuple(f for f in scenario.record if f in OBSERVED_FIELDS)
     return Trace(metadata, _steps(observed, fields), _summary(observed))
