@@ -72,6 +72,14 @@ def test_profile_parameters_are_checked():
         fpemu.simulate_scaler([False], "megatron", growth_interval=0)
 
 
+def test_driven_profiles_are_exactly_those_with_an_adapter():
+    """A profile may say it is driven only if an adapter row drives it, on versions it names."""
+    from fpemu.adapters import adapters_of_kind
+    driven = {a.profile for a in adapters_of_kind("scaler").values() if a.verified}
+    assert {name for name, p in fpemu.PROFILES.items() if p.verified == "driven"} - {"static"} == driven
+    assert all(a.profile in fpemu.PROFILES for a in adapters_of_kind("scaler").values())
+
+
 def test_every_profile_records_its_source():
     for profile in fpemu.PROFILES.values():
         assert profile.verified in ("driven", "source-derived")

@@ -80,6 +80,14 @@ def _describe(rules) -> tuple:
     return floor, cap, ", ".join(extras) or "-"
 
 
+def _driven_against(profile: str) -> str:
+    """The package versions the adapters of ``profile`` were checked on (from the adapter table)."""
+    from fpemu.adapters import adapters_of_kind
+    versions = [", ".join(a.verified) + (f" (environment {a.environment})" if a.environment else "")
+                for a in adapters_of_kind("scaler").values() if a.profile == profile]
+    return "; ".join(versions) or "-"
+
+
 def profiles_report() -> str:
     rows = []
     for profile in PROFILES.values():
@@ -121,8 +129,9 @@ def profiles_report() -> str:
         stopped = f" (raised at step {floor.stopped_at})" if floor.stopped_at is not None else ""
         extremes.append((name, f"{ceiling.final_scale:.9g} ({float(ceiling.final_scale).hex()})",
                          f"{floor.final_scale:.6g}{stopped}"))
-    sources = markdown_table(["profile", "source read", "notes"],
-                             [(p.name, p.source, p.notes) for p in PROFILES.values()])
+    sources = markdown_table(["profile", "verified", "driven against", "source read", "notes"],
+                             [(p.name, p.verified, _driven_against(p.name), p.source, p.notes)
+                              for p in PROFILES.values()])
     return ("# Loss-scaler profiles\n\n"
             "Every profile side by side, with a growth interval of 3 and a start of 16 where the "
             "implementation has those parameters (other parameters: the implementation's defaults). "
