@@ -373,3 +373,20 @@ def test_stochastic_bf16_fast_path_stays_on_the_neighbours():
     assert np.all((got[~nan].view(np.uint32) == down[~nan].view(np.uint32)) |
                   (got[~nan].view(np.uint32) == up[~nan].view(np.uint32)))
     assert same_bits(got, fpemu.quantize(x, "bf16", rounding="stochastic", seed=9))
+
+
+def test_formats_without_mantissa_bits_round_ties_up_as_ml_dtypes_and_torch():
+    """With no mantissa bits a tie lies between two powers of two, and nearest_even sends it up (the
+    significand is always 1, odd), as ml_dtypes' float8_e8m0fnu and torch's e8m0 cast do.  gfloat and
+    P3109 round it to the even *code* instead: 3.0 -> 2.0 (code 128), 0.75 -> 0.5 (code 126)."""
+    e8m0_like = fpemu.make_format(exponent_bits=8, mantissa_bits=0, special="finite")  # signed, same bias
+    ties = np.array([1.5, 3.0, 6.0, 0.75, 12.0, 1.5 * 2.0**-100, 1.5 * 2.0**100], np.float32)
+    ours = fpemu.quantize(ties, e8m0_like)
+    ml = ties.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    assert ours.view(np.uint32).tolist() == ml.view(np.uint32).tolist()
+    assert ours.tolist()[:5] == [2.0, 4.0, 8.0, 1.0, 16.0]
+    assert fpemu.quantize(np.float32(3.0), e8m0_like, rounding="nearest_away") == 4.0
+    gfloat = pytest.importorskip("gfloat")
+    from gfloat.formats import format_info_ocp_e8m0
+    to_even_code = [gfloat.round_float(format_info_ocp_e8m0, float(v), gfloat.RoundMode.TiesToEven) for v in ties[:5]]
+    assert to_even_code == [2.0, 2.0, 8.0, 0.5, 8.0]
