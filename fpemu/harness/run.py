@@ -50,7 +50,10 @@ def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, prof
     return {"fpemu_version": fpemu.__version__,
             "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
             "implementation": implementation, "profile": profile, "params": params,
-            "packages": package_versions(packages, environment), "device": device, "platform": platform.platform(), **extra}
+            "packages": package_versions(packages, environment), "device": device,
+            # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
+            # so a golden regenerated on another machine is byte-identical.
+            **({} if implementation == REFERENCE else {"platform": platform.platform()}), **extra}
 
 
 def scenario_flags(scenario: ScalerScenario):

@@ -13,7 +13,7 @@ A trace is JSON::
         "params": {...},                     # every parameter, defaults included
         "packages": {"numpy": "2.4.6", ...}, # versions of what computed it
         "device": "cpu",
-        "platform": "Linux-...-x86_64"
+        "platform": "Linux-...-x86_64"     # recorded traces only: a reference has nothing of the host
       },
       "steps": [
         {"step": 0, "scale": 16.0, "scale_hex": "0x1.0000000000000p+4", "overflow": false,
