@@ -168,6 +168,8 @@ def _add_env_commands(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpemu", description="Bit-exact emulation of number formats and loss "
                                      "scaling, and a differential harness against real implementations.")
+    from fpemu import __version__
+    parser.add_argument("--version", action="version", version=f"fpemu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name, help_text, handler):

@@ -45,3 +45,10 @@ def test_help_on_every_command():
     for command in [[], *([c] for c in commands)]:
         proc = subprocess.run([sys.executable, "-m", "fpemu.cli", *command, "--help"], capture_output=True, text=True)
         assert proc.returncode == 0 and "usage: fpemu" in proc.stdout
+
+
+def test_python_dash_m_and_version():
+    proc = subprocess.run([sys.executable, "-m", "fpemu", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"fpemu {__import__('fpemu').__version__}"
+    proc = subprocess.run([sys.executable, "-m", "fpemu", "no-such-command"], capture_output=True, text=True)
+    assert proc.returncode == 2
