@@ -127,6 +127,21 @@ class Kernel:
             return quantize(quantize(np.asarray(a, F32), _FP16), self.fmt)
         return self.cast(a)
 
+    def fma_result(self, a, b, c) -> np.ndarray:
+        """a * b + c of compute-format values as one FMA in the compute format: the exact value
+        (a float64 sum rounded to odd, so the next rounding is correct) rounded once.  Only f16
+        has such an instruction (AVX512-FP16's ``vfmadd...sh``), which ignores FTZ and DAZ."""
+        if self.fmt.name != "fp16":
+            raise ValueError(f"an FMA in the compute format exists for fp16 only, not {self.fmt.name}")
+        exact = np.asarray(a, F32).astype(np.float64) * np.asarray(b, F32)  # exact: 11-bit significands
+        with np.errstate(**_NO_FLAGS):
+            return _odd_sum(exact, np.asarray(c, F32).astype(np.float64)).astype(np.float16).astype(F32)
+
+    def fuses_fp16_bias_add(self, inner: int) -> bool:
+        """Whether ``act @ w + b`` is one f16 FMA: on AVX512-FP16, where the contraction ``inner``
+        is 1 and XLA fuses the multiply with the bias add (``StepSemantics.fp16_fma``)."""
+        return self.semantics.fp16_fma and self.fmt.name == "fp16" and inner == 1
+
     @property
     def excess_precision(self) -> bool:
         """Whether the semantics' excess precision applies to this compute format.  In XLA it is
@@ -252,25 +267,42 @@ def _two_output_gemv(k: Kernel, a: np.ndarray, b: np.ndarray, axis: int) -> np.n
     return np.concatenate(parts, axis=axis)
 
 
-def _xla_cpu_dot(k: Kernel, a: np.ndarray, b: np.ndarray, role: str) -> np.ndarray:
-    """XLA:CPU's bf16 dot: an f32 dot of the upcast operands, fitted by probes (docs/steps.md).
+def _paired(k: Kernel, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
+    """Two accumulators over the contraction, even and odd terms, each a ``mode`` chain from +0,
+    then even + odd."""
+    return k.add(_chain(k, a[:, 0::2], b[0::2], mode), _chain(k, a[:, 1::2], b[1::2], mode))
 
-    forward x (B, D) @ w (D, K): D == 1 multiply; B == 1, K == 2, D >= 3 two-output GEMV;
-    B == 1, K >= 2 ``fmap0``; otherwise ``fma0``.
+
+def _xla_cpu_dot(k: Kernel, a: np.ndarray, b: np.ndarray, role: str) -> np.ndarray:
+    """XLA:CPU's dot of compute-format values: an f32 dot of the upcast operands, fitted by
+    probing each dot of the step alone (``lax.dot_general`` with the optimized HLO's shapes) with
+    overflowing, underflowing and signed-zero products (docs/steps.md).
+
+    forward x (B, D) @ w (D, K): D == 1 multiply; B == 1: ``fmap0``, the two-output GEMV when
+    K == 2 and D >= 3, ``fma0`` when K == 1 too (a reduce); K == 1: ``fma0`` then ``+ 0`` (the
+    GEMV's empty vector tile is added to its scalar tail); D == 4 with 4 rows or columns:
+    :func:`_paired`; otherwise ``fma0``.
     grad_w x.T (D, B) @ ct (B, K): B == 1 multiply; one of D, K is 1: ``fmap0``, or the
-    two-output GEMV when D * K == 2 and B >= 3; otherwise ``fma0``.
+    two-output GEMV when D * K == 2 and B >= 3; B == 4 with D or K == 4: :func:`_paired`;
+    otherwise ``fma0``.  :func:`_paired` is fused except where XLA's dot has two rows (the
+    forward's B == 2, the weight gradient's K == 2: XLA computes it as ct.T @ x).
     """
     rows, inner, cols = a.shape[0], a.shape[1], b.shape[1]
     if inner == 1:
         return _chain(k, a, b, "mul")
-    if role == "forward":
-        if rows == 1 and cols == 2 and inner >= 3:
+    hlo_rows = rows if role == "forward" else cols
+    if role == "forward" and rows == 1:
+        if cols == 2 and inner >= 3:
             return _two_output_gemv(k, a, b, axis=1)
-        return _chain(k, a, b, "fmap0" if rows == 1 and cols > 1 else "fma0")
-    if (rows == 1) != (cols == 1):
+        return _chain(k, a, b, "fmap0" if cols > 1 else "fma0")
+    if role == "forward" and cols == 1:
+        return k.add(F32(0), _chain(k, a, b, "fma0"))
+    if role != "forward" and (rows == 1) != (cols == 1):
         if rows * cols == 2 and inner >= 3:
             return _two_output_gemv(k, a, b, axis=1 if rows == 1 else 0)
         return _chain(k, a, b, "fmap0")
+    if inner == 4 and max(rows, cols) == 4 and min(rows, cols) >= 2:
+        return _paired(k, a, b, "fma0" if hlo_rows >= 3 else "add0")
     return _chain(k, a, b, "fma0")
 
 
