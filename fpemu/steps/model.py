@@ -44,6 +44,8 @@ def dense_forward(k: Kernel, act: np.ndarray, w: np.ndarray, b: np.ndarray):
       pre-activation.
     """
     wc, bc = k.cast(w), k.cast(b)
+    if k.fuses_fp16_bias_add(act.shape[1]):  # one f16 FMA, rounded once
+        return wc, k.fma_result(act, wc, bc[None, :])
     if k.semantics.fused_bias_add:  # ATen's addmm: bias added to the accumulator, one rounding
         return wc, k.round_result(k.add(k.dot(act, wc, "forward"), bc[None, :]))
     product = k.round_result(k.dot(act, wc, "forward"))  # float32 accumulation, rounded once

@@ -35,6 +35,11 @@ class StepSemantics:
       fp8_ops_in_fp16: XLA:CPU computes an fp8 op (dot, add, reduction step) in f16 and
         converts the f16 result to fp8, so op results are rounded twice, float32 -> fp16 ->
         fp8, while the program's own converts (``astype``) round once.
+      fp16_fma: the CPU has AVX512-FP16, so LLVM computes f16 ops natively and contracts an f16
+        multiply and the f16 add it feeds into one f16 FMA (XLA sets ``AllowFPOpFusion=Fast``).
+        In the step that is the fp16 prediction ``x * w + b`` with D == 1, where XLA turns the
+        dot into a multiply fused with the bias add: rounded once, not twice.  fp8 rounds the
+        product to fp8 before the add and bf16 ops are float32 ops, so only fp16 changes.
       flush_subnormals: every float32 op runs with x86 FTZ + DAZ (XLA:CPU sets MXCSR):
         subnormal operands read as signed zero and results tiny after rounding become
         signed zero.  Casts to the compute format are not affected.
@@ -77,6 +82,7 @@ class StepSemantics:
     name: str
     excess_precision: bool = False
     fp8_ops_in_fp16: bool = False
+    fp16_fma: bool = False
     flush_subnormals: bool = False
     fma: bool = False
     dot: str = "sequential"
@@ -118,6 +124,10 @@ SEMANTICS = {
     "jax_cpu": StepSemantics("jax_cpu", excess_precision=True, **_XLA),
     # XLA_FLAGS=--xla_allow_excess_precision=false: the flags that give the seed's outputs.
     "jax_cpu_strict": StepSemantics("jax_cpu_strict", excess_precision=False, **_XLA),
+    # The same on a CPU with AVX512-FP16 (Sapphire Rapids and later): f16 multiply-adds fused.
+    "jax_cpu_avx512fp16": StepSemantics("jax_cpu_avx512fp16", excess_precision=True, fp16_fma=True, **_XLA),
+    "jax_cpu_strict_avx512fp16": StepSemantics("jax_cpu_strict_avx512fp16", excess_precision=False, fp16_fma=True,
+                                               **_XLA),
     # torch eager on the CPU (torch 2.13): no FTZ, no FMA, ATen's sum order.
     "torch_cpu": StepSemantics("torch_cpu", dot="torch_cpu", reduce="torch_cpu"),
     # torch's optimizer-side unscale: GradScaler multiplies by float32(1/S).
