@@ -25,6 +25,24 @@ def process_mode() -> str:
     return "jax_cpu_strict" if STRICT_FLAG in os.environ.get("XLA_FLAGS", "").split() else "jax_cpu"
 
 
+def cpu_flags() -> frozenset:
+    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            line = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def host_semantics(mode: str) -> str:
+    """The preset that models ``mode`` on this CPU: XLA compiles for the host, and with
+    AVX512-FP16 LLVM fuses f16 multiply-adds (``StepSemantics.fp16_fma``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return f"{mode}_avx512fp16" if "avx512fp16" in cpu_flags() else mode
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted(compute: str):
     import jax
@@ -58,7 +76,9 @@ def _jitted(compute: str):
                 "good_steps": jnp.where(finite, good_ok, jnp.zeros_like(counted)).astype(jnp.int32),
                 "grads_finite": finite}
 
-    return jax.jit(train_step, static_argnames=("growth_interval",))
+    # growth_interval is traced, not static: one compiled program per shape serves every interval
+    # (it only meets an integer compare, so the float computation is the same program).
+    return jax.jit(train_step)
 
 
 _JAX_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
@@ -76,8 +96,8 @@ def _run_here(cases, compute: str) -> list:
     for case in cases:
         args = jax.device_put(({"w": np.asarray(case["params"]["w"], f32), "b": np.asarray(case["params"]["b"], f32)},
                                np.asarray(case["x"], f32), np.asarray(case["y"], f32), f32(case["loss_scale"]),
-                               np.int32(case["good_steps"]), f32(case["lr"])), cpu)
-        out = jax.device_get(step(*args, growth_interval=int(case["growth_interval"])))
+                               np.int32(case["good_steps"]), f32(case["lr"]), np.int32(case["growth_interval"])), cpu)
+        out = jax.device_get(step(*args))
         results.append({"loss": f32(out["loss"]),
                         "params": {"w": np.asarray(out["params"]["w"]), "b": np.asarray(out["params"]["b"])},
                         "loss_scale": f32(out["loss_scale"]), "good_steps": np.int32(out["good_steps"]),
