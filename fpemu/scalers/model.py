@@ -25,7 +25,9 @@ scalers differ is a field of :class:`ScalerRules`:
 * ``hysteresis`` with ``hysteresis_style`` ``"megatron"`` (refill on growth) or
   ``"deepspeed"`` (refill on growth, or on every finite step when
   ``consecutive_hysteresis``); ``tolerance`` (fairseq); ``backoff_every``
-  (Paddle's decr_every_n_nan_or_inf); ``flush_subnormals`` (XLA on the CPU);
+  (Paddle's decr_every_n_nan_or_inf); ``flush_subnormals`` (XLA on the CPU) with
+  ``flush_initial_scale`` False where the initial scale is stored as given, subnormal
+  too, and only the arithmetic flushes (TensorFlow);
   ``at_zero_scale``: what a step does once the scale has reached exactly 0:
   ``"continue"`` (torch: the inf check runs on the scaled gradients, all zero),
   ``"overflow"`` (a profile that checks the unscaled gradients sees 0/0 = NaN on
@@ -62,7 +64,7 @@ RULE_CHOICES = {
 }
 _NUMBER_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "max_scale", "floor", "stop_at", "tolerance")
 _COUNT_FIELDS = ("growth_interval", "hysteresis", "backoff_every", "pass_after_consecutive")
-_FLAG_FIELDS = ("consecutive_hysteresis", "flush_subnormals", "dynamic", "skip_nonfinite",
+_FLAG_FIELDS = ("consecutive_hysteresis", "flush_subnormals", "flush_initial_scale", "dynamic", "skip_nonfinite",
                 "overflow_at_inf_raises")
 
 
@@ -129,6 +131,7 @@ class ScalerRules:
     tolerance: Optional[float] = None
     backoff_every: int = 1
     flush_subnormals: bool = False
+    flush_initial_scale: bool = True
     dynamic: bool = True
     skip_nonfinite: bool = True
     pass_after_consecutive: Optional[int] = None
@@ -153,7 +156,11 @@ class ScalerRules:
                 raise TypeError(f"ScalerRules.{name} must be True or False, got {getattr(self, name)!r}")
 
     def init(self) -> ScalerState:
-        return ScalerState(scale=self._round(self.init_scale), hysteresis=self.hysteresis)
+        scale = self._round(self.init_scale)
+        if not self.flush_initial_scale and self.arithmetic != "python":
+            with np.errstate(over="ignore"):
+                scale = float(np.float32(self.init_scale))
+        return ScalerState(scale=scale, hysteresis=self.hysteresis)
 
     # -- arithmetic -------------------------------------------------------
     def _round(self, value: float) -> float:

@@ -235,7 +235,8 @@ def unscale(grads, scale: float, profile="torch") -> np.ndarray:
     """Gradients divided by the loss scale with the profile's own arithmetic.
 
     torch and most PyTorch-based scalers multiply by float32(1 / float64(scale));
-    jmp and tf_keras by float32(1) / float32(scale); flax and Keras divide.
+    jmp by float32(1) / float32(scale); flax and Keras divide; Paddle's and TensorFlow's
+    CPU kernels multiply by the reciprocal with subnormals flushed (``"mul_recip_ftz"``).
 
     Example:
       >>> g = np.float32(5.0)
@@ -251,7 +252,20 @@ def unscale(grads, scale: float, profile="torch") -> np.ndarray:
             return grads * (np.float32(1.0) / np.float32(scale))
         if chosen.unscale == "divide":
             return grads / np.float32(scale)
+        if chosen.unscale == "mul_recip_ftz":
+            reciprocal = _flushed(1.0 / _flushed(np.float32(scale)).astype(np.float64))
+            return _flushed(_flushed(grads).astype(np.float64) * reciprocal)  # the float64 product is exact
     return grads
+
+
+def _flushed(exact) -> np.ndarray:
+    """float64 values rounded to float32 as x86 does under flush-to-zero (results) and
+    denormals-are-zero (inputs): a value whose rounding to 24 bits, exponent unbounded, is
+    below float32's smallest normal becomes a zero of its sign (tininess after rounding)."""
+    exact = np.asarray(exact, dtype=np.float64)
+    rounded = exact.astype(np.float32)
+    tiny = np.abs((exact * 2.0**64).astype(np.float32)) < np.float32(2.0**-62)  # scaled by 2^64: no underflow
+    return np.where(tiny, np.copysign(np.float32(0), rounded), rounded)
 
 
 def step_overflowed(scaled_grads, scale: float, profile="torch") -> bool:
