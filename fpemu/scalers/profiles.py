@@ -32,7 +32,9 @@ class Profile:
       defaults: the implementation's parameter names and defaults.
       build: maps the full parameter dict to :class:`ScalerRules`.
       unscale: ``"mul_recip_fp64"`` (g * float32(1/float64(s))), ``"mul_recip_fp32"``
-        (g * (float32(1)/float32(s))), ``"divide"`` (g / s in float32) or ``"none"``.
+        (g * (float32(1)/float32(s))), ``"mul_recip_ftz"`` (the same with x86's flush-to-zero and
+        denormals-are-zero: CPU kernels of Paddle and TensorFlow), ``"divide"`` (g / s in float32)
+        or ``"none"``.
       check_on: ``"scaled"`` or ``"unscaled"`` gradients, or ``"grad_norm"``.
       notes: behaviour worth knowing, in a sentence or two.
     """
@@ -144,8 +146,10 @@ def _keras(p):
 
 
 def _tf_keras(p):
+    # TF's CPU kernels flush subnormals, but the initial scale is stored as given.
     return ScalerRules(p["initial_scale"], 2.0, growth_interval=p["dynamic_growth_steps"], arithmetic="fp32",
-                       backoff="divide", on_growth_overflow="keep", floor=1.0)
+                       backoff="divide", on_growth_overflow="keep", floor=1.0, flush_subnormals=True,
+                       flush_initial_scale=False)
 
 
 def _deepspeed_loss_scaler(p, factor, timing):
@@ -190,10 +194,16 @@ def _fairseq(p):
                        tolerance=p["tolerance"])
 
 
-def _paddle(p):
+def _paddle(p, at_zero_scale="overflow"):
+    # The GPU kernel checks the unscaled values: at a scale of 0 they are 0 * inf = NaN.
     return ScalerRules(p["init_loss_scaling"], p["incr_ratio"], p["decr_ratio"], p["incr_every_n_steps"],
                        arithmetic="fp32", on_growth_overflow="inf",
-                       backoff_every=p["decr_every_n_nan_or_inf"])
+                       backoff_every=p["decr_every_n_nan_or_inf"], at_zero_scale=at_zero_scale)
+
+
+def _paddle_cpu(p):
+    # The CPU kernel checks the scaled gradients before unscaling, so a zero scale goes unnoticed.
+    return _paddle(p, at_zero_scale="continue")
 
 
 def _optax(p):
@@ -207,6 +217,9 @@ def _static(p):
 def _megatron_constant(p):
     return ScalerRules(p["initial_scale"], dynamic=False, arithmetic="fp32")
 
+
+_PADDLE_DEFAULTS = dict(init_loss_scaling=2.0**16, incr_ratio=2.0, decr_ratio=0.5, incr_every_n_steps=2000,
+                        decr_every_n_nan_or_inf=1)
 
 PROFILES = {profile.name: profile for profile in [
     Profile("torch", "torch.amp.GradScaler", "torch 2.13.0: torch/amp/grad_scaler.py, "
@@ -246,12 +259,13 @@ PROFILES = {profile.name: profile for profile in [
             "keras 3.15.1: keras/src/optimizers/loss_scale_optimizer.py", "driven",
             dict(initial_scale=2.0**15, dynamic_growth_steps=2000), _keras, "divide", "scaled",
             "Factors fixed at 2 and 0.5; no floor, no cap: growth can reach inf and stay there."),
-    Profile("tf_keras", "tf_keras.mixed_precision.LossScaleOptimizer",
-            "tf_keras: tf_keras/src/mixed_precision/loss_scale_optimizer.py (_DynamicLossScaleState)",
-            "source-derived", dict(initial_scale=2.0**15, dynamic_growth_steps=2000), _tf_keras,
-            "mul_recip_fp32", "unscaled",
+    Profile("tf_keras", "tf_keras.mixed_precision.LossScaleOptimizer (V3 and legacy, eager, CPU)",
+            "tf-keras 2.21.0 on tensorflow 2.21.0: tf_keras/src/mixed_precision/loss_scale_optimizer.py "
+            "(_DynamicLossScaleState)", "driven", dict(initial_scale=2.0**15, dynamic_growth_steps=2000),
+            _tf_keras, "mul_recip_ftz", "unscaled",
             "Grows on N (counter + 1 >= steps); keeps the old scale if growth overflows; backoff "
-            "max(scale / 2, 1)."),
+            "max(scale / 2, 1). TensorFlow's CPU kernels flush subnormals: unscaled gradients (and a "
+            "subnormal initial scale's first growth, which gives 0)."),
     Profile("deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config defaults)",
             "DeepSpeed >= 0.17.1 (PR #6976), driven against 0.19.8: deepspeed/runtime/fp16/loss_scaler.py, "
             "runtime/precision_config.py", "driven",
@@ -323,11 +337,25 @@ PROFILES = {profile.name: profile for profile in [
             "Backs off only when the share of overflows since the last rescale reaches tolerance; "
             "raises FloatingPointError (training stops, scale restored) on any overflow after which the "
             "scale is at or below min_loss_scale, even one that tolerance kept from backing off."),
-    Profile("paddle", "paddle.amp.GradScaler (dygraph)", "Paddle: python/paddle/amp/grad_scaler.py",
-            "source-derived", dict(init_loss_scaling=2.0**16, incr_ratio=2.0, decr_ratio=0.5,
-                                   incr_every_n_steps=2000, decr_every_n_nan_or_inf=1),
-            _paddle, "mul_recip_fp64", "unscaled",
-            "Backs off after decr_every_n_nan_or_inf consecutive bad steps; no floor, no cap."),
+    Profile("paddle", "paddle.amp.GradScaler (dygraph) on a GPU",
+            "Paddle 3.3.1: python/paddle/amp/grad_scaler.py; GPU kernel check_finite_and_unscale "
+            "(phi/kernels/gpu/amp_kernel.cu)", "source-derived", _PADDLE_DEFAULTS,
+            _paddle, "mul_recip_fp32", "unscaled",
+            "Where GradScaler enables itself (GPU, XPU, custom devices). Grows on the N-th good step; "
+            "backs off after decr_every_n_nan_or_inf consecutive bad steps; float32 multiplies by "
+            "float32(factor); no floor, no cap (growth can reach inf). The kernel multiplies by 1/scale "
+            "and checks the unscaled, narrowed values: a scale of 0 makes every step an overflow. The "
+            "state machine is the one driven on the CPU (paddle_cpu)."),
+    Profile("paddle_cpu", "paddle.amp.GradScaler (dygraph) on the CPU, forced on",
+            "Paddle 3.3.1: python/paddle/amp/grad_scaler.py; CPU kernel check_finite_and_unscale "
+            "(phi/kernels/cpu/amp_kernel.cc)", "driven", _PADDLE_DEFAULTS,
+            _paddle_cpu, "mul_recip_ftz", "scaled",
+            "GradScaler switches itself off on the CPU unless forced on, and scales dynamically only "
+            "under auto_cast(dtype='float16'). The state machine of paddle, but the CPU kernel checks the "
+            "scaled gradients before unscaling (a zero scale, or a finite value that unscales to inf, "
+            "reaches the optimizer) and runs with denormals flushed: subnormal gradients and scales read "
+            "as 0, a subnormal 1/scale and subnormal results become 0. The scale itself is not flushed. "
+            "With a non-finite scaled gradient the kernel writes x * 0 instead (the step is skipped)."),
     Profile("optax", "optax.apply_if_finite", "optax 0.2.8: optax/transforms/_conditionality.py",
             "driven", dict(max_consecutive_errors=REQUIRED), _optax, "none", "unscaled",
             "No loss scale: rejects non-finite updates, but lets the (K+1)-th and every later "
