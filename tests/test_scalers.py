@@ -97,8 +97,10 @@ GROWTH = [False] * 7 + [True] + [False] * 8
     # Trajectories worked out from each implementation's source (see the profile's notes).
     ("torch", dict(init_scale=1.0, growth_interval=3), [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
     ("flax", dict(scale=1.0, growth_interval=3), [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2, 2, 2]),
-    ("deepspeed", dict(init_scale=1.0, scale_window=3, delayed_shift=1),
+    ("deepspeed_0_17", dict(init_scale=1.0, scale_window=3, delayed_shift=1),
      [1, 1, 1, 2, 2, 2, 4, 4, 2, 2, 2, 4, 4, 4, 8, 8]),
+    ("deepspeed", dict(init_scale=1.0, scale_window=3, delayed_shift=1),
+     [1, 1, 1, 1, 2, 2, 2, 4, 2, 2, 2, 2, 4, 4, 4, 8]),
     ("deepspeed_fp16_optimizer", dict(init_scale=1.0, scale_window=3),
      [1, 1, 1, 1, 2, 2, 2, 4, 2, 2, 2, 2, 4, 4, 4, 8]),
     ("megatron", dict(initial_scale=1.0, growth_interval=3), [1, 1, 1, 2, 2, 2, 4, 4, 4, 4, 4, 8, 8, 8, 16, 16]),

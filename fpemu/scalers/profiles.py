@@ -152,10 +152,19 @@ def _tf_keras(p):
                        flush_initial_scale=False)
 
 
+def _deepspeed_floor(p, key):
+    # With a floor of 0 the scale halves to 0.0 and the next finite step's unscale (1. / scale, in
+    # ZeRO and FP16_Optimizer alike) raises ZeroDivisionError; 0.19.8's fp16 config refuses it.
+    if p[key] <= 0:
+        raise ValueError(f"{key} must be positive (DeepSpeed divides by the scale; its fp16 config refuses "
+                         f"min_loss_scale <= 0), got {p[key]!r}")
+    return float(p[key])
+
+
 def _deepspeed_loss_scaler(p, factor, timing):
     return ScalerRules(p["init_scale"], factor, growth_interval=p["scale_window"],
                        growth_timing=timing, arithmetic="python", backoff="divide",
-                       on_growth_overflow="inf", floor=float(p["min_scale"]),
+                       on_growth_overflow="inf", floor=_deepspeed_floor(p, "min_scale"),
                        floor_action="raise" if p["raise_error_at_min_scale"] else "clamp",
                        hysteresis=p["delayed_shift"], hysteresis_style="deepspeed",
                        consecutive_hysteresis=p["consecutive_hysteresis"], overflow_at_inf_raises=True)
@@ -172,7 +181,7 @@ def _deepspeed_0_17(p):
 def _deepspeed_fp16_optimizer(p):
     return ScalerRules(p["init_scale"], 2.0, growth_interval=p["scale_window"],
                        growth_timing="window+1", arithmetic="python", backoff="divide",
-                       on_growth_overflow="inf", floor=float(p["min_loss_scale"]))
+                       on_growth_overflow="inf", floor=_deepspeed_floor(p, "min_loss_scale"))
 
 
 def _megatron(p):
