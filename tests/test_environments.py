@@ -1,7 +1,7 @@
 """Isolated environments: building, caching, calling into them, and their errors.
 
 The fast tests register the project's own interpreter as an environment (a folder with
-the build's marker and a ``bin/python`` link), so the calls run in a real worker process
+the build's marker and a ``bin/python`` that runs it), so the calls run in a real worker process
 without a build.  The ``slow_env`` tests build a real venv with other numpy and ml_dtypes
 versions; they run where FPEMU_TEST_ENVS=1.
 """
@@ -37,11 +37,13 @@ def env_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def here(env_dir, monkeypatch):
-    """An environment whose Python is this interpreter."""
+    """An environment whose Python is this interpreter (its packages included)."""
     monkeypatch.setitem(environments.ENVIRONMENTS, "here", ("numpy",))
     folder = environments.environment_dir("here")
     (folder / "bin").mkdir(parents=True)
-    (folder / "bin" / "python").symlink_to(sys.executable)
+    # A script, not a link: a venv's python reached through a link elsewhere would lose its venv.
+    (folder / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (folder / "bin" / "python").chmod(0o755)
     (folder / environments.MANIFEST).write_text("{}")
     return "here"
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fpemu
-from fpemu.harness.environments import call_in_environment, environment_python
+from fpemu.harness.environments import EnvironmentCallError, call_in_environment, environment_python
 
 F32_MAX = float(np.finfo(np.float32).max)
 TINY = 2.0**-126
@@ -178,3 +178,10 @@ def test_tf_keras_growth_and_floor():
 def test_tf_keras_unscale_matches_real(scale, grads):
     real = call("tf_keras", f"{TF_KERAS}:unscale_tf_keras", grads, scale)
     assert bits32(real) == bits32(fpemu.unscale(grads, scale, "tf_keras"))
+
+
+def test_framework_objects_do_not_cross_back():
+    for environment, entry, arg in (("paddle", "paddle:to_tensor", [1.0]), ("tf_keras", "tensorflow:constant", 1.0)):
+        with pytest.raises(EnvironmentCallError, match=f"environment '{environment}', {entry}: its result cannot be "
+                                                       "unpickled here .*No module named.*; return plain values"):
+            call(environment, entry, arg)

@@ -150,7 +150,7 @@ def _isolated_env() -> dict:
 def _staged_source(root: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
     """A copy of the files pip builds fpemu from, so the build writes nothing into the checkout."""
     source = into / "fpemu-source"
-    shutil.copytree(root / "fpemu", source / "fpemu", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "fpemu", source / "fpemu", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(root / name, source / name)
     return source
@@ -193,8 +193,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, and someone else's
+        pass
     return True
 
 
@@ -271,7 +271,7 @@ class _Worker:
         env = {**_isolated_env(), "PYTHONPATH": str(_checkout_root())}
         self.process = subprocess.Popen([str(python), str(_WORKER_SCRIPT)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                        env=env, cwd=tempfile.gettempdir())
+                                        env=env)
         os.set_blocking(self.process.stdin.fileno(), False)
 
     def call(self, entry: str, args: tuple, timeout: float):
