@@ -175,6 +175,11 @@ def _deepspeed(p):  # 0.17.1 on (PR #6976): the factor is fixed at 2, growth com
 
 
 def _deepspeed_0_17(p):
+    if all(isinstance(p[k], (int, np.integer)) for k in ("init_scale", "scale_factor")):
+        # int * int stays an exact Python int in DeepSpeed (3 ** k * init, never rounded); the model
+        # rounds each product to a float.
+        raise TypeError(f"scale_factor must be a float when init_scale is an int (DeepSpeed would keep the "
+                        f"scale an exact int), got {p['scale_factor']!r}")
     return _deepspeed_loss_scaler(p, p["scale_factor"], "window")
 
 
