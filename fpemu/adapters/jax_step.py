@@ -115,15 +115,31 @@ class _Worker:
         env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
         self.process = subprocess.Popen([sys.executable, "-m", "fpemu.adapters.jax_step"], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.pending = 0  # compile_later requests whose replies are still unread
         atexit.register(self.close)
 
-    def run(self, cases, compute: str) -> list:
-        pickle.dump((list(cases), compute), self.process.stdin)
+    def _send(self, request, compute: str) -> None:
+        pickle.dump((request, compute), self.process.stdin)
         self.process.stdin.flush()
+
+    def _receive(self) -> list:
         status, payload = pickle.load(self.process.stdout)
         if status != "ok":
             raise RuntimeError(f"the JAX worker failed: {payload}")
         return payload
+
+    def compile_later(self, shapes, compute: str) -> None:
+        """Ask for the programs of these (B, D, K) shapes without waiting; the next run reads the
+        (empty) reply.  Requests and replies stay a few bytes, far below a pipe's buffer."""
+        self._send(("compile", tuple(shapes)), compute)
+        self.pending += 1
+
+    def run(self, cases, compute: str) -> list:
+        self._send(list(cases), compute)
+        for _ in range(self.pending):  # replies come back in request order
+            self._receive()
+        self.pending = 0
+        return self._receive()
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -158,6 +174,25 @@ def run_jax_steps(cases, *, mode: str = "jax_cpu", compute: str = "bf16") -> lis
     return _worker(mode).run(cases, compute)
 
 
+def precompile(shapes, *, mode: str = "jax_cpu", compute: str = "bf16") -> None:
+    """Have XLA compile the step for these (B, D, K) shapes without waiting for it: in the worker
+    where ``mode`` is not this process's (on another core meanwhile), else nothing."""
+    if mode != process_mode():
+        _worker(mode).compile_later(shapes, compute)
+
+
+def _compile_here(shapes, compute: str) -> None:
+    import jax
+    import numpy as np
+
+    step = _jitted(_JAX_DTYPES[compute])
+    f32, i32 = np.float32, np.int32
+    for batch, dim, out in shapes:
+        args = ({"w": np.zeros((dim, out), f32), "b": np.zeros(out, f32)}, np.zeros((batch, dim), f32),
+                np.zeros((batch, out), f32), f32(1), i32(0), f32(1), i32(1))
+        jax.block_until_ready(step(*jax.device_put(args, jax.devices("cpu")[0])))  # fills jit's cache
+
+
 def jax_step(params, x, y, loss_scale, good_steps, lr, growth_interval, *, mode: str = "jax_cpu",
              compute: str = "bf16") -> dict:
     """One step under jax.jit (see :func:`run_jax_steps`)."""
@@ -180,7 +215,10 @@ def _serve() -> None:
         except EOFError:
             return
         try:
-            reply = ("ok", _run_here(cases, compute))
+            if isinstance(cases, tuple):  # ("compile", shapes) from compile_later
+                reply = ("ok", _compile_here(cases[1], compute))
+            else:
+                reply = ("ok", _run_here(cases, compute))
         except Exception as error:  # reported to the caller, which raises
             reply = ("error", f"{type(error).__name__}: {error}")
         pickle.dump(reply, stdout)
