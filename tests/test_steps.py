@@ -11,8 +11,10 @@ from hypothesis.extra.numpy import arrays
 import fpemu.steps.step
 import fpemu.steps.train
 from fpemu.adapters import available
+from fpemu.adapters.jax_step import process_mode
 from fpemu.formats import Format
 from fpemu.steps import SEMANTICS, StepSemantics, mixed_precision_step, train_trace
+from fpemu.steps.probes import edge_cases
 from fpemu.steps.semantics import FITTED_COMPUTE
 
 SEED_EXAMPLES = [
@@ -155,8 +157,9 @@ def f32_arrays(shape):
 
 
 @st.composite
-def step_cases(draw):
-    batch, dim, out = (draw(st.integers(1, 4)) for _ in range(3))
+def step_cases(draw, shape=None):
+    """One step's arguments; ``shape`` (B, D, K) fixed, or drawn with B, D, K in 1..4."""
+    batch, dim, out = shape or tuple(draw(st.integers(1, 4)) for _ in range(3))
     interval = draw(st.integers(1, 3))
     scale = draw(st.one_of(st.integers(0, 127).map(lambda e: 2.0 ** e), st.floats(1e-5, 3.2e38)))
     lr = draw(st.one_of(st.floats(1e-6, 1e2), st.floats(1e2, 1e38)))
@@ -169,18 +172,170 @@ needs_jax = pytest.mark.skipif(not available("jmp"), reason="jax not installed")
 needs_torch = pytest.mark.skipif(not available("torch"), reason="torch not installed")
 
 
+def profile_examples(share: int) -> int:
+    """A test's example count as ``1/share`` of the loaded hypothesis profile's (HYPOTHESIS_PROFILE,
+    tests/conftest.py), for tests whose every example checks a batch of cases."""
+    return max(2, settings.default.max_examples // share)
+
+
+XLA_MODES = ("jax_cpu", "jax_cpu_strict")
+XLA_COMBOS = [(mode, compute) for mode in XLA_MODES for compute in FITTED_COMPUTE["xla_cpu"]]
+# The shape classes of docs/steps.md (which of B, D, K are 1), each with shapes in the order the
+# mode x format combinations take them (combination i takes shape i, cycling), rule edges first:
+# B, D, K >= 2 starts with the paired dot orders (D or B == 4 with 4 rows or columns), B == 1 with
+# the two-output GEMV (K == 2, D >= 3), B >= 2 with D == 1 with the weight gradient's (K == 2, B >= 3).
+CLASS_SHAPES = {
+    "B,D,K>1": [(2, 4, 4), (4, 4, 2), (4, 2, 4), (3, 4, 4), (4, 4, 3), (4, 3, 4), (4, 4, 4), (2, 3, 2)],
+    "B,D>1,K=1": [(2, 2, 1), (4, 3, 1), (3, 4, 1), (4, 4, 1), (2, 3, 1), (3, 2, 1), (4, 2, 1), (3, 3, 1)],
+    "B,K>1,D=1": [(3, 1, 2), (4, 1, 2), (2, 1, 3), (4, 1, 4), (2, 1, 2), (3, 1, 3), (2, 1, 4), (4, 1, 3)],
+    "B>1,D=K=1": [(2, 1, 1), (3, 1, 1), (4, 1, 1)],
+    "D,K>1,B=1": [(1, 3, 2), (1, 4, 2), (1, 2, 3), (1, 4, 4), (1, 2, 2), (1, 3, 4), (1, 4, 3), (1, 3, 3)],
+    "D>1,B=K=1": [(1, 2, 1), (1, 3, 1), (1, 4, 1)],
+    "K>1,B=D=1": [(1, 1, 2), (1, 1, 3), (1, 1, 4)],
+    "B=D=K=1": [(1, 1, 1)],
+}
+EDGE_CASES_PER_CLASS = 24
+
+
+def combo_shapes(mode: str, compute: str) -> dict:
+    """Each class's shape for one mode x format combination."""
+    index = XLA_COMBOS.index((mode, compute))
+    return {name: shapes[index % len(shapes)] for name, shapes in CLASS_SHAPES.items()}
+
+
+def check_with_jax(cases, mode: str, compute: str) -> int:
+    """Run the cases under jax.jit (one compiled program per shape) and assert the emulation of
+    this CPU's preset matches every one bit for bit; returns the number checked."""
+    from fpemu.adapters.jax_step import host_semantics, run_jax_steps
+    semantics = host_semantics(mode)
+    for case, real in zip(cases, run_jax_steps(cases, mode=mode, compute=compute)):
+        found = differences(mixed_precision_step(**case, mode=semantics, compute=compute), real)
+        assert not found, f"mode {semantics}, {compute}: {found}\ncase {case}"
+    return len(cases)
+
+
+def class_cases(mode: str, compute: str, shape_class: str) -> list:
+    """The seeded edge cases of one class x format x mode (a third probe the dot orders with
+    products that overflow, underflow or are signed zeros)."""
+    seed = XLA_COMBOS.index((mode, compute)) * 100 + list(CLASS_SHAPES).index(shape_class)
+    return edge_cases(combo_shapes(mode, compute)[shape_class], EDGE_CASES_PER_CLASS, seed)
+
+
+# This process's flag mode first: meanwhile the worker compiles the other mode's programs.
+CLASS_RUNS = sorted(((mode, compute, name) for mode, compute in XLA_COMBOS for name in CLASS_SHAPES),
+                    key=lambda run: run[0] != process_mode())
+
+
+@pytest.fixture(scope="module")
+def other_mode_compiled_meanwhile():
+    """The worker (the other flag mode) compiles its shapes on the second core while this process
+    runs its own mode's cases."""
+    from fpemu.adapters.jax_step import precompile
+    for mode, compute in XLA_COMBOS:
+        precompile(sorted(set(combo_shapes(mode, compute).values())), mode=mode, compute=compute)
+
+
 @needs_jax
-@pytest.mark.parametrize("compute", FITTED_COMPUTE["xla_cpu"])
-@pytest.mark.parametrize("mode", ["jax_cpu", "jax_cpu_strict"])
-@settings(max_examples=120, deadline=None)
-@given(case=step_cases())
-def test_bit_exact_with_jax(mode, compute, case):
-    """fp16: XLA's excess precision is bf16's alone, so both modes compute it strictly.  fp8: ops
-    computed in f16 and the loss fusion's own sum order (docs/steps.md)."""
-    from fpemu.adapters.jax_step import run_jax_steps
-    [real] = run_jax_steps([case], mode=mode, compute=compute)
-    found = differences(mixed_precision_step(**case, mode=mode, compute=compute), real)
-    assert not found, f"mode {mode}, {compute}: {found}"
+@pytest.mark.parametrize("mode,compute,shape_class", CLASS_RUNS)
+def test_xla_step_per_shape_class(mode, compute, shape_class, other_mode_compiled_meanwhile):
+    """Every shape class x format x flag mode on fixed seeded edge cases: no hypothesis luck."""
+    check_with_jax(class_cases(mode, compute, shape_class), mode, compute)
+
+
+def _found_2x4x4(w_rows, scale_exp, x):
+    """The hypothesis finds of 2x4x4 bf16 (dot products that overflow alone but not fused)."""
+    w = np.zeros((4, 4))
+    w[:len(w_rows)] = w_rows
+    return dict(params={"w": finite_f32(w * 2.0 ** scale_exp), "b": np.zeros(4, np.float32)},
+                x=np.array(x, np.float32), y=np.zeros((2, 4), np.float32), loss_scale=1.0, good_steps=0, lr=1.0,
+                growth_interval=1)
+
+
+FOUND_CASES = [
+    # x @ w = 4 * 3 * 2^124 + 4 * -4 * 2^124: XLA's paired, unfused order for B == 2, D == K == 4
+    # rounds the second product to -inf (fused from the first it would be -2^126).
+    ("jax_cpu", "bf16", _found_2x4x4([[3, 0, 0, 0], [-4, 0, 0, 0]], 124, [[4.0] * 4] * 2)),
+    # four products of +-2^128 each: inf + -inf in the unfused order is NaN (fused: inf).
+    ("jax_cpu_strict", "bf16", _found_2x4x4(np.ones((4, 4)), 116, [[4096.0, -4096.0, -4096.0, -4096.0],
+                                                                    [-4096.0] * 4])),
+]
+
+
+@needs_jax
+@pytest.mark.parametrize("mode,compute,case", FOUND_CASES)
+def test_xla_found_cases(mode, compute, case):
+    check_with_jax([case], mode, compute)
+
+
+# x = w = 1 + 2^-10, b = 2^-11: x * w = 1 + 2^-9 + 2^-20 rounds to 1 + 2^-9 in f16, and adding b
+# then ties to even (1 + 2^-9); one f16 FMA rounds the exact 1 + 2^-9 + 2^-11 + 2^-20 up to 1 + 3 * 2^-10.
+FP16_D1_CASE = dict(params={"w": [[1 + 2.0 ** -10]], "b": [2.0 ** -11]}, x=[[1 + 2.0 ** -10]], y=[[0.0]],
+                    loss_scale=1.0, good_steps=0, lr=1.0, growth_interval=1)
+
+
+@pytest.mark.parametrize("mode", XLA_MODES)
+def test_fp16_bias_add_with_d1_is_one_fma_on_avx512fp16(mode):
+    """With D == 1 XLA fuses the dot (a multiply) with the bias add, and on AVX512-FP16 LLVM
+    contracts the f16 multiply and add into one vfmadd...sh (read in the optimized IR; llc
+    -mcpu=sapphirerapids): the prediction is rounded once."""
+    fused = mixed_precision_step(**FP16_D1_CASE, mode=f"{mode}_avx512fp16", compute="fp16")
+    rounded = mixed_precision_step(**FP16_D1_CASE, mode=mode, compute="fp16")
+    assert fused["loss"] == np.float32((1 + 3 * 2.0 ** -10) ** 2) and rounded["loss"] == np.float32((1 + 2.0 ** -9) ** 2)
+    bf16 = {name: mixed_precision_step(**FP16_D1_CASE, mode=name, compute="bf16")["loss"]
+            for name in (mode, f"{mode}_avx512fp16")}
+    assert len(set(bf16.values())) == 1  # bf16 ops are float32 ops: nothing to fuse in f16
+
+
+@needs_jax
+@pytest.mark.parametrize("mode", XLA_MODES)
+def test_xla_fp16_bias_add_with_d1(mode):
+    """The live check of the case above: jax.jit rounds once where this CPU has AVX512-FP16."""
+    from fpemu.adapters.jax_step import cpu_flags, run_jax_steps
+    [real] = run_jax_steps([FP16_D1_CASE], mode=mode, compute="fp16")
+    fma = "avx512fp16" in cpu_flags()
+    assert real["loss"] == np.float32((1 + 3 * 2.0 ** -10) ** 2 if fma else (1 + 2.0 ** -9) ** 2)
+    check_with_jax([FP16_D1_CASE], mode, "fp16")
+
+
+def test_fp16_fma_result_rounds_the_exact_value_once():
+    """Kernel.fma_result against exact rational arithmetic, ties and f16 subnormals included."""
+    from fractions import Fraction
+    from fpemu.formats import FORMATS
+    from fpemu.steps.kernel import Kernel
+    k = Kernel(SEMANTICS["jax_cpu_avx512fp16"], FORMATS["fp16"])
+    rng = np.random.default_rng(16)
+    values = (rng.standard_normal((3, 3000)) * 2.0 ** rng.integers(-14, 8, (3, 3000))).astype(np.float16)
+    a, b, c = values.astype(np.float32)
+    got = k.fma_result(a, b, c)
+    for ai, bi, ci, gi in zip(a, b, c, got):
+        exact = Fraction(float(ai)) * Fraction(float(bi)) + Fraction(float(ci))
+        near = np.float16(float(exact))  # within one f16 step of the exact value
+        steps = [np.nextafter(near, np.float16(-np.inf)), near, np.nextafter(near, np.float16(np.inf))]
+        best = min((abs(Fraction(float(v)) - exact), int(v.view(np.uint16)) & 1, float(v))
+                   for v in steps if np.isfinite(v))
+        assert gi == best[2], (ai, bi, ci, gi, best)
+
+
+CASES_PER_EXAMPLE = 8
+
+
+@st.composite
+def step_batches(draw, shapes):
+    """A list of cases of one shape: each example costs at most one compile."""
+    shape = draw(st.sampled_from(shapes))
+    return draw(st.lists(step_cases(shape), min_size=CASES_PER_EXAMPLE, max_size=CASES_PER_EXAMPLE))
+
+
+@needs_jax
+@pytest.mark.parametrize("mode,compute", XLA_COMBOS)
+@settings(max_examples=profile_examples(20), deadline=None)
+@given(data=st.data())
+def test_bit_exact_with_jax(mode, compute, data):
+    """Hypothesis on the shapes test_xla_step_per_shape_class compiled (so no new compiles).  fp16:
+    XLA's excess precision is bf16's alone, so both modes compute it strictly.  fp8: ops computed
+    in f16 and the loss fusion's own sum order (docs/steps.md)."""
+    cases = data.draw(step_batches(sorted(combo_shapes(mode, compute).values())))
+    check_with_jax(cases, mode, compute)
 
 
 @needs_jax
@@ -202,7 +357,7 @@ def test_xla_rounds_fp8_dot_results_through_fp16(mode):
 @needs_torch
 @pytest.mark.parametrize("compute", FITTED_COMPUTE["torch_cpu"])
 @pytest.mark.parametrize("mode,unscale", [("torch_cpu", "divide"), ("torch_cpu_grad_scaler", "reciprocal")])
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=profile_examples(1), deadline=None)
 @given(case=step_cases())
 def test_bit_exact_with_torch(mode, unscale, compute, case):
     from fpemu.adapters.torch_step import torch_step
