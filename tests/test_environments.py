@@ -154,22 +154,32 @@ def test_cli_unknown_environment_exits_2(env_dir, capsys):
 
 # --- a real build -------------------------------------------------------------------------
 
+def _use_other_core(patch, folder) -> None:
+    patch.setenv("FPEMU_ENV_DIR", str(folder))
+    patch.setitem(environments.ENVIRONMENTS, "other_core", OTHER_CORE)
+
+
 @pytest.fixture(scope="session")
-def other_core(tmp_path_factory):
-    """A real environment with numpy 2.3.5 and ml_dtypes 0.5.4, built once per session."""
+def other_core_root(tmp_path_factory):
+    """Where a real environment with numpy 2.3.5 and ml_dtypes 0.5.4 is built, once per session."""
+    root = tmp_path_factory.mktemp("envs")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FPEMU_ENV_DIR", str(tmp_path_factory.mktemp("envs")))
-        patch.setitem(environments.ENVIRONMENTS, "other_core", OTHER_CORE)
-        started = time.monotonic()
-        folder = build_environment("other_core")
-        yield folder, time.monotonic() - started
-        environments.close_workers()
+        _use_other_core(patch, root)
+        build_environment("other_core")
+    return root
+
+
+@pytest.fixture
+def other_core(other_core_root, monkeypatch):
+    _use_other_core(monkeypatch, other_core_root)
+    yield environments.environment_dir("other_core")
+    environments.close_workers()
 
 
 @pytest.mark.slow_env
 @needs_env_builds
 def test_build_installs_the_requirements_and_fpemu(other_core):
-    folder, _ = other_core
+    folder = other_core
     manifest = environments.environment_manifest("other_core")
     assert (manifest["packages"]["numpy"], manifest["packages"]["ml_dtypes"]) == ("2.3.5", "0.5.4")
     assert manifest["packages"]["fpemu"] == fpemu.__version__

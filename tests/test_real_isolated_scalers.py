@@ -37,8 +37,9 @@ def call(environment, entry, *args):
 
 sequences = st.lists(st.booleans(), min_size=1, max_size=40)
 # float32's extremes: its largest values (growth overflows), subnormals and values near its smallest normal.
-extreme_scales = st.sampled_from([F32_MAX, 3e38, 2.0**127, 1e38, TINY, 2.0**-125, 2.0**-149, 1e-40, 2.0**-140,
-                                  1.0, 0.7, 2.0**16, 1e-30])
+LARGEST_SUBNORMAL = float(np.nextafter(np.float32(TINY), np.float32(0)))
+extreme_scales = st.sampled_from([F32_MAX, 3e38, 2.0**127, 1e38, TINY, 2.0**-125, LARGEST_SUBNORMAL, 2.0**-149, 1e-40,
+                                  2.0**-140, 1.0, 0.7, 2.0**16, 1e-30])
 init_scales = st.one_of(extreme_scales, st.floats(2.0**-149, F32_MAX, width=32), st.floats(1e-3, 1e6))
 growths = st.one_of(st.just(2.0), st.sampled_from([3.0, 1.1, 1.5, 10.0, 1.0001, 7.77]), st.floats(1.0001, 16.0))
 backoffs = st.one_of(st.just(0.5), st.sampled_from([0.3, 0.1, 0.9, 0.999]), st.floats(0.001, 0.999))
@@ -66,9 +67,11 @@ def test_flushed_unscale_edges(grad, scale, expected):
     assert bits32(fpemu.unscale(np.float32([2.0**-125 - 2.0**-149]), 2.0, "torch")) == bits32([2.0**-126])
 
 
-def test_tf_keras_keeps_a_subnormal_initial_scale_until_its_arithmetic_flushes_it():
-    trace = fpemu.simulate_scaler([False, False, True], "tf_keras", initial_scale=2.0**-149, dynamic_growth_steps=1)
-    assert trace.scales == [2.0**-149, 0.0, 0.0] and trace.final_scale == 1.0  # 0 * 2 = 0; max(0 / 2, 1)
+@pytest.mark.parametrize("initial", [2.0**-149, LARGEST_SUBNORMAL])
+def test_tf_keras_keeps_a_subnormal_initial_scale_until_its_arithmetic_flushes_it(initial):
+    # The subnormal reads as 0 (denormals-are-zero), even where twice it would be normal.
+    trace = fpemu.simulate_scaler([False, False, True], "tf_keras", initial_scale=initial, dynamic_growth_steps=1)
+    assert trace.scales == [initial, 0.0, 0.0] and trace.final_scale == 1.0  # 0 * 2 = 0; max(0 / 2, 1)
 
 
 # --- paddle.amp.GradScaler on the CPU --------------------------------------------------

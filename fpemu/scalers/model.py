@@ -25,9 +25,10 @@ scalers differ is a field of :class:`ScalerRules`:
 * ``hysteresis`` with ``hysteresis_style`` ``"megatron"`` (refill on growth) or
   ``"deepspeed"`` (refill on growth, or on every finite step when
   ``consecutive_hysteresis``); ``tolerance`` (fairseq); ``backoff_every``
-  (Paddle's decr_every_n_nan_or_inf); ``flush_subnormals`` (XLA on the CPU) with
-  ``flush_initial_scale`` False where the initial scale is stored as given, subnormal
-  too, and only the arithmetic flushes (TensorFlow);
+  (Paddle's decr_every_n_nan_or_inf); ``flush_subnormals`` (XLA on the CPU: subnormal
+  results become 0 and subnormal operands read as 0) with ``flush_initial_scale`` False
+  where the initial scale is stored as given, subnormal too, and only the arithmetic
+  flushes (TensorFlow);
   ``at_zero_scale``: what a step does once the scale has reached exactly 0:
   ``"continue"`` (torch: the inf check runs on the scaled gradients, all zero),
   ``"overflow"`` (a profile that checks the unscaled gradients sees 0/0 = NaN on
@@ -172,13 +173,19 @@ class ScalerRules:
             return 0.0
         return out
 
+    def _operand(self, scale: float) -> float:
+        """The scale as flushing arithmetic reads it: a subnormal is 0 (denormals-are-zero)."""
+        return 0.0 if self.flush_subnormals and 0 < abs(scale) < F32_TINY else scale
+
     def _multiply(self, scale: float, factor: float) -> float:
+        scale = self._operand(scale)
         if self.arithmetic == "fp32":
             with np.errstate(over="ignore", under="ignore"):
                 return self._round(np.float32(scale) * np.float32(factor))
         return self._round(scale * factor)  # float64 product, rounded once (or kept for python)
 
     def _divide(self, scale: float, factor: float) -> float:
+        scale = self._operand(scale)
         if self.arithmetic == "fp32":
             with np.errstate(over="ignore", under="ignore"):
                 return self._round(np.float32(scale) / np.float32(factor))
