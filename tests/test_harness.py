@@ -2,6 +2,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+import sys
 
 import pytest
 
@@ -138,8 +139,23 @@ def test_golden_and_diff(capsys, tmp_path, spec_dir):
     code, out, _ = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--json")
     verdicts = json.loads(out)["verdicts"]
     assert code == 0 and {v["status"] for v in verdicts} == {"match", "known divergence"}
-    code, out, _ = run_cli(capsys, "diff", spec_dir / "timing_torch.toml", "--golden", golden, "--impl", "torch@cuda")
-    assert code == 0  # skipped with a reason where CUDA is absent, compared where present
+    code, out, _ = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--exclude", "flax", "--json")
+    kept = {v["implementation"] for v in json.loads(out)["verdicts"]}
+    assert code == 0 and "torch@cpu" in kept and "flax@cpu" not in kept
+    import torch
+    code, out, err = run_cli(capsys, "diff", spec_dir / "timing_torch.toml", "--golden", golden, "--impl", "torch@cuda")
+    if torch.cuda.is_available():
+        assert code == 0 and "match  timing_torch / torch@cuda" in out
+    else:  # skipped with the reason; a run that compares nothing is not a success unless allowed
+        assert code == 1 and "skipped  timing_torch / torch@cuda: CUDA is not available" in out
+        assert "nothing compared: every job was skipped: torch@cuda (1 spec): CUDA is not available" in err
+        assert "--allow-skips" in err
+        assert run_cli(capsys, "diff", spec_dir / "timing_torch.toml", "--golden", golden, "--impl", "torch@cuda",
+                       "--allow-skips")[0] == 0
+    code, _, err = run_cli(capsys, "diff", spec_dir / "timing_torch.toml", "--golden", golden, "--exclude", "torch")
+    assert code == 2 and "nothing to run" in err and "outside --exclude torch" in err
+    code, _, err = run_cli(capsys, "diff", spec_dir, "--golden", golden, "--exclude", "pytorch")
+    assert code == 2 and "--exclude pytorch: unknown implementation" in err
     code, _, err = run_cli(capsys, "diff", spec_dir, "--golden", tmp_path / "nowhere")
     assert code == 2 and "no golden trace for spec" in err
 
@@ -367,3 +383,150 @@ def test_run_drops_traces_of_removed_specs(tmp_path, capsys):
     assert run_cli(capsys, "run", "--specs", specs, "--reports", reports)[0] == 0
     assert sorted(p.name for p in (reports / "golden").iterdir()) == ["b.json"]
     assert "### a" not in (reports / "harness.md").read_text()
+
+
+# --- upgrades: every job isolated, nothing compared is not success ---------------
+
+TWO_IMPLS = GOOD + """
+[implementations.torch]
+[implementations.flax_renamed]
+params = { init_scale = 16.0, growth_interval = 2 }
+"""
+
+
+def _adapter_row(monkeypatch, name, entry, profile, packages=("jax", "jaxlib", "flax"), modules=("jax", "flax")):
+    """A row of the adapter table, as a release with another API would need: real frameworks, no mocks."""
+    from fpemu.adapters import ADAPTERS, Adapter
+    monkeypatch.setitem(ADAPTERS, name, Adapter(name, "scaler", entry, packages, modules, profile=profile))
+
+
+@pytest.mark.fpemu_torch
+@pytest.mark.fpemu_flax
+def test_a_framework_that_rejects_an_argument_is_one_result_line(capsys, tmp_path, monkeypatch):
+    import flax
+    # flax's DynamicScale has no init_scale: the installed flax raises a real TypeError, as flax 0.6.9
+    # did for minimum_scale.  The torch job of the same spec still runs and matches.
+    _adapter_row(monkeypatch, "flax_renamed", "fpemu.adapters.jax_scalers:record_flax", "torch")
+    spec = tmp_path / "two.toml"
+    spec.write_text(TWO_IMPLS)
+    golden = tmp_path / "golden"
+    run_cli(capsys, "golden", spec, "--out", golden)
+    code, out, _ = run_cli(capsys, "diff", spec, "--golden", golden)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "           match  two / torch@cpu"
+    assert lines[1].startswith(f"     api changed  two / flax_renamed@cpu (flax {flax.__version__}, jax ")
+    assert "TypeError" in lines[1] and "init_scale" in lines[1] and "(raised at fpemu/adapters/jax_scalers.py:" in lines[1]
+    assert lines[-1] == "2 jobs: 1 api changed, 1 match"
+    code, out, _ = run_cli(capsys, "diff", spec, "--golden", golden, "--json")
+    failed = json.loads(out)["verdicts"][1]
+    assert code == 1 and failed["status"] == "api changed" and failed["packages"]["flax"] == flax.__version__
+
+    # record: the torch trace is written (atomically, as its job ends), the failure reported, no partial file.
+    baseline = tmp_path / "baseline"
+    old = tmp_path / "old.toml"
+    old.write_text(GOOD)
+    assert run_cli(capsys, "record", old, "--out", baseline)[0] == 0
+    code, out, _ = run_cli(capsys, "record", spec, "--out", baseline)
+    assert code == 1
+    assert sorted(p.name for p in baseline.iterdir()) == ["two.torch-cpu.json"]
+    assert "api changed  two / flax_renamed@cpu" in out
+    assert ("removed 2 stale traces from " f"{baseline} (not written by this run): old.flax_renamed-cpu.json, "
+            "old.torch-cpu.json") in out
+    code, _, err = run_cli(capsys, "record", spec, "--out", golden)
+    assert code == 2 and "holds golden (reference) traces" in err
+
+
+@pytest.mark.fpemu_torch
+@pytest.mark.fpemu_flax
+def test_audit_isolates_each_job_and_selects_implementations(capsys, tmp_path, monkeypatch):
+    import flax
+    _adapter_row(monkeypatch, "flax_moved", "fpemu.adapters.jax_scalers:record_flax", "flax")
+    spec = tmp_path / "moved.toml"
+    spec.write_text(TWO_IMPLS.replace("flax_renamed]\nparams = { init_scale = 16.0, growth_interval = 2 }",
+                                      "flax_moved]\nparams = { scale = 16.0, growth_interval = 2 }"))
+    baseline = tmp_path / "baseline"
+    assert run_cli(capsys, "record", spec, "--out", baseline)[0] == 0
+    assert run_cli(capsys, "audit", "--baseline", baseline)[0] == 0
+    # The next release moved the module: importing the entry fails inside flax's package.
+    _adapter_row(monkeypatch, "flax_moved", "flax.training.no_such_module:record_flax", "flax")
+    code, out, _ = run_cli(capsys, "audit", "--baseline", baseline)
+    assert code == 1 and out.startswith("1 recorded behaviours unchanged, 0 changed, 0 skipped, 1 failed (1 cannot run)")
+    assert f"cannot run  moved / flax_moved@cpu (flax {flax.__version__}, jax" in out
+    assert "ModuleNotFoundError" in out and f"was recorded with flax {flax.__version__}" in out
+    assert run_cli(capsys, "audit", "--baseline", baseline, "--impl", "torch")[:2] == \
+        (0, "1 recorded behaviours unchanged, 0 changed, 0 skipped\n")
+    assert run_cli(capsys, "audit", "--baseline", baseline, "--exclude", "flax_moved")[0] == 0
+    code, _, err = run_cli(capsys, "audit", "--baseline", baseline, "--impl", "torch@cuda")
+    assert code == 2 and "nothing to audit" in err and "--impl torch@cuda" in err
+    code, _, err = run_cli(capsys, "audit", "--baseline", baseline, "--impl", "pytorch")
+    assert code == 2 and "--impl pytorch: unknown implementation" in err
+    # A framework present in the baseline and missing now: not audited, so not a success unless allowed.
+    monkeypatch.setitem(sys.modules, "flax", None)
+    code, out, err = run_cli(capsys, "audit", "--baseline", baseline)
+    assert code == 1 and "skipped  moved / flax_moved@cpu: flax not installed" in out
+    assert "1 baseline behaviour not audited" in err and "flax_moved@cpu (1 spec): flax not installed" in err
+    assert run_cli(capsys, "audit", "--baseline", baseline, "--allow-skips")[0] == 0
+
+
+@pytest.mark.fpemu_torch
+@pytest.mark.fpemu_flax
+def test_an_error_in_fpemu_itself_is_exit_3_after_every_job_ran(capsys, tmp_path, monkeypatch):
+    # An entry that returns flax's own object instead of a trace: the harness trips over it (a bug in
+    # fpemu, not a divergence nor the framework's fault), and the torch job still runs.
+    _adapter_row(monkeypatch, "flax_raw", "flax.training.dynamic_scale:DynamicScale", "flax")
+    spec = tmp_path / "raw.toml"
+    spec.write_text(TWO_IMPLS.replace("flax_renamed]\nparams = { init_scale = 16.0, growth_interval = 2 }",
+                                      "flax_raw]\nparams = { scale = 16.0 }"))
+    golden = tmp_path / "golden"
+    run_cli(capsys, "golden", spec, "--out", golden)
+    code, out, err = run_cli(capsys, "diff", spec, "--golden", golden)
+    assert code == 3 and "match  raw / torch@cpu" in out
+    assert "internal error  raw / flax_raw@cpu" in out and "AttributeError" in out and "a bug in fpemu" in out
+    assert "Traceback" in err
+
+
+def test_impl_jax_step_runs_only_on_step_specs_that_do_not_name_their_implementations(capsys, tmp_path):
+    from fpemu.harness import implementations_for
+    for torch_only in ("step_bf16_torch", "step_fp16_torch"):
+        assert implementations_for(load_spec(SPECS / f"{torch_only}.toml"), ["jax_step"]) == []
+    assert [i.name for i in implementations_for(load_spec(SPECS / "step_bf16_jax_strict.toml"), ["jax_step"])] == \
+        ["jax_step"]
+    assert implementations_for(load_spec(SPECS / "timing_torch.toml"), ["jax_step"]) == []
+    open_spec = parse_spec("steps = 4\n[step]\nbatch = 2\n", "open.toml")
+    assert [i.name for i in implementations_for(open_spec, ["jax_step", "torch_step"])] == ["jax_step", "torch_step"]
+    golden = tmp_path / "golden"
+    run_cli(capsys, "golden", SPECS / "step_bf16_torch.toml", "--out", golden)
+    code, _, err = run_cli(capsys, "diff", SPECS / "step_bf16_torch.toml", "--golden", golden, "--impl", "jax_step")
+    assert code == 2 and "nothing to run: no spec declares or matches --impl jax_step" in err
+
+
+_CORE_ONLY = ("torch", "jax", "jaxlib", "flax", "jmp", "keras", "optax", "deepspeed", "megatron", "matplotlib",
+              "tensorflow", "tf_keras", "paddle")
+
+
+def test_run_on_a_core_install_writes_reports_and_says_nothing_was_compared(capsys, tmp_path, monkeypatch):
+    # A core install (numpy + ml_dtypes): every framework, and matplotlib, absent.
+    for module in _CORE_ONLY:
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setenv("FPEMU_ENV_DIR", str(tmp_path / "no-environments"))
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("timing_torch", "floor_flax", "step_bf16_jax_strict", "timing_apex"):
+        shutil.copy(SPECS / f"{name}.toml", specs)
+    reports = tmp_path / "reports"
+    code, out, err = run_cli(capsys, "run", "--specs", specs, "--reports", reports)
+    assert code == 1
+    assert "skipped  floor_flax / flax@cpu: flax, jax not installed" in out or "floor_flax / flax@cpu" in out
+    assert "nothing compared: every job was skipped: " in err and "torch@cpu (1 spec): torch not installed" in err
+    assert "jax_step@cpu (1 spec): jax not installed" in err and "--allow-skips" in err
+    assert out.splitlines()[-1].startswith("wrote ") and "files under" in out.splitlines()[-1]
+    profiles = (reports / "profiles.md").read_text()
+    assert "plots/profiles.png" not in profiles and "matplotlib is not installed" in profiles
+    assert not (reports / "plots").exists()
+    assert (reports / "golden" / "timing_apex.json").exists()  # the reference traces are still written
+    assert run_cli(capsys, "run", "--specs", specs, "--reports", reports, "--allow-skips")[0] == 0
+    # Only source-derived profiles: there was nothing to compare, and nothing was skipped.
+    for name in ("timing_torch", "floor_flax", "step_bf16_jax_strict"):
+        (specs / f"{name}.toml").unlink()
+    assert run_cli(capsys, "run", "--specs", specs, "--reports", reports)[0] == 0

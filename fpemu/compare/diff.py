@@ -21,6 +21,29 @@ from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
 
 
 MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"
+API_CHANGED, CANNOT_RUN, INTERNAL_ERROR = "api changed", "cannot run", "internal error"
+
+# Every status a job (one spec x one implementation, in diff, record, audit and run) ends in:
+# status -> (what it means, whether it fails the run, the exit code it asks for).  A closed set:
+# reports and the CLI order their lines by it.
+STATUSES = {
+    INTERNAL_ERROR: ("fpemu itself raised outside the adapter's run (a bug in fpemu); the other jobs still "
+                     "run", True, 3),
+    API_CHANGED: ("the framework refused the adapter's call: a TypeError or AttributeError raised by the "
+                  "framework or by the adapter's call into it (an argument added or removed, an attribute "
+                  "renamed)", True, 1),
+    CANNOT_RUN: ("the framework is installed but the job could not run: it or a dependency fails to import, "
+                 "or any other exception was raised while the adapter ran (a dtype the release lacks, a "
+                 "value it refuses, a dead worker)", True, 1),
+    DIVERGED: ("the traces differ, and not (only) where the spec declares", True, 1),
+    KNOWN: ("the first divergence is the one the spec declares", False, 0),
+    SKIPPED: ("not run: its framework, isolated environment or device is absent here (a run where every job "
+              "is skipped, or an audit of a baseline implementation missing now, fails unless "
+              "--allow-skips)", False, 0),
+    MATCH: ("the traces agree bit for bit", False, 0),
+}
+FAILED = tuple(status for status, (_, failed, _) in STATUSES.items() if failed)
+JOB_FAILURES = (INTERNAL_ERROR, API_CHANGED, CANNOT_RUN)  # a job that produced no trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +74,7 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        return self.status == DIVERGED
+        return STATUSES[self.status][1]
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)

@@ -7,13 +7,16 @@ Data flows one way: spec -> scenario -> reference model or real adapter -> trace
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import sys
+import traceback
 from typing import Callable, Optional
 
-from fpemu.compare import SKIPPED, Verdict, compare_traces
+from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
 from fpemu.errors import FpemuInputError
-from fpemu.harness.run import (REFERENCE, implementation_key, record_trace, reference_trace, skip_reason)
+from fpemu.harness.run import (REFERENCE, implementation_key, package_versions, record_trace, reference_trace,
+                               skip_reason)
 from fpemu.specs import ScalerScenario, StepScenario, load_specs, parse_spec
 from fpemu.traces import read_trace, trace_filename, write_trace
 
@@ -47,6 +50,25 @@ def parse_implementation(name: str) -> tuple:
     if device not in ADAPTERS[adapter].devices:
         raise FpemuInputError(f"--impl {name}: {adapter} runs on {', '.join(ADAPTERS[adapter].devices)} only")
     return adapter, device
+
+
+def matches(key: str, names) -> bool:
+    """Whether the implementation ``key`` (``adapter@device``) is one of ``names``: an adapter name
+    matches it on every device, ``adapter@device`` on that device only."""
+    adapter, _, device = key.partition("@")
+    for name in names or ():
+        wanted, _, wanted_device = name.partition("@")
+        if wanted == adapter and wanted_device in ("", device):
+            return True
+    return False
+
+
+def _check_names(names, option: str) -> None:
+    for name in names or ():
+        try:
+            parse_implementation(name)
+        except FpemuInputError as error:
+            raise FpemuInputError(str(error).replace("--impl", option, 1)) from None
 
 
 def _scenario_kind(scenario) -> str:
@@ -108,59 +130,221 @@ def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
     return golden
 
 
+# --- one job, isolated ----------------------------------------------------------
+
+_FPEMU_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_ADAPTERS_ROOT = _FPEMU_ROOT / "adapters"
+
+
+def _within(filename: str, folder: pathlib.Path) -> bool:
+    try:
+        pathlib.Path(filename).resolve().relative_to(folder)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _short_path(filename: str) -> str:
+    """A frame's file as a reader finds it: fpemu/..., or the package's own path under site-packages."""
+    if _within(filename, _FPEMU_ROOT):
+        return str(pathlib.Path(filename).resolve().relative_to(_FPEMU_ROOT.parent))
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    return pathlib.Path(filename).name
+
+
+def classify_failure(error: BaseException) -> str:
+    """The status of a job whose run raised ``error`` (see fpemu.compare.diff.STATUSES).
+
+    An import error anywhere is ``cannot run``; an error from an isolated environment takes the
+    remote exception's type; otherwise the innermost frame of fpemu decides: in an adapter (or
+    below it, in the framework) a TypeError or AttributeError is ``api changed`` and anything
+    else ``cannot run``; in fpemu's own core it is an ``internal error``.
+    """
+    from fpemu.harness import environments
+    if isinstance(error, ImportError):
+        return CANNOT_RUN
+    if isinstance(error, environments.EnvironmentCallError):
+        remote = error.args[1] if len(error.args) > 1 and isinstance(error.args[1], str) else ""
+        last = remote.strip().splitlines()[-1] if remote.strip() else ""
+        kind = last.partition(":")[0].strip().rpartition(".")[2]
+        return API_CHANGED if kind in ("TypeError", "AttributeError") else CANNOT_RUN
+    if isinstance(error, (environments.EnvironmentBuildError, environments.EnvironmentNotBuilt, SystemExit)):
+        return CANNOT_RUN
+    own = [frame.filename for frame in traceback.extract_tb(error.__traceback__)
+           if _within(frame.filename, _FPEMU_ROOT)]
+    if own and not _within(own[-1], _ADAPTERS_ROOT):
+        return INTERNAL_ERROR
+    return API_CHANGED if isinstance(error, (TypeError, AttributeError)) else CANNOT_RUN
+
+
+def _blamed_package(error: BaseException, modules) -> Optional[str]:
+    """The distribution of the innermost frame that belongs to one of the adapter's framework
+    ``modules`` (the package that raised), if any."""
+    import importlib.metadata
+    blamed = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        top = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        if top in modules:
+            blamed = top
+    if blamed is None:
+        return None
+    try:
+        return importlib.metadata.packages_distributions().get(blamed, [blamed])[0]
+    except Exception:  # noqa: BLE001 -- naming the package is a courtesy
+        return blamed
+
+
+def job_failure(scenario, impl, error: BaseException) -> Verdict:
+    """The one result line of a job whose run raised ``error``: its status, the exception, the
+    package that raised it (with its version) and where, and every package version the adapter uses."""
+    from fpemu.adapters import ADAPTERS
+    adapter = ADAPTERS.get(impl.name)
+    packages = package_versions(adapter.packages, adapter.environment) if adapter is not None else {}
+    status = classify_failure(error)
+    message = (str(error).strip().splitlines() or [""])[0]
+    if len(message) > 300:
+        message = message[:297] + "..."
+    blamed = _blamed_package(error, adapter.modules) if adapter is not None else None
+    where = ""
+    if blamed is not None:
+        where = f" in {blamed} {packages.get(blamed) or package_versions([blamed])[blamed]}"
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" (raised at {_short_path(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    note = f"{type(error).__name__}{where}: {message}{at}"
+    if status == INTERNAL_ERROR:
+        note += "; this is a bug in fpemu, please report it with the traceback above"
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    return Verdict(scenario.name, implementation_key(impl), status, note=note, packages=packages)
+
+
+def _skipped(scenario, impl, reason: str) -> Verdict:
+    from fpemu.adapters import ADAPTERS
+    adapter = ADAPTERS.get(impl.name)
+    packages = package_versions(adapter.packages, adapter.environment) if adapter is not None else {}
+    return Verdict(scenario.name, implementation_key(impl), SKIPPED, note=reason, packages=packages)
+
+
+def run_job(scenario, impl):
+    """Run one job: (its trace, None) or (None, the Verdict saying why there is none).
+
+    Whatever the adapter or its framework raises is one result (see :func:`job_failure`); only bad
+    input (FpemuInputError, exit 2) and interrupts go through.
+    """
+    reason = skip_reason(impl)
+    if reason:
+        return None, _skipped(scenario, impl, reason)
+    try:
+        return record_trace(scenario, impl), None
+    except FpemuInputError:
+        raise
+    except (Exception, SystemExit) as error:  # noqa: BLE001 -- one job's failure is one result line
+        return None, job_failure(scenario, impl, error)
+
+
+def skipped_summary(verdicts) -> str:
+    """Which implementations were skipped and why, one clause per implementation and reason."""
+    groups = {}
+    for v in verdicts:
+        if v.status == SKIPPED:
+            groups.setdefault((v.implementation, v.note), []).append(v.spec)
+    return "; ".join(f"{impl} ({len(specs)} spec{'s' * (len(specs) != 1)}): {why}"
+                     for (impl, why), specs in groups.items())
+
+
+# --- the jobs -------------------------------------------------------------------
+
 def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progress = _quiet,
-         allow_none: bool = False) -> list:
+         allow_none: bool = False, excluded=None) -> list:
     """Drive the implementations through every spec and compare with the golden traces.
 
     Every golden trace is read (and checked) before anything runs; no implementation to
     run is an error unless ``allow_none`` (``fpemu run`` over specs of source-derived profiles).
+    Each job is isolated: one that cannot run is one Verdict (see :func:`run_job`).
     """
     scenarios = load_specs(spec_paths)
-    jobs = _jobs(scenarios, requested, allow_none)
+    jobs = _jobs(scenarios, requested, allow_none, excluded)
     goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs}  # all, before any run
     verdicts = []
     for index, (scenario, impl) in enumerate(jobs, 1):
         key = implementation_key(impl)
-        golden = goldens[scenario.name]
-        reason = skip_reason(impl)
-        if reason:
-            verdicts.append(Verdict(scenario.name, key, SKIPPED, note=reason))
+        observed, failure = run_job(scenario, impl)
+        if failure is not None:
+            verdicts.append(failure)
         else:
-            observed = record_trace(scenario, impl)
             if save_dir is not None:
                 write_trace(observed, pathlib.Path(save_dir) / trace_filename(scenario.name, key))
-            verdicts.append(compare_traces(golden, observed, impl.expect_divergence))
+            verdicts.append(compare_traces(goldens[scenario.name], observed, impl.expect_divergence))
         progress(index, len(jobs), f"{scenario.name} / {key}")
     return verdicts
 
 
-def _jobs(scenarios, requested, allow_none: bool = False) -> list:
-    """(scenario, implementation) pairs; finding none is an error unless ``allow_none``."""
-    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)]
+def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list:
+    """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
+    ``allow_none``."""
+    _check_names(excluded, "--exclude")
+    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)
+            if not matches(implementation_key(impl), excluded)]
     if not jobs and not allow_none:
         named = f"--impl {' '.join(requested)}" if requested else "any implementation"
+        if excluded:
+            named += f" outside --exclude {' '.join(excluded)}"
         raise FpemuInputError(f"nothing to run: no spec declares or matches {named} "
                               "(a spec runs its profile's own adapter and those under [implementations])")
     return jobs
 
 
-def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet) -> tuple:
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """What ``record`` did: the traces written, the stale traces it removed from the folder, and a
+    Verdict for every job that wrote none (skipped, or failed: api changed, cannot run, ...)."""
+    written: list
+    removed: list
+    unrecorded: list
+
+
+def _trace_files(folder: pathlib.Path) -> dict:
+    """path -> implementation of every fpemu trace in ``folder`` (other JSON files are not ours)."""
+    found = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(body, dict) and body.get("format") == "fpemu-trace":
+            found[path] = (body.get("metadata") or {}).get("implementation")
+    return found
+
+
+def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet, excluded=None) -> Recorded:
     """Record the real implementations' traces (an audit baseline) into ``out_dir``.
 
-    Returns (paths written, [(spec, implementation, why skipped)]).
+    Each trace is written atomically as its job ends; a job that cannot run writes nothing and is
+    reported.  The folder then holds exactly this run's traces: traces in it that this run did not
+    write (of removed specs, of implementations not run now, of jobs that failed) are removed and
+    listed, so an audit never mixes two recordings.  A folder of golden (reference) traces is refused.
     """
-    jobs = _jobs(load_specs(spec_paths), requested)
-    written, skipped = [], []
+    out_dir = pathlib.Path(out_dir)
+    jobs = _jobs(load_specs(spec_paths), requested, excluded=excluded)
+    golden = [path.name for path, impl in _trace_files(out_dir).items() if impl == REFERENCE]
+    if golden:
+        raise FpemuInputError(f"{out_dir}: holds golden (reference) traces ({', '.join(golden[:3])}"
+                              f"{', ...' if len(golden) > 3 else ''}); record a baseline into a folder of its own")
+    written, unrecorded = [], []
     for index, (scenario, impl) in enumerate(jobs, 1):
         key = implementation_key(impl)
-        reason = skip_reason(impl)
-        if reason:
-            skipped.append((scenario.name, key, reason))
+        trace, failure = run_job(scenario, impl)
+        if failure is not None:
+            unrecorded.append(failure)
         else:
-            path = pathlib.Path(out_dir) / trace_filename(scenario.name, key)
-            written.append(write_trace(record_trace(scenario, impl), path))
+            written.append(write_trace(trace, out_dir / trace_filename(scenario.name, key)))
         progress(index, len(jobs), f"{scenario.name} / {key}")
-    return written, skipped
+    removed = []
+    for path in set(_trace_files(out_dir)) - set(written):
+        path.unlink()
+        removed.append(path)
+    return Recorded(written, sorted(removed), unrecorded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,28 +358,40 @@ class AuditChange:
     baseline_path: str
 
 
-def audit(baseline_dir, progress: Progress = _quiet) -> tuple:
+def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=None) -> tuple:
     """Re-record every real-implementation trace in ``baseline_dir`` here and list what changed.
 
-    Each baseline trace carries its spec's full text, so the scenario is rebuilt
-    from the trace itself.  Returns (changes, unchanged count, skipped list).
+    Each baseline trace carries its spec's full text, so the scenario is rebuilt from the trace
+    itself.  ``requested`` / ``excluded``: implementation names (``flax``, ``torch@cuda``) to audit
+    only / to leave out.  Returns (changes, unchanged count, [Verdict of each baseline trace that
+    was not re-recorded: skipped here, or a failed job]).
     """
+    _check_names(requested, "--impl")
+    _check_names(excluded, "--exclude")
     paths = sorted(p for p in pathlib.Path(baseline_dir).glob("*.json"))
     baselines = [(p, read_trace(p)) for p in paths]
     baselines = [(p, t) for p, t in baselines if t.implementation != REFERENCE]
     if not baselines:
         raise FpemuInputError(f"{baseline_dir}: no recorded implementation traces (run `fpemu record` to make a baseline)")
-    changes, unchanged, skipped = [], 0, []
-    for index, (path, before) in enumerate(baselines, 1):
+    chosen = [(p, t) for p, t in baselines if (not requested or matches(t.implementation, requested))
+              and not matches(t.implementation, excluded)]
+    if not chosen:
+        held = sorted({t.implementation for _, t in baselines})
+        raise FpemuInputError(f"nothing to audit: {baseline_dir} holds {', '.join(held)}; none is selected by "
+                              + " ".join(f"{option} {' '.join(names)}" for option, names
+                                         in (("--impl", requested), ("--exclude", excluded)) if names))
+    changes, unchanged, problems = [], 0, []
+    for index, (path, before) in enumerate(chosen, 1):
         spec = before.metadata["spec"]
         scenario = parse_spec(spec["text"], spec["path"])
         adapter, device = parse_implementation(before.implementation)
         impl = dataclasses.replace(scenario.implementation(adapter), device=device)
-        reason = skip_reason(impl)
-        if reason:
-            skipped.append((str(path), reason))
+        now, failure = run_job(scenario, impl)
+        if failure is not None:
+            recorded = ", ".join(f"{k} {v}" for k, v in sorted(before.metadata.get("packages", {}).items()))
+            problems.append(dataclasses.replace(failure, note=f"{failure.note} (the baseline {path.name} "
+                                                              f"was recorded with {recorded or 'no packages'})"))
         else:
-            now = record_trace(scenario, impl)
             verdict = compare_traces(before, now)
             if verdict.divergence is None:
                 unchanged += 1
@@ -203,6 +399,5 @@ def audit(baseline_dir, progress: Progress = _quiet) -> tuple:
                 changes.append(AuditChange(scenario.name, before.implementation, verdict,
                                            before.metadata.get("packages", {}), now.metadata.get("packages", {}),
                                            str(path)))
-        progress(index, len(baselines), f"{before.spec_name} / {before.implementation}")
-    return changes, unchanged, skipped
-
+        progress(index, len(chosen), f"{before.spec_name} / {before.implementation}")
+    return changes, unchanged, problems

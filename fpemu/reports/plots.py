@@ -28,31 +28,38 @@ def _log_scale(values):
     return [v if v > 0 and math.isfinite(v) else float("nan") for v in values]
 
 
-def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: dict = None) -> pathlib.Path:
-    """Scale per step, one line per implementation; red marks on overflow steps.
+def _divergence(value) -> tuple:
+    """(step, field) of a first divergence given as (step, field) or as a bare step."""
+    if isinstance(value, (tuple, list)):
+        return int(value[0]), str(value[1])
+    return int(value), ""
 
-    Args:
-      series: label -> list of scales (the first is drawn thickest: the reference).
-      overflow: per-step overflow flags of the scenario.
-      diverges_at: label -> first divergent step, for implementations that depart from the
-        reference: they get a line of their own and a dashed marker at that step.  Other
-        labels with identical trajectories share one line, labelled "a = b".
-    """
-    diverges_at = diverges_at or {}
+
+def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dict = None):
+    """The figure of :func:`scale_trajectories` (not saved)."""
+    diverges_at = {label: _divergence(at) for label, at in (diverges_at or {}).items()}
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.4))
     merged = {}
     for label, scales in series.items():
         key = (label,) if label in diverges_at else tuple(float(v).hex() for v in scales)
         merged.setdefault(key, (scales, []))[1].append(label)
+    markers = []
     for rank, (scales, labels) in enumerate(merged.values()):
         label = " = ".join(labels)
         if labels[0] in diverges_at:
-            label += f" (differs from step {diverges_at[labels[0]]})"
+            step, field = diverges_at[labels[0]]
+            label += f" (differs from step {step}" + (f", {field})" if field else ")")
         line = ax.step(range(len(scales)), _log_scale(scales), where="post", label=label,
                        linewidth=3.0 if rank == 0 else 1.6, alpha=0.6 if rank == 0 else 0.95)[0]
         if labels[0] in diverges_at:
-            ax.axvline(diverges_at[labels[0]], color=line.get_color(), linestyle="--", linewidth=1)
+            markers.append((diverges_at[labels[0]], line.get_color()))
+    for (step, field), color in markers:
+        ax.axvline(step, color=color, linestyle="--", linewidth=1)
+        # The marker says which field departs first (a scale that agrees can hide a counter that does not).
+        ax.annotate(f"step {step}: {field}" if field else f"step {step}", xy=(step, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(3, -3), textcoords="offset points",
+                    ha="left", va="top", fontsize=7, color=color, rotation=90)
     first = next(iter(series.values()))
     marks = [i for i, flag in enumerate(overflow) if flag and i < len(first)]
     if marks:
@@ -64,38 +71,82 @@ def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: di
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
+
+
+def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: dict = None) -> pathlib.Path:
+    """Scale per step, one line per implementation; red marks on overflow steps.
+
+    Args:
+      series: label -> list of scales (the first is drawn thickest: the reference).
+      overflow: per-step overflow flags of the scenario.
+      diverges_at: label -> (first divergent step, its field) (or a bare step), for implementations
+        that depart from the reference: they get a line of their own and a dashed marker at that
+        step naming the field.  Other labels with identical trajectories share one line, labelled
+        "a = b".
+    """
+    return _save(draw_scale_trajectories(title, series, overflow, diverges_at), path)
+
+
+def draw_shares_per_step(title: str, shares: dict):
+    """The figure of :func:`shares_per_step` (not saved)."""
+    plt = _pyplot()
+    labels = list(shares)
+    fig, axes = plt.subplots(len(labels), 1, figsize=(8, 1.3 + 1.05 * len(labels)), sharex=True, squeeze=False)
+    colors = {"underflow": "tab:blue", "subnormal": "tab:orange", "overflow": "tab:red"}
+    for ax, label in zip(axes[:, 0], labels):
+        values = [100 * v for v in shares[label]]
+        color = colors.get(label, None)
+        ax.fill_between(range(len(values)), values, step="mid", alpha=0.25, color=color, linewidth=0)
+        ax.step(range(len(values)), values, where="mid", color=color, linewidth=1.4)
+        nonzero = [i for i, v in enumerate(values) if v > 0]
+        if nonzero and len(nonzero) <= len(values) // 4:  # a few blips: mark each so none is missed
+            ax.scatter(nonzero, [values[i] for i in nonzero], color=color, s=12, zorder=5)
+        top = max(values, default=0.0)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+        ax.set_ylabel(f"{label}\n%", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if top == 0:
+            ax.text(0.5, 0.5, f"{label}: 0 at every step", transform=ax.transAxes, ha="center", va="center",
+                    fontsize=8, color="0.4")
+        else:
+            ax.text(0.995, 0.92, f"max {top:.3g}%", transform=ax.transAxes, ha="right", va="top", fontsize=7)
+    axes[0, 0].set_title(title, fontsize=10)
+    axes[-1, 0].set_xlabel("step")
+    return fig
 
 
 def shares_per_step(path, title: str, shares: dict) -> pathlib.Path:
-    """Underflow / subnormal / overflow shares of the scaled gradients per step."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.0))
-    for label, values in shares.items():
-        ax.plot(range(len(values)), [100 * v for v in values], label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("% of gradient elements")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+    """Underflow / subnormal / overflow shares of the scaled gradients per step, one panel each with its
+    own scale: no series is drawn over another, and a blip of 0.1% is as visible as a plateau of 60%."""
+    return _save(draw_shares_per_step(title, shares), path)
 
 
-def ulp_histogram(path, title: str, distances: dict) -> pathlib.Path:
-    """Histogram of ulp distances per output field (0 = bit-exact)."""
+def draw_ulp_histogram(title: str, distances: dict):
+    """The figure of :func:`ulp_histogram` (not saved)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.0))
     labels = list(distances)
     buckets = ["0", "1", "2-7", "8-255", ">=256"]
     edges = [(0, 0), (1, 1), (2, 7), (8, 255), (256, math.inf)]
     width = 0.8 / max(len(labels), 1)
+    tallest = 1
     for index, label in enumerate(labels):
         counts = [sum(lo <= d <= hi for d in distances[label]) for lo, hi in edges]
+        tallest = max(tallest, *counts)
         ax.bar([b + index * width for b in range(len(buckets))], counts, width=width, label=label)
     ax.set_xticks([b + 0.4 - width / 2 for b in range(len(buckets))], buckets)
     ax.set_xlabel("ulp distance (float32)")
     ax.set_ylabel("steps (log scale)")
     ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(0, tallest * 2)  # headroom: the tallest bar is not cut by the frame
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+    # Beside the axes, never over the bars.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def ulp_histogram(path, title: str, distances: dict) -> pathlib.Path:
+    """Histogram of ulp distances per output field (0 = bit-exact)."""
+    return _save(draw_ulp_histogram(title, distances), path)

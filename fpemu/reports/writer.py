@@ -8,6 +8,7 @@ import pathlib
 
 import numpy as np
 
+from fpemu.compare.diff import JOB_FAILURES, SKIPPED, STATUSES
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_text
 from fpemu.formats import FORMATS, range_stats
@@ -88,7 +89,8 @@ def _driven_against(profile: str) -> str:
     return "; ".join(versions) or "-"
 
 
-def profiles_report() -> str:
+def profiles_report(plot: bool = True) -> str:
+    """profiles.md; ``plot``: whether plots/profiles.png is written beside it (matplotlib installed)."""
     rows = []
     for profile in PROFILES.values():
         rules = profile.rules(**_comparable_params(profile))
@@ -150,7 +152,9 @@ def profiles_report() -> str:
             + "\n\n## Where each profile first departs from torch.amp.GradScaler\n\n"
             + markdown_table(["profile", "first step that differs", "attempts", "completed updates",
                               "skipped updates", "final scale"], divergence)
-            + "\n\n![profiles](plots/profiles.png)\n\n## At the edges of float32\n\n"
+            + ("\n\n![profiles](plots/profiles.png)" if plot
+               else "\n\n_matplotlib is not installed: the plot of these trajectories is skipped._")
+            + "\n\n## At the edges of float32\n\n"
             "Six good steps from a scale of 1e38 with growth every step (where growth overflows: keep, "
             "clamp, inf, or a Python float that grows past float32), and twelve overflows from 2^-120 "
             "(floors, flush to zero, a raise).\n\n"
@@ -180,9 +184,13 @@ def _load_traces(folder) -> list:
     return [read_trace(path) for path in sorted(pathlib.Path(folder).glob("*.json"))]
 
 
-_STATUS_ORDER = ("diverged", "known divergence", "skipped", "match")
-_STATUS_NOUNS = {"diverged": ("diverged", "diverged"), "known divergence": ("known divergence", "known divergences"),
-                 "skipped": ("skipped", "skipped"), "match": ("match", "matches")}
+_STATUS_ORDER = tuple(STATUSES)  # failures first, then known divergences, skips and matches
+_STATUS_NOUNS = {"known divergence": ("known divergence", "known divergences"), "match": ("match", "matches")}
+
+
+NO_COMPARISONS = ("no comparisons: pass `--diff` with the results of `fpemu diff ... --json > diff.json` (or "
+                  "reports/diff.json of `fpemu run`) and `--observed` with the folder of `fpemu diff --save`")
+_NOTED = (SKIPPED,) + JOB_FAILURES  # statuses whose note says why there is no trace
 
 
 def _headline(verdicts) -> str:
@@ -190,8 +198,8 @@ def _headline(verdicts) -> str:
     for status in _STATUS_ORDER:
         count = sum(v["status"] == status for v in verdicts)
         if count:
-            parts.append(f"{count} {_STATUS_NOUNS[status][count != 1]}")
-    return ", ".join(parts) or "no comparisons"
+            parts.append(f"{count} {_STATUS_NOUNS.get(status, (status, status))[count != 1]}")
+    return ", ".join(parts) or NO_COMPARISONS
 
 
 def _linked(text: str) -> str:
@@ -203,7 +211,7 @@ def _verdict_rows(verdicts) -> list:
     for v in sorted(verdicts, key=lambda v: (_STATUS_ORDER.index(v["status"]), v["spec"])):
         div = v.get("divergence")
         where = "-" if not div else f"step {div['step']}, {div['field']}: expected {div['expected']}, got {div['got']}"
-        status = f"**{v['status']}**" if v["status"] == "diverged" else v["status"]
+        status = f"**{v['status']}**" if STATUSES[v["status"]][1] else v["status"]
         rows.append((f"[{v['spec']}](#{v['spec']})", v["implementation"], status, where,
                      _linked(div["cause"]) if div else "-", _linked(v.get("note") or "-")))
     return rows
@@ -222,10 +230,10 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
     for v in verdicts:
         step = v["divergence"]["step"] if v.get("divergence") else None
         if step is not None:
-            diverges_at[v["implementation"]] = step
+            diverges_at[v["implementation"]] = (step, v["divergence"]["field"])
         lines.append(f"- {v['implementation']}: **{v['status']}**"
                      + (f" from step {step} ({v['divergence']['field']})" if step is not None else "")
-                     + (f"; {v['note']}" if v.get("note") and v["status"] == "skipped" else ""))
+                     + (f"; {v['note']}" if v.get("note") and v["status"] in _NOTED else ""))
     written = []
     if not plots_ok or "scale" not in trace.steps[0]:
         return "\n".join(lines), written
@@ -335,9 +343,10 @@ def index_report(folder: pathlib.Path) -> str:
 def write_all(folder, golden_dir=None, observed_dir=None, diff_file=None) -> list:
     """Write every report that the given inputs allow into ``folder``."""
     folder = pathlib.Path(folder)
+    plots_ok = not _matplotlib_missing()
     written = [atomic_write(folder / "formats.md", formats_report()),
-               atomic_write(folder / "profiles.md", profiles_report())]
-    if not _matplotlib_missing():
+               atomic_write(folder / "profiles.md", profiles_report(plot=plots_ok))]
+    if plots_ok:
         written.append(profiles_plot(folder))
     if golden_dir is not None or diff_file is not None:
         written += harness_report(folder, golden_dir, observed_dir, diff_file)
