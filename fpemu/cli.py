@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import sys
@@ -236,6 +237,216 @@ def _cmd_run(args) -> int:
     return code
 
 
+# --- simulate and underflow: the two everyday questions ------------------------
+
+def _number(text: str, where: str) -> float:
+    """A number as a user types it: 1024, 1e-4, 2**16, 2^-24, inf."""
+    cleaned = text.strip().replace("^", "**")
+    base, sep, exponent = cleaned.partition("**")
+    try:
+        if sep:
+            return float(base) ** int(exponent)
+        return float(cleaned)
+    except (ValueError, OverflowError):
+        raise FpemuInputError(f"{where}: expected a number (1024, 1e-4, 2**16), got {text!r}") from None
+
+
+def _param_value(text: str, where: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(low)
+    except ValueError:
+        return _number(text, where)
+
+
+def _parse_params(items) -> dict:
+    params = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FpemuInputError(f"--param {item}: expected NAME=VALUE (e.g. --param init_scale=1024)")
+        params[key.strip()] = _param_value(value, f"--param {item}")
+    return params
+
+
+def _parse_steps(text: str) -> list:
+    """'3,7,8' or '10-12,20' -> sorted step indices."""
+    steps = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, sep, last = part.partition("-")
+        try:
+            lo, hi = int(first), int(last) if sep else int(first)
+        except ValueError:
+            raise FpemuInputError(f"--overflow-steps {text}: expected step numbers like 3,7,8 or 10-12, "
+                                  f"got {part!r}") from None
+        if lo < 0 or hi < lo:
+            raise FpemuInputError(f"--overflow-steps {text}: {part!r} is not a step or an increasing range >= 0")
+        steps.update(range(lo, hi + 1))
+    return sorted(steps)
+
+
+def _json_float(value):
+    from fpemu.traces.format import encode_float
+    return encode_float(value) if isinstance(value, float) else value
+
+
+def _cmd_simulate(args) -> int:
+    import numpy as np
+    from fpemu.scalers import simulate_scaler
+    from fpemu.scalers.profiles import PROFILES
+    if args.profile not in PROFILES:
+        raise FpemuInputError(f"--profile {args.profile}: unknown profile; profiles: {', '.join(PROFILES)}")
+    overflow_steps = _parse_steps(args.overflow_steps or "")
+    steps = args.steps if args.steps is not None else (overflow_steps[-1] + 1 if overflow_steps else 1)
+    if steps < 1:
+        raise FpemuInputError(f"--steps {steps}: expected at least 1")
+    late = [s for s in overflow_steps if s >= steps]
+    if late:
+        raise FpemuInputError(f"--overflow-steps: step {late[0]} is past the last step ({steps - 1}; --steps {steps})")
+    params = _parse_params(args.param)
+    flags = np.zeros(steps, dtype=bool)
+    flags[overflow_steps] = True
+    try:
+        trace = simulate_scaler(flags, args.profile, **params)
+    except (TypeError, ValueError) as error:
+        raise FpemuInputError(f"--param: {error}") from None
+    profile = PROFILES[args.profile]
+    hysteresis = trace.hysteresis is not None
+    events = {}
+    for step, text in trace.events:
+        events.setdefault(step, []).append(text)
+    rows = []
+    for step in range(trace.attempts):
+        row = {"step": step, "overflow": bool(trace.overflow[step]), "scale": _json_float(float(trace.scales[step])),
+               "scale_hex": float(trace.scales[step]).hex(), "applied": bool(trace.applied[step]),
+               "growth_counter": int(trace.growth_counter[step])}
+        if hysteresis:
+            row["hysteresis"] = trace.hysteresis[step]
+        if step in events:
+            row["events"] = events[step]
+        rows.append(row)
+    shown = {k: v for k, v in trace.params.items()}
+    header = f"{'step':>5}  {'overflow':<8}  {'scale':>15}  {'update':<8}  {'counter':>7}"
+    header += f"  {'hysteresis':>10}" if hysteresis else ""
+    lines = [f"profile {profile.name}: {profile.implementation} ({profile.verified})",
+             "params: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()),
+             "scale: the scale each step used; counter: the growth counter after the step", "", header]
+    for row in rows:
+        line = (f"{row['step']:>5}  {'X' if row['overflow'] else '':<8}  {trace.scales[row['step']]:>15.9g}  "
+                f"{'applied' if row['applied'] else 'skipped':<8}  {row['growth_counter']:>7}")
+        if hysteresis:
+            line += f"  {row['hysteresis']!s:>10}"
+        if row.get("events"):
+            line += "  " + "; ".join(row["events"])
+        lines.append(line)
+    final = float(trace.final_scale)
+    summary = (f"{trace.attempts} steps: {trace.completed_updates} updates applied, {trace.skipped_updates} skipped; "
+               f"final scale {final:.9g} ({final.hex()})")
+    if trace.stopped_at is not None:
+        summary += f"; the implementation raised at step {trace.stopped_at} and training stopped"
+    lines += ["", summary]
+    payload = {"profile": profile.name, "implementation": profile.implementation,
+               "params": {k: _json_float(v) for k, v in shown.items()}, "steps": rows,
+               "summary": {"attempts": trace.attempts, "completed_updates": trace.completed_updates,
+                           "skipped_updates": trace.skipped_updates, "final_scale": _json_float(final),
+                           "final_scale_hex": final.hex(), "stopped_at": trace.stopped_at}}
+    _emit(args, payload, lines)
+    return 0
+
+
+def _flatten(value, name: str, out: list) -> None:
+    """(name, array) for every tensor or array in a torch.load result (dicts and lists nested)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(item, f"{name}.{key}" if name else str(key), out)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _flatten(item, f"{name}.{index}" if name else str(index), out)
+    elif hasattr(value, "detach") and hasattr(value, "dtype"):
+        tensor = value.detach().cpu()
+        if tensor.is_floating_point() and str(tensor.dtype) not in ("torch.float32", "torch.float64"):
+            tensor = tensor.float()  # bf16, fp16 and fp8 widen exactly
+        out.append((name or "tensor", tensor.numpy()))
+
+
+def _load_tensors(path: pathlib.Path) -> list:
+    """[(name, array)] of a .npy, .npz or .pt file; errors name the file."""
+    import numpy as np
+    if not path.is_file():
+        raise FpemuInputError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return [(path.name, np.load(path, allow_pickle=False))]
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                return [(f"{path.name}:{key}", archive[key]) for key in archive.files]
+    except (OSError, ValueError, EOFError) as error:
+        raise FpemuInputError(f"{path}: cannot read as {suffix}: {error}") from None
+    if suffix in (".pt", ".pth"):
+        import importlib.util
+        if importlib.util.find_spec("torch") is None:
+            raise FpemuInputError(f"{path}: reading {suffix} files needs torch, which is not installed "
+                                  "(pip install torch; or save the tensors with numpy.save / numpy.savez)")
+        import torch
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 -- whatever torch refuses, the file is the problem
+            raise FpemuInputError(f"{path}: torch.load (weights_only) cannot read it: "
+                                  f"{(str(error).strip().splitlines() or [''])[0]}") from None
+        found = []
+        _flatten(loaded, "", found)
+        return [(f"{path.name}:{name}", array) for name, array in found]
+    raise FpemuInputError(f"{path}: unknown tensor file type {suffix or '(none)'!r}; expected .npy, .npz or .pt")
+
+
+def _cmd_underflow(args) -> int:
+    from fpemu.formats import FORMATS, range_stats
+    from fpemu.formats.rounding import as_float_array
+    if args.format not in FORMATS:
+        raise FpemuInputError(f"--format {args.format}: unknown format; formats: {', '.join(FORMATS)}")
+    scales = [_number(text, "--scale") for text in args.scale]
+    for scale in scales:
+        if not (math.isfinite(scale) and scale > 0):
+            raise FpemuInputError(f"--scale {scale:g}: expected a positive finite number")
+    rows, notes = [], []
+    for path in args.files:
+        for name, array in _load_tensors(path):
+            try:
+                values = as_float_array(array, name)
+            except TypeError:
+                notes.append(f"{name}: left out, dtype {array.dtype} is not floating point")
+                continue
+            for scale in scales:
+                stats = range_stats(values, args.format, scale, rounding=args.rounding, overflow=args.overflow,
+                                    subnormals=not args.flush_subnormals)
+                rows.append({"array": name, "shape": list(array.shape), "dtype": str(array.dtype), **stats.as_dict(),
+                             "underflow_share": stats.underflow_share, "subnormal_share": stats.subnormal_share,
+                             "overflow_share": stats.overflow_share})
+    if not rows:
+        raise FpemuInputError(f"{', '.join(map(str, args.files))}: no floating-point arrays to measure"
+                              + (f" ({'; '.join(notes)})" if notes else ""))
+    width = max(len(r["array"]) for r in rows)
+    header = (f"{'array':<{width}}  {'shape':<12}  {'dtype':<9}  {'scale':>12}  {'elements':>10}  {'underflow':>9}  "
+              f"{'subnormal':>9}  {'overflow':>9}  {'nan':>5}  {'max |x*s|':>10}")
+    lines = [f"{args.format}, round {args.rounding}, overflow {args.overflow}"
+             + (", subnormals flushed" if args.flush_subnormals else "")
+             + ": the share of each array's elements that x * scale (float32) loses", "", header]
+    for r in rows:
+        lines.append(f"{r['array']:<{width}}  {'x'.join(map(str, r['shape'])) or 'scalar':<12}  {r['dtype']:<9}  "
+                     f"{r['scale']:>12.9g}  {r['total']:>10}  {r['underflow_share']:>9.2%}  {r['subnormal_share']:>9.2%}  "
+                     f"{r['overflow_share']:>9.2%}  {r['nan']:>5}  {r['max_abs']:>10.4g}")
+    lines += notes
+    _emit(args, {"format": args.format, "rounding": args.rounding, "overflow": args.overflow,
+                 "subnormals": not args.flush_subnormals,
+                 "arrays": [{k: _json_float(v) for k, v in r.items()} for r in rows], "notes": notes}, lines)
+    return 0
+
+
 def _cmd_env_build(args) -> int:
     from fpemu.harness import environments
     built = environments.environment_python(args.name) is not None  # an unknown name fails here, exit 2
@@ -343,6 +554,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder (default: reports/)")
     selection(run, impl_help + " (default: each spec's own)")
 
+    simulate = command("simulate", "simulate a loss-scaler profile over your overflow steps: a per-step table",
+                       _cmd_simulate)
+    simulate.add_argument("--profile", default="torch", help="the profile (default torch); `python -c \"import "
+                          "fpemu; print(sorted(fpemu.PROFILES))\"` lists them, reports/profiles.md compares them")
+    simulate.add_argument("--overflow-steps", default="", metavar="STEPS",
+                          help="the steps whose gradients overflow: 3,7,8 or 10-12 (0-based)")
+    simulate.add_argument("--steps", type=int, help="steps to run (default: one past the last overflow step)")
+    simulate.add_argument("--param", action="append", metavar="NAME=VALUE",
+                          help="a parameter of the profile, as the implementation names it (init_scale=1024, "
+                               "growth_interval=4, 2**16 allowed); repeat for several")
+
+    underflow = command("underflow", "the underflow, subnormal and overflow share of each array of tensor files "
+                        "(.npy, .npz, .pt with torch installed) in a format at a loss scale", _cmd_underflow)
+    underflow.add_argument("files", nargs="+", type=pathlib.Path, help=".npy, .npz or .pt files")
+    underflow.add_argument("--format", default="fp16", help="the format (default fp16; e.g. bf16, fp8_e4m3fn)")
+    underflow.add_argument("--scale", nargs="+", default=["1"], help="loss scales to multiply by in float32 "
+                           "(default 1; several give one row each; 2**16 allowed)")
+    underflow.add_argument("--rounding", default="nearest_even",
+                           choices=("nearest_even", "nearest_away", "toward_zero", "up", "down"))
+    underflow.add_argument("--overflow", default="inf", choices=("inf", "saturate"),
+                           help="past the largest finite value: inf (IEEE) or saturate")
+    underflow.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     _add_env_commands(sub)
     return parser
 

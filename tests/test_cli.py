@@ -41,7 +41,7 @@ def test_console_script_usage_error_exits_2():
 
 def test_help_on_every_command():
     commands = build_parser()._subparsers._group_actions[0].choices
-    assert set(commands) == {"golden", "record", "diff", "audit", "report", "run", "env"}
+    assert set(commands) == {"golden", "record", "diff", "audit", "report", "run", "simulate", "underflow", "env"}
     for command in [[], *([c] for c in commands)]:
         proc = subprocess.run([sys.executable, "-m", "fpemu.cli", *command, "--help"], capture_output=True, text=True)
         assert proc.returncode == 0 and "usage: fpemu" in proc.stdout
@@ -61,6 +61,68 @@ def cli(capsys, *argv):
     code = main([*map(str, argv)])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_simulate_prints_a_table_per_step_and_json(capsys):
+    import fpemu
+    code, out, _ = cli(capsys, "simulate", "--profile", "torch", "--overflow-steps", "3,7-8", "--steps", "20",
+                       "--param", "init_scale=1024", "--param", "growth_interval=2")
+    expected = fpemu.simulate_scaler([i in (3, 7, 8) for i in range(20)], "torch", init_scale=1024.0,
+                                     growth_interval=2)
+    rows = [line.split() for line in out.splitlines() if " applied " in line or " skipped " in line]
+    assert code == 0 and len(rows) == 20
+    assert [float(r[2] if r[1] == "X" else r[1]) for r in rows] == expected.scales
+    assert [r[0] for r in rows if r[1] == "X"] == ["3", "7", "8"]
+    assert f"final scale {expected.final_scale:.9g}" in out and "17 updates applied, 3 skipped" in out
+    code, out, _ = cli(capsys, "simulate", "--profile", "flax", "--overflow-steps", "1", "--param", "scale=2**4",
+                       "--json")
+    result = json.loads(out)
+    assert code == 0 and [s["scale"] for s in result["steps"]] == [16.0, 16.0]
+    assert result["summary"]["final_scale"] == 8.0 and result["params"]["scale"] == 16.0
+    for argv, words in ((["--profile", "pytorch"], "--profile pytorch: unknown profile"),
+                        (["--param", "period=3"], "has no parameter 'period'"),
+                        (["--param", "init_scale"], "expected NAME=VALUE"),
+                        (["--overflow-steps", "3,x"], "expected step numbers"),
+                        (["--overflow-steps", "9", "--steps", "5"], "step 9 is past the last step")):
+        code, _, err = cli(capsys, "simulate", *argv)
+        assert code == 2 and words in err, (argv, err)
+
+
+def test_underflow_of_tensor_files(capsys, tmp_path):
+    import numpy as np
+    import torch
+    import fpemu
+    rng = np.random.default_rng(0)
+    grads = (rng.standard_normal(10_000) * 1e-7).astype(np.float32)
+    np.save(tmp_path / "g.npy", grads)
+    np.savez(tmp_path / "layers.npz", embed=grads * 1e-3, head=grads * 1e9, steps=np.arange(3))
+    torch.save({"layer": {"weight": torch.from_numpy(grads).to(torch.bfloat16)}, "step": 3}, tmp_path / "t.pt")
+    code, out, _ = cli(capsys, "underflow", tmp_path / "g.npy", tmp_path / "layers.npz", tmp_path / "t.pt",
+                       "--format", "fp16", "--scale", "1", "2**16", "--json")
+    result = json.loads(out)
+    rows = {(r["array"], r["scale"]): r for r in result["arrays"]}
+    assert code == 0 and len(rows) == 8
+    assert rows[("g.npy", 1.0)]["underflow_share"] == fpemu.range_stats(grads, "fp16").underflow_share > 0.2
+    assert rows[("g.npy", 65536.0)]["underflow_share"] == 0.0
+    assert rows[("layers.npz:head", 65536.0)]["overflow_share"] > 0.5
+    assert ("t.pt:layer.weight", 1.0) in rows and rows[("t.pt:layer.weight", 1.0)]["dtype"] == "float32"
+    assert result["notes"] == ["layers.npz:steps: left out, dtype int64 is not floating point"]
+    code, out, _ = cli(capsys, "underflow", tmp_path / "g.npy", "--scale", "1024")
+    assert code == 0 and "g.npy" in out and "underflow" in out.splitlines()[2]
+    (tmp_path / "x.csv").write_text("1,2")
+    for argv, words in (([tmp_path / "x.csv"], "unknown tensor file type '.csv'"),
+                        ([tmp_path / "none.npy"], "none.npy: no such file"),
+                        ([tmp_path / "g.npy", "--format", "fp17"], "--format fp17: unknown format"),
+                        ([tmp_path / "g.npy", "--scale", "0"], "--scale 0: expected a positive")):
+        code, _, err = cli(capsys, "underflow", *argv)
+        assert code == 2 and words in err, (argv, err)
+
+
+def test_pt_files_without_torch_are_refused_with_the_reason(capsys, tmp_path, monkeypatch):
+    (tmp_path / "t.pt").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    code, _, err = cli(capsys, "underflow", tmp_path / "t.pt")
+    assert code == 2 and "t.pt: reading .pt files needs torch, which is not installed" in err
 
 
 def test_quiet_summarises_written_files_and_run_outside_the_checkout_says_what_to_do(capsys, tmp_path,
