@@ -253,7 +253,7 @@ def assert_same_trace(real, model):
 overflow_runs = st.lists(st.booleans(), min_size=1, max_size=24)
 factors = st.one_of(st.just(2.0), st.sampled_from([3.0, 1.1, 1.5, 10.0]), st.floats(1.0001, 8.0))
 backoffs = st.one_of(st.just(0.5), st.sampled_from([0.3, 0.1, 0.9]), st.floats(0.01, 0.99))
-init_scales = st.one_of(st.sampled_from([2.0**16, 1.0, 3e38, 1e38, 1e-3, 2.0**-120, 0.7]),
+init_scales = st.one_of(st.sampled_from([2.0**16, 1.0, 3e38, 1e38, 1e-3, 2.0**-120, 0.7, 2.0**-149, 2.0**-127]),
                         st.floats(1e-30, 3e38))
 intervals = st.integers(1, 4)
 
@@ -287,6 +287,21 @@ def test_jmp_matches_profile(name, seq, init, factor, period, floor):
     if floor is not None:
         params["min_loss_scale"] = floor
     assert_same_trace(record_scaler(name, seq, **params), fpemu.simulate_scaler(seq, name, **params))
+
+
+@pytest.mark.parametrize("name,params,expected", [
+    ("jmp", dict(loss_scale=2.0**-149, period=1), [2.0**-149, 0.0, 0.0, 1.0]),
+    ("jmp_eager", dict(loss_scale=2.0**-149, period=1, min_loss_scale=0.0), [2.0**-149, 0.0, 0.0, 0.0]),
+    ("flax", dict(scale=2.0**-149, growth_interval=1, minimum_scale=None), [2.0**-149, 0.0, 0.0, 0.0]),
+    ("keras", dict(initial_scale=2.0**-149, dynamic_growth_steps=1), [0.0, 0.0, 0.0, 0.0]),
+])
+def test_subnormal_initial_scale_is_kept_as_given_where_the_state_stores_it(name, params, expected):
+    """jmp and flax keep the float32 they were given (XLA flushes only results: 2^-149 * 2 is 0);
+    Keras assigns it to a variable through XLA, which flushes it at once."""
+    seq = [False, False, True, False]
+    assert bits32(fpemu.simulate_scaler(seq, name, **params).scales) == bits32(expected)
+    _skip_unless(name)
+    assert bits32(record_scaler(name, seq, **params).scales) == bits32(expected)
 
 
 @pytest.mark.parametrize("name,expected", [

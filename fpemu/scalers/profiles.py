@@ -123,13 +123,15 @@ def _jmp(p):
     # fields, so the traced adjust floors at the dataclass default, 1.0, whatever was passed.
     return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
                        arithmetic="fp32", backoff="reciprocal", on_growth_overflow="keep",
-                       floor=1.0, flush_subnormals=True)
+                       floor=1.0, flush_subnormals=True,
+                       flush_initial_scale=False)
 
 
 def _jmp_eager(p):
     return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
                        arithmetic="fp32", backoff="divide", on_growth_overflow="keep",
-                       floor=float(np.float32(p["min_loss_scale"])), flush_subnormals=True)
+                       floor=float(np.float32(p["min_loss_scale"])), flush_subnormals=True,
+                       flush_initial_scale=False)
 
 
 def _flax(p):
@@ -137,7 +139,7 @@ def _flax(p):
     return ScalerRules(p["scale"], p["growth_factor"], p["backoff_factor"], p["growth_interval"],
                        growth_timing="N+1", arithmetic="fp32", on_growth_overflow="clamp",
                        floor=None if floor is None else float(np.float32(floor)), flush_subnormals=True,
-                       at_zero_scale="overflow")
+                       at_zero_scale="overflow", flush_initial_scale=False)
 
 
 def _keras(p):

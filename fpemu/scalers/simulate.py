@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from fpemu.scalers.model import ScalerRules
+from fpemu.scalers.model import F32_TINY, ScalerRules
 from fpemu.scalers.profiles import Profile, get_profile
 
 
@@ -128,7 +128,7 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
         scale = following
     bounds = [0, *(index + 1 for index in events), n]
     lengths = [stop - start for start, stop in zip(bounds, bounds[1:])]
-    if rules.at_zero_scale != "continue" and any(v == 0.0 for v, length in zip(values, lengths) if length):
+    if rules.at_zero_scale != "continue" and any(abs(v) < F32_TINY for v, length in zip(values, lengths) if length):
         return None
     # One Python float object per segment, referenced once per step of it.
     scales_used = []

@@ -158,7 +158,9 @@ class ScalerScenario(_ScenarioBase):
     def implementation(self, name: str) -> Implementation:
         """The implementation ``name`` as this scenario drives it: its own table, else the scaler's
         parameters for the profile's own adapter, else the adapter's defaults."""
-        return self.declared(name) or Implementation(name, dict(self.params) if name == self.profile else {})
+        from fpemu.adapters import get_adapter
+        own = get_adapter(name).profile == self.profile
+        return self.declared(name) or Implementation(name, dict(self.params) if own else {})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
