@@ -95,6 +95,9 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("tf_keras", SCALER, "fpemu.adapters.tf_keras_scaler:record_tf_keras", ("tf_keras", "tensorflow"),
             ("tf_keras", "tensorflow"), profile="tf_keras", verified=("tf_keras 2.21.0", "tensorflow 2.21.0"),
             environment="tf_keras"),
+    Adapter("tf_keras_legacy", SCALER, "fpemu.adapters.tf_keras_scaler:record_tf_keras_legacy",
+            ("tf_keras", "tensorflow"), ("tf_keras", "tensorflow"), profile="tf_keras",
+            verified=("tf_keras 2.21.0", "tensorflow 2.21.0"), environment="tf_keras"),
     # DeepSpeed runs in worker processes (one per DeepSpeed); the *_0_17 rows drive the 0.17.0 tree
     # (deepspeed_scaler.tree_0_17()), so their only distribution visible here is torch.
     Adapter("deepspeed", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed", ("deepspeed", "torch"),
