@@ -529,3 +529,16 @@ def test_run_on_a_core_install_writes_reports_and_says_nothing_was_compared(caps
     for name in ("timing_torch", "floor_flax", "step_bf16_jax_strict"):
         (specs / f"{name}.toml").unlink()
     assert run_cli(capsys, "run", "--specs", specs, "--reports", reports)[0] == 0
+
+
+def test_errors_from_isolated_environments_take_the_remote_exception_type():
+    from fpemu.harness.environments import EnvironmentCallError, EnvironmentTimeout
+    from fpemu.harness.jobs import classify_failure
+    remote = ('Traceback (most recent call last):\n  File "adapter.py", line 3, in record\n'
+              "TypeError: GradScaler.__init__() got an unexpected keyword argument 'incr_every_n_steps'\n")
+    assert classify_failure(EnvironmentCallError("environment 'paddle', m:f raised: TypeError: ...", remote)) == \
+        "api changed"
+    assert classify_failure(EnvironmentCallError("raised", "ModuleNotFoundError: No module named 'packaging'")) == \
+        "cannot run"
+    assert classify_failure(EnvironmentTimeout("no result within 60 s (the worker was killed)")) == "cannot run"
+    assert classify_failure(ModuleNotFoundError("No module named 'packaging'")) == "cannot run"

@@ -166,7 +166,7 @@ def classify_failure(error: BaseException) -> str:
     if isinstance(error, ImportError):
         return CANNOT_RUN
     if isinstance(error, environments.EnvironmentCallError):
-        remote = error.args[1] if len(error.args) > 1 and isinstance(error.args[1], str) else ""
+        remote = getattr(error, "remote_traceback", "") or ""
         last = remote.strip().splitlines()[-1] if remote.strip() else ""
         kind = last.partition(":")[0].strip().rpartition(".")[2]
         return API_CHANGED if kind in ("TypeError", "AttributeError") else CANNOT_RUN
