@@ -180,6 +180,7 @@ def test_rules_refuse_unknown_words_and_wrong_types(field, value, error, words):
     ("deepspeed", dict(raise_error_at_min_scale="no"), TypeError,
      "raise_error_at_min_scale must be true or false, got 'no'"),
     ("optax", dict(max_consecutive_errors=-1), ValueError, "max_consecutive_errors must be at least 0"),
+    ("megatron", dict(initial_scale=1.0, min_scale=2.0), ValueError, r"min_scale must be in \(0, initial_scale\]"),
     ("jmp", dict(loss_scale=1.0, min_loss_scale="1"), TypeError, "min_loss_scale must be a number"),
 ])
 def test_profile_parameters_are_typed(profile, params, error, words):

@@ -43,6 +43,10 @@ class Adapter:
       verified: the package versions its comparison with fpemu's model was made on.
       environment: the isolated environment it runs in (``fpemu.harness.environments``) when its
         packages cannot share the project's; None to run in this process.
+      check: ``"module:function"`` returning why it cannot run beyond missing modules (a package
+        tree outside site-packages that is absent, ...), or None when it can; None for no check.
+      versions: ``"module:function"`` returning the versions of what it runs that ``packages``
+        cannot see here (a tree outside site-packages), merged into its traces' provenance.
     """
 
     name: str
@@ -55,6 +59,8 @@ class Adapter:
     params: dict = dataclasses.field(default_factory=dict)
     verified: tuple = ()
     environment: Optional[str] = None
+    check: Optional[str] = None
+    versions: Optional[str] = None
 
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
@@ -67,12 +73,21 @@ class Adapter:
 
     def function(self):
         """The entry point, imported now."""
-        module, _, attribute = self.entry.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return _imported(self.entry)
+
+    def extra_versions(self) -> dict:
+        """What its ``versions`` hook reports ({} without one)."""
+        return _imported(self.versions)() if self.versions else {}
+
+
+def _imported(entry: str):
+    module, _, attribute = entry.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 
 _TORCH_VERIFIED = ("torch 2.13.0+cpu",)
+_DS_0_17 = "fpemu.adapters.deepspeed_scaler:"  # the 0.17.0 tree: outside site-packages, checked by hooks
 _JAX_VERIFIED = ("jax 0.10.2", "jaxlib 0.10.2")
 
 ADAPTERS = {adapter.name: adapter for adapter in [
@@ -103,15 +118,18 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("deepspeed", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed", ("deepspeed", "torch"),
             ("deepspeed", "torch"), profile="deepspeed", verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED),
     Adapter("deepspeed_0_17", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_0_17", ("torch",),
-            ("torch",), profile="deepspeed_0_17", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED),
+            ("torch",), profile="deepspeed_0_17", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
+            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
     Adapter("deepspeed_legacy", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_legacy", ("torch",),
-            ("torch",), profile="deepspeed_legacy", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED),
+            ("torch",), profile="deepspeed_legacy", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
+            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
     Adapter("deepspeed_fp16_optimizer", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_fp16_optimizer",
             ("deepspeed", "torch"), ("deepspeed", "torch"), profile="deepspeed_fp16_optimizer",
             verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED),
     Adapter("deepspeed_fp16_optimizer_0_17", SCALER,
             "fpemu.adapters.deepspeed_scaler:record_deepspeed_fp16_optimizer_0_17", ("torch",), ("torch",),
-            profile="deepspeed_fp16_optimizer", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED),
+            profile="deepspeed_fp16_optimizer", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
+            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
     Adapter("megatron", SCALER, "fpemu.adapters.megatron_scaler:record_megatron", ("megatron-core", "torch"),
             ("megatron", "torch"), devices=DEVICES, profile="megatron",
             verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),
@@ -153,6 +171,10 @@ def unavailable_reason(name: str, device: str = "cpu"):
     missing = [module for module in adapter.modules if importlib.util.find_spec(module) is None]
     if missing:
         return f"{', '.join(missing)} not installed"
+    if adapter.check is not None:
+        reason = _imported(adapter.check)()
+        if reason:
+            return reason
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():

@@ -63,6 +63,14 @@ def tree_0_17_unavailable() -> Optional[str]:
     return None
 
 
+def tree_0_17_versions() -> dict:
+    """The DeepSpeed version of the 0.17.0 tree, read from its dist-info (no worker started)."""
+    import importlib.metadata
+    found = [d.version for d in importlib.metadata.distributions(path=[tree_0_17()])
+             if d.metadata["Name"] == "deepspeed"]
+    return {"deepspeed": found[0] if found else "not installed"}
+
+
 def _release(version: str) -> tuple:
     from packaging.version import Version
     return Version(version).release[:3]

@@ -192,5 +192,6 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     metadata = _metadata(scenario, implementation_key(impl), adapter.profile,
                          {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device,
                          adapter.environment)
+    metadata["packages"].update(adapter.extra_versions())
     fields = tuple(f for f in scenario.record if f in OBSERVED_FIELDS)
     return Trace(metadata, _steps(observed, fields), _summary(observed))

@@ -89,6 +89,17 @@ def _driven_against(profile: str) -> str:
     return "; ".join(versions) or "-"
 
 
+def _floor_cell(name: str, params: dict) -> str:
+    """Where 12 overflows from 2^-120 leave the scale, or why the implementation refuses that start
+    (megatron asserts its default min_scale 1.0 is at most the initial scale)."""
+    try:
+        floor = simulate_scaler([True] * 12, name, **params)
+    except ValueError as refused:
+        return f"refused: {str(refused).split(': ', 1)[-1]}"
+    stopped = f" (raised at step {floor.stopped_at})" if floor.stopped_at is not None else ""
+    return f"{floor.final_scale:.6g}{stopped}"
+
+
 def profiles_report(plot: bool = True) -> str:
     """profiles.md; ``plot``: whether plots/profiles.png is written beside it (matplotlib installed)."""
     rows = []
@@ -127,10 +138,8 @@ def profiles_report(plot: bool = True) -> str:
         if not profile.rules(**_comparable_params(profile)).dynamic:
             continue
         ceiling = simulate_scaler([False] * 6, name, **_comparable_params(profile, 1e38, 1))
-        floor = simulate_scaler([True] * 12, name, **_comparable_params(profile, 2.0**-120, 1))
-        stopped = f" (raised at step {floor.stopped_at})" if floor.stopped_at is not None else ""
         extremes.append((name, f"{ceiling.final_scale:.9g} ({float(ceiling.final_scale).hex()})",
-                         f"{floor.final_scale:.6g}{stopped}"))
+                         _floor_cell(name, _comparable_params(profile, 2.0**-120, 1))))
     sources = markdown_table(["profile", "verified", "driven against", "source read", "notes"],
                              [(p.name, p.verified, _driven_against(p.name), p.source, p.notes)
                               for p in PROFILES.values()])

@@ -192,6 +192,9 @@ def _deepspeed_fp16_optimizer(p):
 
 
 def _megatron(p):
+    if not 0 < p["min_scale"] <= p["initial_scale"]:  # DynamicGradScaler asserts both
+        raise ValueError(f"profile 'megatron': min_scale must be in (0, initial_scale], got min_scale="
+                         f"{p['min_scale']} with initial_scale={p['initial_scale']}")
     return ScalerRules(p["initial_scale"], p["growth_factor"], p["backoff_factor"], p["growth_interval"],
                        arithmetic="fp32", on_growth_overflow="inf",
                        floor=float(np.float32(p["min_scale"])), hysteresis=p["hysteresis"])
