@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hypothesis_budget import profile_examples
+
 import fpemu
 from fpemu.harness.environments import EnvironmentCallError, call_in_environment, environment_python
 
@@ -83,7 +85,7 @@ def record_paddle(seq, **params):
     return call("paddle", f"{PADDLE}:record_paddle", seq, params, "cpu")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=profile_examples(1), deadline=None)
 @given(seq=sequences, init=init_scales, growth=growths, backoff=backoffs, incr=st.integers(1, 4),
        decr=st.integers(1, 3))
 def test_paddle_cpu_matches_profile(seq, init, growth, backoff, incr, decr):
@@ -155,7 +157,8 @@ def test_paddle_cpu_checks_the_scaled_gradients():
 TF_KERAS = "fpemu.adapters.tf_keras_scaler"
 
 
-@pytest.mark.parametrize("entry,examples", [("record_tf_keras", 120), ("record_tf_keras_legacy", 40)])
+@pytest.mark.parametrize("entry,examples", [("record_tf_keras", profile_examples(2)),
+                                            ("record_tf_keras_legacy", profile_examples(5))])
 def test_tf_keras_matches_profile(entry, examples):
     @settings(max_examples=examples, deadline=None)
     @given(seq=sequences, init=init_scales, steps=st.integers(1, 4))

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import assume, example, given, settings, strategies as st
 
+from hypothesis_budget import profile_examples
+
 import fpemu
 from fpemu.adapters import deepspeed_scaler, megatron_scaler
 
@@ -93,7 +95,7 @@ def _with_examples(cases):
 
 
 @installed
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=profile_examples(3), deadline=None)
 @_with_examples(DS_EXAMPLES)
 @given(seq=overflow_runs, params=ds_params)
 def test_deepspeed_loss_scaler_matches_profile(seq, params):
@@ -101,7 +103,7 @@ def test_deepspeed_loss_scaler_matches_profile(seq, params):
 
 
 @tree
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=profile_examples(5), deadline=None)
 @_with_examples(DS_EXAMPLES + [([False] * 8 + [True, False, False, False], dict(init_scale=1.0, scale_window=2,
                                                                               scale_factor=1.1))])
 @given(seq=overflow_runs, params=ds_0_17_params)
@@ -111,7 +113,7 @@ def test_deepspeed_0_17_loss_scaler_matches_profile(seq, params):
 
 
 @tree
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=profile_examples(10), deadline=None)
 @example(seq=[False] * 3 + [True] * 2, params={})
 @example(seq=[True] * 3, params=dict(init_scale=2.0, min_scale=1))
 @given(seq=overflow_runs, params=st.fixed_dictionaries(
@@ -178,7 +180,7 @@ def test_deepspeed_profiles_refuse_a_zero_floor():
 
 
 @installed
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=profile_examples(7), deadline=None)
 @_with_examples(FP16_EXAMPLES)
 @given(seq=overflow_runs, params=fp16_params)
 def test_deepspeed_fp16_optimizer_matches_profile(seq, params):
@@ -186,7 +188,7 @@ def test_deepspeed_fp16_optimizer_matches_profile(seq, params):
 
 
 @tree
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=profile_examples(10), deadline=None)
 @_with_examples(FP16_EXAMPLES)
 @given(seq=overflow_runs, params=fp16_params)
 def test_deepspeed_0_17_fp16_optimizer_matches_profile(seq, params):
@@ -207,7 +209,7 @@ MEGATRON_EXAMPLES = [
 
 
 @megatron
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=profile_examples(3), deadline=None)
 @_with_examples(MEGATRON_EXAMPLES)
 @given(seq=overflow_runs, params=st.fixed_dictionaries(
     {"initial_scale": init_scales, "growth_interval": windows},
@@ -219,7 +221,7 @@ def test_megatron_dynamic_matches_profile(seq, params):
 
 
 @megatron
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=profile_examples(13), deadline=None)
 @example(seq=[True, True, False, True], initial=3.5e38)
 @example(seq=[False, True], initial=1e-46)  # float32 rounds it to 0
 @example(seq=[True], initial=3.40282356e38)  # rounds down to float32 max

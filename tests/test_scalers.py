@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hypothesis_budget import profile_examples
+
 import fpemu
 from fpemu.adapters import record_scaler, unavailable_reason
 from fpemu.scalers import ScalerRules, run_rules
@@ -259,7 +261,7 @@ init_scales = st.one_of(st.sampled_from([2.0**16, 1.0, 3e38, 1e38, 1e-3, 2.0**-1
 intervals = st.integers(1, 4)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=profile_examples(5), deadline=None)
 @given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals)
 def test_torch_gradscaler_matches_profile(seq, init, growth, backoff, interval):
     _skip_unless("torch")
@@ -267,7 +269,7 @@ def test_torch_gradscaler_matches_profile(seq, init, growth, backoff, interval):
     assert_same_trace(record_scaler("torch", seq, **params), fpemu.simulate_scaler(seq, "torch", **params))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=profile_examples(8), deadline=None)
 @given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals)
 def test_torch_sharded_matches_profile(seq, init, growth, backoff, interval):
     _skip_unless("torch_sharded")
@@ -280,7 +282,7 @@ jmp_floors = st.sampled_from([None, 1.0, 0.3, 4.0, 2.0**-20, 0.0])
 
 
 @pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=profile_examples(8), deadline=None)
 @given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals, floor=jmp_floors)
 def test_jmp_matches_profile(name, seq, init, factor, period, floor):
     _skip_unless(name)
@@ -331,7 +333,7 @@ def test_jmp_adapter_needs_no_flax(tmp_path):
     assert out.stdout.strip() == "[4.0, 8.0]"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=profile_examples(8), deadline=None)
 @given(seq=overflow_runs, init=init_scales, growth=factors, backoff=backoffs, interval=intervals,
        floor=st.sampled_from([None, "default", 0.5]))
 def test_flax_matches_profile(seq, init, growth, backoff, interval, floor):
@@ -342,7 +344,7 @@ def test_flax_matches_profile(seq, init, growth, backoff, interval, floor):
     assert_same_trace(record_scaler("flax", seq, **params), fpemu.simulate_scaler(seq, "flax", **params))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=profile_examples(25), deadline=None)
 @given(seq=overflow_runs, init=init_scales, steps=intervals)
 def test_keras_matches_profile(seq, init, steps):
     _skip_unless("keras")
@@ -350,7 +352,7 @@ def test_keras_matches_profile(seq, init, steps):
     assert_same_trace(record_scaler("keras", seq, **params), fpemu.simulate_scaler(seq, "keras", **params))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=profile_examples(13), deadline=None)
 @given(seq=overflow_runs, limit=st.integers(0, 3))
 def test_optax_matches_profile(seq, limit):
     _skip_unless("optax")

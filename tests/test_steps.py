@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
+from hypothesis_budget import profile_examples
+
 import fpemu.steps.step
 import fpemu.steps.train
 from fpemu.adapters import available
@@ -170,12 +172,6 @@ def step_cases(draw, shape=None):
 
 needs_jax = pytest.mark.skipif(not available("jmp"), reason="jax not installed")
 needs_torch = pytest.mark.skipif(not available("torch"), reason="torch not installed")
-
-
-def profile_examples(share: int) -> int:
-    """A test's example count as ``1/share`` of the loaded hypothesis profile's (HYPOTHESIS_PROFILE,
-    tests/conftest.py): a larger share for tests whose every example costs more."""
-    return max(2, settings.default.max_examples // share)
 
 
 XLA_MODES = ("jax_cpu", "jax_cpu_strict")
