@@ -340,7 +340,8 @@ PROFILES = {profile.name: profile for profile in [
             dict(initial_scale=REQUIRED), _megatron_constant, "mul_recip_fp64", "scaled",
             "OptimizerConfig.loss_scale set: the float32 scale never changes; megatron's optimizer skips "
             "every overflowing step."),
-    Profile("apex", "apex.amp.scaler.LossScaler", "apex before amp's removal (2025-05-08): apex/amp/scaler.py",
+    Profile("apex", "apex.amp.scaler.LossScaler", "NVIDIA/apex at 4d6ed50 (last change to the file, 2019-08; amp removed in cb65b8e, 2025-05-08): "
+            "apex/amp/scaler.py; not installable here (not on PyPI, needs CUDA to build)",
             "source-derived", dict(init_scale=2.0**16, scale_window=2000, min_loss_scale=None,
                                    max_loss_scale=2.0**24),
             _apex, "mul_recip_fp64", "scaled",
@@ -349,7 +350,8 @@ PROFILES = {profile.name: profile for profile in [
             "the subnormal doubles to exactly 0.0, and the next unscale's 1./scale raises "
             "ZeroDivisionError (training stops)."),
     Profile("fairseq", "fairseq.optim.dynamic_loss_scaler.DynamicLossScaler",
-            "fairseq 2025-09: fairseq/optim/dynamic_loss_scaler.py", "source-derived",
+            "facebookresearch/fairseq at 0d77035: fairseq/optim/dynamic_loss_scaler.py; "
+            "not installable here (the 0.12.2 sdist lacks a C++ source, import fails on Python 3.11)", "source-derived",
             dict(init_scale=2.0**15, scale_factor=2.0, scale_window=2000, tolerance=0.0,
                  threshold=None, min_loss_scale=1e-4),
             _fairseq, "mul_recip_fp64", "grad_norm",
