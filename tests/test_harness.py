@@ -284,7 +284,7 @@ def test_independent_spec_mistakes_are_reported_together():
     assert str(caught.value).splitlines() == [
         "s.toml: scaler: missing required key",
         "s.toml: steps: expected an integer, got 'x'",
-        "s.toml: record.fields[1]: expected one of scale, overflow, applied, growth_counter, hysteresis, got 'loss'"]
+        "s.toml: record.fields[1]: expected one of scale, overflow, applied, growth_counter, hysteresis, update_ratio, got 'loss'"]
     with pytest.raises(SpecError) as caught:
         parse_spec('steps = 0\n[step]\nbatch = 9\n[record]\nfields = []\n', "s.toml")
     assert [line.split(":")[1].strip() for line in str(caught.value).splitlines()] == ["steps", "step.batch",

@@ -3,6 +3,7 @@ compared bit for bit with fpemu's profiles; DeepSpeed's engine checked for the f
 
 import importlib.util
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ from hypothesis_budget import profile_examples
 
 import fpemu
 from fpemu.adapters import deepspeed_scaler, megatron_scaler
+from fpemu.traces import read_trace
+
+SPECS = pathlib.Path(__file__).resolve().parent.parent / "specs"
 
 pytestmark = pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning")
 
@@ -300,3 +304,29 @@ def test_engine_default_gradient_clipping(where, stage):
         assert all(math.isclose(norm, clip, rel_tol=2.0**-9) for norm in norms), norms
     else:
         assert default.ratios == [1.0, 1.0]
+
+
+@installed
+def test_engine_spec_reports_the_update_sizes_from_a_spec(tmp_path):
+    """specs/engine_deepspeed.toml: the engine's scale follows the deepspeed profile at ZeRO 0, 1 and 2
+    while its updates do not (measured on 0.19.8): every ZeRO-0 update is 1/16 of the right one,
+    and ZeRO-1/2's first growth step (step 2) is half of it."""
+    from fpemu.harness import diff, write_golden
+    if deepspeed_scaler.deepspeed_version() != "0.19.8":
+        pytest.skip(f"the engine spec's divergences were measured on DeepSpeed 0.19.8, not "
+                    f"{deepspeed_scaler.deepspeed_version()}")
+    spec = SPECS / "engine_deepspeed.toml"
+    write_golden([spec], tmp_path / "golden")
+    verdicts = {v.implementation: v for v in diff([spec], tmp_path / "golden", save_dir=tmp_path / "observed")}
+    assert {key: (v.status, v.divergence.step, v.divergence.field) for key, v in verdicts.items()} == {
+        "deepspeed_zero0@cpu": ("known divergence", 0, "update_ratio"),
+        "deepspeed_zero1@cpu": ("known divergence", 2, "update_ratio"),
+        "deepspeed_zero2@cpu": ("known divergence", 2, "update_ratio")}
+    golden = read_trace(tmp_path / "golden" / "engine_deepspeed.json")
+    for key in verdicts:
+        observed = read_trace(tmp_path / "observed" / f"engine_deepspeed.{key.replace('@', '-')}.json")
+        assert observed.column("scale") == golden.column("scale") and observed.column("applied") == golden.column("applied")
+    zero0 = read_trace(tmp_path / "observed" / "engine_deepspeed.deepspeed_zero0-cpu.json").column("update_ratio")
+    # 1 / (the scale after the step's update): the loss is not scaled, the gradients are unscaled with
+    # 16, 16, then 32 on the growth step, as ZeRO-1/2 unscale with it too.
+    assert zero0[:3] == [1 / 16, 1 / 16, 1 / 32]

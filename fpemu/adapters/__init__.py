@@ -17,6 +17,8 @@ import importlib
 import importlib.util
 from typing import Optional
 
+from fpemu.traces.format import OBSERVED_FIELDS
+
 SCALER, STEP = "scaler", "step"
 ADAPTER_KINDS = (SCALER, STEP)
 DEVICES = ("cpu", "cuda")
@@ -47,6 +49,7 @@ class Adapter:
         tree outside site-packages that is absent, ...), or None when it can; None for no check.
       versions: ``"module:function"`` returning the versions of what it runs that ``packages``
         cannot see here (a tree outside site-packages), merged into its traces' provenance.
+      fields: scaler adapters: the step-record fields its traces hold.
     """
 
     name: str
@@ -61,6 +64,7 @@ class Adapter:
     environment: Optional[str] = None
     check: Optional[str] = None
     versions: Optional[str] = None
+    fields: tuple = OBSERVED_FIELDS
 
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
@@ -130,6 +134,10 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             "fpemu.adapters.deepspeed_scaler:record_deepspeed_fp16_optimizer_0_17", ("torch",), ("torch",),
             profile="deepspeed_fp16_optimizer", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
             check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
+    *(Adapter(f"deepspeed_zero{stage}", SCALER, f"fpemu.adapters.deepspeed_scaler:record_deepspeed_zero{stage}",
+              ("deepspeed", "torch"), ("deepspeed", "torch"), profile="deepspeed",
+              verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED, fields=("scale", "overflow", "applied", "update_ratio"))
+      for stage in (0, 1, 2)),
     Adapter("megatron", SCALER, "fpemu.adapters.megatron_scaler:record_megatron", ("megatron-core", "torch"),
             ("megatron", "torch"), devices=DEVICES, profile="megatron",
             verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -435,7 +436,7 @@ class EngineRun:
 def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int = 1, *,
                initial_scale_power: int = 4, loss_scale_window: int = 2, hysteresis: int = 1,
                gradient_clipping: Optional[float] = 0.0, lr: float = 2.0**-4,
-               tree: Optional[str] = None) -> EngineRun:
+               tree: Optional[str] = None, **fp16_config) -> EngineRun:
     """Train the tiny model for ``steps`` steps through DeepSpeed's engine (fp16, a world of one).
 
     Args:
@@ -448,6 +449,7 @@ def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int =
         default then applies).
       lr: SGD's learning rate; a power of two keeps the updates exact.
       tree: None for the installed DeepSpeed, or a DeepSpeed tree such as :func:`tree_0_17`.
+      **fp16_config: more keys of the fp16 config (``min_loss_scale``, ``consecutive_hysteresis``).
     """
     for name, value in (("steps", steps), ("zero_stage", zero_stage), ("initial_scale_power", initial_scale_power),
                         ("loss_scale_window", loss_scale_window), ("hysteresis", hysteresis)):
@@ -464,7 +466,7 @@ def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int =
     if bad:
         raise ValueError(f"overflow_steps must be step indices in [0, {steps}), got {bad}")
     fp16 = {"initial_scale_power": int(initial_scale_power), "loss_scale_window": int(loss_scale_window),
-            "hysteresis": int(hysteresis)}
+            "hysteresis": int(hysteresis), **_plain(fp16_config)}
     ran = _worker(tree).call("engine", steps=int(steps), overflow_steps=sorted({int(s) for s in overflow_steps}),
                              zero_stage=int(zero_stage), fp16=fp16, lr=float(lr),
                              gradient_clipping=None if gradient_clipping is None else float(gradient_clipping))
@@ -473,3 +475,45 @@ def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int =
     ratios = [None if skip else float(update[0] / correct[0]) for skip, update in zip(ran["skipped"], updates)]
     return EngineRun(ran["version"], zero_stage, ran["optimizer"], ran["scales"], ran["skipped"], updates,
                      correct, ratios, ran["final_scale"], ran["fp16_probe_overridden"])
+
+
+# --- the engine as a scaler adapter ----------------------------------------------
+
+def _engine_config(params: dict) -> dict:
+    """The ``deepspeed`` profile's parameters as the engine's fp16 config, which has a scale power
+    of two and no switch for raising at the floor."""
+    merged = {**get_profile("deepspeed").defaults, **params}
+    get_profile("deepspeed").rules(**params)
+    power = math.log2(merged["init_scale"])
+    if power != int(power):
+        raise ValueError(f"init_scale: the engine's fp16 config takes initial_scale_power, so init_scale must "
+                         f"be a power of two, got {merged['init_scale']}")
+    if merged["raise_error_at_min_scale"] is not True:
+        raise ValueError("raise_error_at_min_scale: the engine's fp16 config has no such key (it always raises)")
+    return {"initial_scale_power": int(power), "loss_scale_window": merged["scale_window"],
+            "hysteresis": merged["delayed_shift"], "min_loss_scale": merged["min_scale"],
+            "consecutive_hysteresis": merged["consecutive_hysteresis"]}
+
+
+def _record_engine(overflows, params, device, zero_stage):
+    """The installed DeepSpeed's engine (fp16, a world of one) through the overflow flags: the scale
+    it reports, whether it skipped, and the update it applied against the right one.  The engine
+    does not expose a growth counter."""
+    _check_device(device)
+    run = run_engine(len(overflows), [i for i, o in enumerate(overflows) if o], zero_stage,
+                     **_engine_config(params))
+    ratios = [0.0 if ratio is None else ratio for ratio in run.ratios]
+    return observed_trace("deepspeed", params, overflows, run.scales, [not s for s in run.skipped], None,
+                          run.final_scale, update_ratio=ratios)
+
+
+def record_deepspeed_zero0(overflows, params, device):
+    return _record_engine(overflows, params, device, 0)
+
+
+def record_deepspeed_zero1(overflows, params, device):
+    return _record_engine(overflows, params, device, 1)
+
+
+def record_deepspeed_zero2(overflows, params, device):
+    return _record_engine(overflows, params, device, 2)

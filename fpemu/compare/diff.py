@@ -120,6 +120,9 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
             return (f"growth timing: the growth counter resets on a different step, and the scale "
                     f"follows at step {later}")
         return f"{field} bookkeeping differs (reset rule)"
+    if field == "update_ratio":
+        return ("update size: the optimizer applied another update than the step's scale implies (its "
+                "gradients were unscaled with another scale than the loss was scaled with, or clipped)")
     if field in ULP_FIELDS:
         return ("tensor arithmetic: the implementation rounds, orders or fuses the step's operations "
                 "differently (see docs/steps.md)")

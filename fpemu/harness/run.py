@@ -13,7 +13,7 @@ from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
 from fpemu.traces import Trace, float_fields
-from fpemu.traces.format import OBSERVED_FIELDS, encode_float
+from fpemu.traces.format import encode_float
 
 REFERENCE = "reference"
 STEP_PROFILE = "seed_step"  # the profile named in step traces: seed 002's own scale rule
@@ -76,6 +76,7 @@ def _model_columns(run) -> dict:
 
 
 def _steps(scaler_trace, fields, model_columns=None) -> tuple:
+    ratios = scaler_trace.update_ratios()
     records = []
     for step in range(scaler_trace.attempts):
         record = {"step": step}
@@ -89,6 +90,8 @@ def _steps(scaler_trace, fields, model_columns=None) -> tuple:
             record["growth_counter"] = int(scaler_trace.growth_counter[step])
         if "hysteresis" in fields and scaler_trace.hysteresis is not None:
             record["hysteresis"] = scaler_trace.hysteresis[step]
+        if "update_ratio" in fields:
+            record.update(float_fields("update_ratio", ratios[step]))
         if model_columns is not None:
             for field, column in model_columns.items():
                 if field in fields:
@@ -193,5 +196,5 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
                          {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device,
                          adapter.environment)
     metadata["packages"].update(adapter.extra_versions())
-    fields = tuple(f for f in scenario.record if f in OBSERVED_FIELDS)
+    fields = tuple(f for f in scenario.record if f in adapter.fields)
     return Trace(metadata, _steps(observed, fields), _summary(observed))

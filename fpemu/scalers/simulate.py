@@ -24,10 +24,14 @@ class ScalerTrace:
       overflow: per step, whether the gradients were non-finite.
       applied: per step, whether the optimizer update ran.
       growth_counter: per step, the growth counter after the update (for profiles
-        without a scale: the count of consecutive non-finite steps).
+        without a scale: the count of consecutive non-finite steps); None where a real
+        implementation does not expose it.
       hysteresis: per step, the hysteresis budget after the update (None without hysteresis).
       events: (step, text) for notable events, such as a raise at the minimum scale.
       stopped_at: the step at which the implementation raised and training ended, or None.
+      update_ratio: per step, the optimizer update a real training engine applied divided by
+        the update its step's own scale implies (0 for a skipped step); None where not measured,
+        and for the model, whose updates are right by construction (1 when applied).
     """
 
     profile: str
@@ -41,6 +45,7 @@ class ScalerTrace:
     hysteresis: Optional[list]
     events: list
     stopped_at: Optional[int] = None
+    update_ratio: Optional[list] = None
 
     @property
     def attempts(self) -> int:
@@ -54,6 +59,12 @@ class ScalerTrace:
     @property
     def skipped_updates(self) -> int:
         return self.attempts - self.completed_updates
+
+    def update_ratios(self) -> list:
+        """update_ratio, or the model's: 1.0 where the update ran, 0.0 where it was skipped."""
+        if self.update_ratio is not None:
+            return list(self.update_ratio)
+        return [1.0 if applied else 0.0 for applied in self.applied.tolist()]
 
     def as_dict(self) -> dict:
         """The seed API's dict: scales, skipped and final_scale."""

@@ -56,7 +56,8 @@ class TraceField:
       ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
         through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
-      observed: the real scaler adapters record it (the others exist only in reference traces).
+      observed: every real scaler adapter records it (others only where the adapter's row lists
+        it in ``fields``, or only in reference traces).
     """
 
     name: str
@@ -72,6 +73,7 @@ FIELDS = {field.name: field for field in [
     TraceField("applied", False, ("scaler", "model", "step"), observed=True),
     TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
     TraceField("hysteresis", False, ("scaler", "model")),
+    TraceField("update_ratio", True, ("scaler",)),
     TraceField("loss", True, ("model", "step")),
     TraceField("params", True, ("step",)),
     TraceField("underflow_share", True, ("model",)),
