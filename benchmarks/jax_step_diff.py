@@ -46,7 +46,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--cases", type=int, default=30, help="cases per shape, format and mode")
     args = parser.parse_args(argv)
     import jax
-    from fpemu.adapters.jax_step import cpu_flags, host_semantics, run_jax_steps
+    from fpemu._host import cpu_flags
+    from fpemu.adapters.jax_step import host_semantics, run_jax_steps
     rows = []
     for mode in MODES:
         semantics = host_semantics(mode)

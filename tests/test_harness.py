@@ -1,4 +1,5 @@
 import dataclasses
+import importlib.metadata
 import json
 import pathlib
 import shutil
@@ -74,7 +75,7 @@ def test_traces_are_deterministic_lossless_and_checked(tmp_path):
     scenario = load_spec(SPECS / "factor3_near_max_torch.toml")
     first, second = dumps(reference_trace(scenario)), dumps(reference_trace(scenario))
     assert first == second
-    assert "platform" not in loads(first).metadata  # nothing of the host in a golden
+    assert "host" not in loads(first).metadata and "platform" not in first  # nothing of the host in a golden
     trace = loads(first)
     assert [float.fromhex(s["scale_hex"]) for s in trace.steps] == \
         fpemu.simulate_scaler(scenario.overflow.flags(scenario.steps), "torch", **scenario.params).scales
@@ -97,8 +98,12 @@ def test_plugin_assert_trace_matches(assert_trace_matches):
 @pytest.mark.fpemu_torch
 def test_plugin_real_torch_matches_golden(assert_trace_matches):
     scenario = load_spec(SPECS / "seed_example_1.toml")
-    verdict = assert_trace_matches(record_trace(scenario, scenario.implementation("torch")), "seed_example_1")
+    recorded = record_trace(scenario, scenario.implementation("torch"))
+    verdict = assert_trace_matches(recorded, "seed_example_1")
     assert verdict.status == "match" and verdict.steps_compared == 5
+    host = recorded.metadata["host"]  # a recorded run keeps what its numerics depend on
+    assert set(host) == {"platform", "machine", "python", "cpu_features", "flags"}
+    assert recorded.metadata["packages"]["torch"] == importlib.metadata.version("torch")  # build tag kept (+cpu)
 
 
 @pytest.mark.fpemu_flax

@@ -285,7 +285,8 @@ def test_fp16_bias_add_with_d1_is_one_fma_on_avx512fp16(mode):
 @pytest.mark.parametrize("mode", XLA_MODES)
 def test_xla_fp16_bias_add_with_d1(mode):
     """The live check of the case above: jax.jit rounds once where this CPU has AVX512-FP16."""
-    from fpemu.adapters.jax_step import cpu_flags, run_jax_steps
+    from fpemu._host import cpu_flags
+    from fpemu.adapters.jax_step import run_jax_steps
     [real] = run_jax_steps([FP16_D1_CASE], mode=mode, compute="fp16")
     fma = "avx512fp16" in cpu_flags()
     assert real["loss"] == np.float32((1 + 3 * 2.0 ** -10) ** 2 if fma else (1 + 2.0 ** -9) ** 2)

@@ -16,6 +16,8 @@ import pickle
 import subprocess
 import sys
 
+from fpemu._host import cpu_flags
+
 STRICT_FLAG = "--xla_allow_excess_precision=false"
 MODES = ("jax_cpu", "jax_cpu_strict")
 
@@ -23,16 +25,6 @@ MODES = ("jax_cpu", "jax_cpu_strict")
 def process_mode() -> str:
     """The mode JAX computes in in this process (from XLA_FLAGS, which XLA parses at start-up)."""
     return "jax_cpu_strict" if STRICT_FLAG in os.environ.get("XLA_FLAGS", "").split() else "jax_cpu"
-
-
-def cpu_flags() -> frozenset:
-    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            line = next((line for line in info if line.startswith("flags")), "")
-    except OSError:
-        return frozenset()
-    return frozenset(line.partition(":")[2].split())
 
 
 def host_semantics(mode: str) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.metadata
-import platform
 
 import numpy as np
 
 import fpemu
+from fpemu._host import host_provenance
 from fpemu.adapters import get_adapter, record_scaler, step_function, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
@@ -53,7 +53,7 @@ def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, prof
             "packages": package_versions(packages, environment), "device": device,
             # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
             # so a golden regenerated on another machine is byte-identical.
-            **({} if implementation == REFERENCE else {"platform": platform.platform()}), **extra}
+            **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
 
 
 def scenario_flags(scenario: ScalerScenario):

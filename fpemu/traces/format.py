@@ -13,7 +13,8 @@ A trace is JSON::
         "params": {...},                     # every parameter, defaults included
         "packages": {"numpy": "2.4.6", ...}, # versions of what computed it
         "device": "cpu",
-        "platform": "Linux-...-x86_64"     # recorded traces only: a reference has nothing of the host
+        "host": {"platform": ..., "machine": "x86_64", "python": "3.11.7",     # recorded traces only:
+                 "cpu_features": ["avx2", "fma", ...], "flags": {"XLA_FLAGS": ...}}   # a reference has nothing of the host
       },
       "steps": [
         {"step": 0, "scale": 16.0, "scale_hex": "0x1.0000000000000p+4", "overflow": false,

@@ -1,0 +1,39 @@
+"""What a recorded run's numerics depend on besides package versions: the CPU, Python and flags.
+
+Only traces of real implementations carry this; reference traces carry nothing of the host.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+# CPU features that decide which kernels XLA, oneDNN and torch compile to (FMA contraction, f16 and
+# bf16 arithmetic, vector width).
+NUMERIC_CPU_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                        "avx512fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimd", "asimdhp", "sve")
+# Environment variables that change what the frameworks compute.
+NUMERIC_FLAGS = ("XLA_FLAGS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "TF_ENABLE_ONEDNN_OPTS",
+                 "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG",
+                 "KERAS_BACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
+
+
+def cpu_flags() -> frozenset:
+    """This CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            line = next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def host_provenance() -> dict:
+    """The host facts a recorded trace keeps: platform, machine, Python, numeric CPU features and
+    the numerics-changing environment variables that are set."""
+    flags = cpu_flags()
+    return {"platform": platform.platform(), "machine": platform.machine(),
+            "python": sys.version.split()[0],
+            "cpu_features": sorted(f for f in NUMERIC_CPU_FEATURES if f in flags),
+            "flags": {name: os.environ[name] for name in NUMERIC_FLAGS if name in os.environ}}
