@@ -547,3 +547,23 @@ def test_errors_from_isolated_environments_take_the_remote_exception_type():
         "cannot run"
     assert classify_failure(EnvironmentTimeout("no result within 60 s (the worker was killed)")) == "cannot run"
     assert classify_failure(ModuleNotFoundError("No module named 'packaging'")) == "cannot run"
+
+
+@pytest.mark.fpemu_torch
+def test_a_divergence_on_unverified_versions_names_them(tmp_path):
+    """The torch adapter was verified on torch 2.13.0+cpu: a recorded trace claiming another torch
+    that diverges says which versions fpemu's model was checked on."""
+    from fpemu.harness.jobs import _with_unverified_versions, unverified_versions
+    scenario = load_spec(SPECS / "seed_example_1.toml")
+    impl = scenario.implementation("torch")
+    recorded = record_trace(scenario, impl)
+    other = dataclasses.replace(recorded, metadata={**recorded.metadata,
+                                                    "packages": {**recorded.metadata["packages"], "torch": "2.99.0"}})
+    assert unverified_versions(impl, other) == ["torch 2.13.0+cpu -> 2.99.0"]
+    golden = reference_trace(scenario)
+    changed = dataclasses.replace(golden, steps=golden.steps[:-1] + (
+        {**golden.steps[-1], "applied": not golden.steps[-1]["applied"]},))
+    verdict = _with_unverified_versions(compare_traces(changed, other), impl, other)
+    assert verdict.failed and "verified on other versions: torch 2.13.0+cpu -> 2.99.0" in verdict.note
+    same = _with_unverified_versions(compare_traces(golden, other), impl, other)
+    assert not same.failed and "verified" not in same.note

@@ -275,9 +275,32 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
         else:
             if save_dir is not None:
                 write_trace(observed, pathlib.Path(save_dir) / trace_filename(scenario.name, key))
-            verdicts.append(compare_traces(goldens[scenario.name], observed, impl.expect_divergence))
+            verdict = compare_traces(goldens[scenario.name], observed, impl.expect_divergence)
+            verdicts.append(_with_unverified_versions(verdict, impl, observed))
         progress(index, len(jobs), f"{scenario.name} / {key}")
     return verdicts
+
+
+def unverified_versions(impl, observed) -> list:
+    """``package verified -> here`` for each package the adapter's comparison with fpemu's model
+    was made on at another version than the observed trace's."""
+    from fpemu.adapters import get_adapter
+    here = observed.metadata.get("packages", {})
+    changed = []
+    for entry in get_adapter(impl.name).verified:
+        package, _, version = entry.rpartition(" ")
+        if package in here and here[package] != version:
+            changed.append(f"{package} {version} -> {here[package]}")
+    return changed
+
+
+def _with_unverified_versions(verdict, impl, observed):
+    """A divergence on other versions than fpemu's model was verified on says so."""
+    changed = unverified_versions(impl, observed)
+    if not verdict.failed or not changed:
+        return verdict
+    note = f"fpemu's model was verified on other versions: {', '.join(changed)}"
+    return dataclasses.replace(verdict, note="; ".join(filter(None, [verdict.note, note])))
 
 
 def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list:
