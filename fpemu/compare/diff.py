@@ -59,6 +59,11 @@ class Divergence:
         return (f"step {self.step}, {self.field}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
                 f" (likely cause: {self.cause})")
 
+    def as_dict(self, expected: str = "expected", got: str = "got") -> dict:
+        """JSON-safe: the values as ``repr (hex)`` and the one-line message under the given labels."""
+        return {"step": self.step, "field": self.field, "expected": _show(self.expected), "got": _show(self.got),
+                "cause": self.cause, "message": self.describe(expected, got)}
+
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
@@ -79,9 +84,7 @@ class Verdict:
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
         if self.divergence is not None:
-            out["divergence"]["expected"] = _show(self.divergence.expected)
-            out["divergence"]["got"] = _show(self.divergence.got)
-            out["divergence"]["message"] = self.divergence.describe()
+            out["divergence"] = self.divergence.as_dict()
         return out
 
 
@@ -160,6 +163,26 @@ def ulp_distance(expected, got) -> int:
     return ulp_distance_f32(expected, got)
 
 
+def shared_fields(a: Trace, b: Trace) -> list:
+    """The step fields both traces record (at some step), in the trace format's table order.
+
+    Args:
+      a, b: the two traces.
+
+    Returns:
+      The field names, e.g. ``['scale', 'overflow', 'applied', 'growth_counter']`` for two scaler
+      traces; empty when they share none.
+
+    Example::
+
+        common = shared_fields(read_trace("golden/timing_torch.json"), observed)
+    """
+    def recorded(trace):
+        return set().union(*(record.keys() for record in trace.steps)) if trace.steps else set()
+    in_a, in_b = recorded(a), recorded(b)
+    return [f for f in EXACT_FIELDS + ULP_FIELDS if f in in_a and f in in_b]
+
+
 def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Verdict:
     """Compare ``observed`` with ``golden`` on every field both record, at every step.
 
@@ -170,9 +193,7 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
     Raises:
       FpemuInputError: the traces share no field, so nothing could be compared.
     """
-    golden_fields = set().union(*(record.keys() for record in golden.steps)) if golden.steps else set()
-    observed_fields = set().union(*(record.keys() for record in observed.steps)) if observed.steps else set()
-    common = [f for f in EXACT_FIELDS + ULP_FIELDS if f in golden_fields and f in observed_fields]
+    common = shared_fields(golden, observed)
     if not common and (golden.steps or observed.steps):
         raise FpemuInputError(f"{golden.spec_name}: the golden trace and {observed.implementation}'s share no field "
                          "to compare (see the spec's [record] fields)")
