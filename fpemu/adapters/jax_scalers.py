@@ -7,6 +7,7 @@ computes differently (see the jmp profiles).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from fpemu.adapters._trace import observed_trace
@@ -44,7 +45,11 @@ def _drive_jmp(name, overflows, params, adjust):
         counters.append(int(loss_scale.counter))
     # jmp leaves skipping to the caller (jmp.select_tree on grads_finite).
     applied = [not o for o in overflows]
-    return observed_trace(name, params, overflows, scales, applied, counters, float(loss_scale.loss_scale))
+    # Read back after the steps: under jit the state that comes out has lost min_loss_scale.
+    read_back = {"loss_scale": float(params["loss_scale"]), "period": loss_scale.period,
+                 "factor": loss_scale.factor, "min_loss_scale": float(loss_scale.min_loss_scale)}
+    return observed_trace(name, params, overflows, scales, applied, counters, float(loss_scale.loss_scale),
+                          read_back=read_back)
 
 
 def record_jmp(overflows, params, device):
@@ -63,6 +68,10 @@ def record_flax(overflows, params, device):
     if "scale" in kwargs:
         kwargs["scale"] = jnp.float32(kwargs["scale"])
     dynamic_scale = DynamicScale(**kwargs)
+    # Every dataclass field but the state it updates: a release without minimum_scale claims none.
+    read_back = {field.name: getattr(dynamic_scale, field.name) for field in dataclasses.fields(dynamic_scale)
+                 if field.name != "fin_steps"}
+    read_back = {k: float(v) if k != "growth_interval" and v is not None else v for k, v in read_back.items()}
     step = _jitted_flax_step()
     scales, applied, counters = [], [], []
     for overflow in overflows:
@@ -70,7 +79,8 @@ def record_flax(overflows, params, device):
         dynamic_scale, finite, _, _ = step(dynamic_scale, jnp.float32(0.0), jnp.float32(np.inf if overflow else 1.0))
         applied.append(bool(finite))
         counters.append(int(dynamic_scale.fin_steps))
-    return observed_trace("flax", params, overflows, scales, applied, counters, float(dynamic_scale.scale))
+    return observed_trace("flax", params, overflows, scales, applied, counters, float(dynamic_scale.scale),
+                          read_back=read_back)
 
 
 def record_optax(overflows, params, device):

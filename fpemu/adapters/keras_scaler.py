@@ -44,4 +44,6 @@ def record_keras(overflows, params, device):
         (param,), state = apply(state, jnp.float32(np.inf if overflow else 1.0), param)
         applied.append(int(state[inner_index]) > before)
         counters.append(int(state[counter_index]))
-    return observed_trace("keras", params, overflows, scales, applied, counters, float(state[scale_index]))
+    read_back = {"initial_scale": float(optimizer.initial_scale), "dynamic_growth_steps": optimizer.dynamic_growth_steps}
+    return observed_trace("keras", params, overflows, scales, applied, counters, float(state[scale_index]),
+                          read_back=read_back)

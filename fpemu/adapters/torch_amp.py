@@ -29,10 +29,16 @@ def _drive(scaler, torch, overflows, device):
     return scales, applied, counters, scaler._scale.item()
 
 
+def _read_back(scaler) -> dict:
+    return {"init_scale": scaler._init_scale, "growth_factor": scaler._growth_factor,
+            "backoff_factor": scaler._backoff_factor, "growth_interval": scaler._growth_interval}
+
+
 def record_torch(overflows, params, device):
     import torch
     scaler = torch.amp.GradScaler(device, **params)
-    return observed_trace("torch", params, overflows, *_drive(scaler, torch, overflows, device))
+    return observed_trace("torch", params, overflows, *_drive(scaler, torch, overflows, device),
+                          read_back=_read_back(scaler))
 
 
 def _ensure_process_group(dist) -> None:
@@ -49,4 +55,5 @@ def record_torch_sharded(overflows, params, device):
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     _ensure_process_group(dist)
     scaler = ShardedGradScaler(device, **params)
-    return observed_trace("torch_sharded", params, overflows, *_drive(scaler, torch, overflows, device))
+    return observed_trace("torch_sharded", params, overflows, *_drive(scaler, torch, overflows, device),
+                          read_back=_read_back(scaler))

@@ -192,9 +192,8 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     flags, _ = scenario_flags(scenario)
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), adapter.profile,
-                         {**get_profile(adapter.profile).defaults, **impl.params}, adapter.packages, impl.device,
-                         adapter.environment)
+    metadata = _metadata(scenario, implementation_key(impl), adapter.profile, observed.params, adapter.packages,
+                         impl.device, adapter.environment)
     metadata["packages"].update(adapter.extra_versions())
     fields = tuple(f for f in scenario.record if f in adapter.fields)
     return Trace(metadata, _steps(observed, fields), _summary(observed))
