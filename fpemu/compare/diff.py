@@ -146,11 +146,11 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
     return "growth timing: the scale grows on a different good step (N vs N+1)"
 
 
-def _same(expected, got) -> bool:
+def bit_equal(expected, got) -> bool:
     """Bit-exact equality of two field values (floats by hex, NaN equal to NaN; lists elementwise)."""
     if isinstance(expected, list) or isinstance(got, list):
         return (isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got)
-                and all(_same(a, b) for a, b in zip(expected, got)))
+                and all(bit_equal(a, b) for a, b in zip(expected, got)))
     if isinstance(expected, float) and isinstance(got, float):
         return expected.hex() == got.hex() or (math.isnan(expected) and math.isnan(got))
     return expected == got and type(expected) is type(got)
@@ -205,7 +205,7 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
             expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
             if field in ULP_FIELDS and expected is not None and got is not None:
                 max_ulp[field] = max(max_ulp[field], ulp_distance(expected, got))
-            if divergence is None and not _same(expected, got):
+            if divergence is None and not bit_equal(expected, got):
                 divergence = Divergence(step, field, expected, got, likely_cause(field, step, golden, observed))
     if divergence is None and len(golden.steps) != len(observed.steps):
         divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
