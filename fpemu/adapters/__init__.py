@@ -134,8 +134,11 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             "fpemu.adapters.deepspeed_scaler:record_deepspeed_fp16_optimizer_0_17", ("torch",), ("torch",),
             profile="deepspeed_fp16_optimizer", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
             check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
+    # The engine at ZeRO 0, 1 and 2: ZeRO-0 wraps the optimizer in FP16_UnfusedOptimizer, whose scale
+    # rule is FP16_Optimizer's; ZeRO-1/2 keep a DynamicLossScaler.
     *(Adapter(f"deepspeed_zero{stage}", SCALER, f"fpemu.adapters.deepspeed_scaler:record_deepspeed_zero{stage}",
-              ("deepspeed", "torch"), ("deepspeed", "torch"), profile="deepspeed",
+              ("deepspeed", "torch"), ("deepspeed", "torch"),
+              profile="deepspeed_fp16_optimizer" if stage == 0 else "deepspeed",
               verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED, fields=("scale", "overflow", "applied", "update_ratio"))
       for stage in (0, 1, 2)),
     Adapter("megatron", SCALER, "fpemu.adapters.megatron_scaler:record_megatron", ("megatron-core", "torch"),

@@ -224,7 +224,7 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
     deepspeed = _start_engine_process()
     x = torch.tensor([_TINY_X], dtype=torch.half)
     correct = [-lr * v for v in _TINY_X]  # -lr * d(w.x)/dw: the update of a rightly unscaled gradient
-    scales, skipped, updates = [], [], []
+    scales, skipped, updates, raised = [], [], [], None
     with _fp16_on_this_cpu() as overridden:
         engine = _engine(torch, deepspeed, zero_stage, fp16, lr, gradient_clipping)
         for step in range(steps):
@@ -232,12 +232,17 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
             scales.append(float(engine.optimizer.loss_scale))
             loss = engine(x).float().sum() * (float("inf") if step in overflow_steps else 1.0)
             engine.backward(loss)
-            engine.step()
-            skipped.append(not engine.was_step_applied())
+            try:
+                engine.step()
+            except Exception as error:  # the scaler at its minimum raises a bare Exception: training ends
+                raised = [step, f"{type(error).__name__}: {error}"]
+            skipped.append(raised is not None or not engine.was_step_applied())
             updates.append((engine.module.weight.detach().double().flatten() - before).tolist())
+            if raised:
+                break
     return dict(version=deepspeed.__version__, optimizer=type(engine.optimizer).__name__, scales=scales,
                 skipped=skipped, updates=updates, correct=correct,
-                final_scale=float(engine.optimizer.loss_scale), fp16_probe_overridden=overridden)
+                final_scale=float(engine.optimizer.loss_scale), fp16_probe_overridden=overridden, raised=raised)
 
 
 _CALLS = {"version": _version, "loss_scaler": _drive_loss_scaler, "fp16_optimizer": _drive_fp16_optimizer,
@@ -419,6 +424,8 @@ class EngineRun:
       final_scale: the loss scale after the last step.
       fp16_probe_overridden: the CPU accelerator's fp16 probe was answered True for the run
         (see ``_fp16_on_this_cpu``).
+      raised: [step, message] where the engine raised (its scaler at the minimum scale) and the
+        run ended, else None.
     """
 
     version: str
@@ -431,6 +438,7 @@ class EngineRun:
     ratios: list
     final_scale: float
     fp16_probe_overridden: bool
+    raised: Optional[list] = None
 
 
 def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int = 1, *,
@@ -474,24 +482,27 @@ def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int =
     correct = np.array(ran["correct"], dtype=np.float64)
     ratios = [None if skip else float(update[0] / correct[0]) for skip, update in zip(ran["skipped"], updates)]
     return EngineRun(ran["version"], zero_stage, ran["optimizer"], ran["scales"], ran["skipped"], updates,
-                     correct, ratios, ran["final_scale"], ran["fp16_probe_overridden"])
+                     correct, ratios, ran["final_scale"], ran["fp16_probe_overridden"], ran["raised"])
 
 
 # --- the engine as a scaler adapter ----------------------------------------------
 
-def _engine_config(params: dict) -> dict:
-    """The ``deepspeed`` profile's parameters as the engine's fp16 config, which has a scale power
-    of two and no switch for raising at the floor."""
-    merged = {**get_profile("deepspeed").defaults, **params}
-    get_profile("deepspeed").rules(**params)
+def _engine_config(profile: str, params: dict) -> dict:
+    """A profile's parameters as the engine's fp16 config, which takes a scale power of two and has
+    no switch for raising at the floor.  ZeRO-0 (FP16_UnfusedOptimizer) follows FP16_Optimizer's rule
+    (``deepspeed_fp16_optimizer``: no hysteresis, a floor without raising); ZeRO-1/2 DynamicLossScaler's."""
+    merged = {**get_profile(profile).defaults, **params}
+    get_profile(profile).rules(**params)
     power = math.log2(merged["init_scale"])
     if power != int(power):
         raise ValueError(f"init_scale: the engine's fp16 config takes initial_scale_power, so init_scale must "
                          f"be a power of two, got {merged['init_scale']}")
+    config = {"initial_scale_power": int(power), "loss_scale_window": merged["scale_window"]}
+    if profile == "deepspeed_fp16_optimizer":
+        return {**config, "min_loss_scale": merged["min_loss_scale"]}
     if merged["raise_error_at_min_scale"] is not True:
         raise ValueError("raise_error_at_min_scale: the engine's fp16 config has no such key (it always raises)")
-    return {"initial_scale_power": int(power), "loss_scale_window": merged["scale_window"],
-            "hysteresis": merged["delayed_shift"], "min_loss_scale": merged["min_scale"],
+    return {**config, "hysteresis": merged["delayed_shift"], "min_loss_scale": merged["min_scale"],
             "consecutive_hysteresis": merged["consecutive_hysteresis"]}
 
 
@@ -500,11 +511,15 @@ def _record_engine(overflows, params, device, zero_stage):
     it reports, whether it skipped, and the update it applied against the right one.  The engine
     does not expose a growth counter."""
     _check_device(device)
+    profile = "deepspeed_fp16_optimizer" if zero_stage == 0 else "deepspeed"
     run = run_engine(len(overflows), [i for i, o in enumerate(overflows) if o], zero_stage,
-                     **_engine_config(params))
+                     **_engine_config(profile, params))
     ratios = [0.0 if ratio is None else ratio for ratio in run.ratios]
-    return observed_trace("deepspeed", params, overflows, run.scales, [not s for s in run.skipped], None,
-                          run.final_scale, update_ratio=ratios)
+    trace = observed_trace(profile, params, overflows[:len(run.scales)], run.scales,
+                           [not s for s in run.skipped], None, run.final_scale, update_ratio=ratios)
+    if run.raised is None:
+        return trace
+    return dataclasses.replace(trace, stopped_at=run.raised[0], events=[tuple(run.raised)])
 
 
 def record_deepspeed_zero0(overflows, params, device):

@@ -209,9 +209,10 @@ def _implementations(check: _Checker, raw, profile: str, params: dict) -> tuple:
     return tuple(out)
 
 
-def _record_fields(check: _Checker, raw: dict, available) -> tuple:
+def _record_fields(check: _Checker, raw: dict, kind: str) -> tuple:
+    available = fields_recorded_by(kind)
     record = check.table(raw.get("record", {}), "record", {"fields"})
-    fields = record.get("fields", list(available))
+    fields = record.get("fields", list(fields_recorded_by(kind, by_default=True)))
     if not isinstance(fields, list) or not fields:
         check.fail("record.fields", "expected a non-empty list of field names")
     for index, field in enumerate(fields):
@@ -274,7 +275,7 @@ def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> StepSc
     steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
     step = check.attempt(_step_source, check, raw["step"])
     implementations = check.attempt(_step_implementations, check, raw.get("implementations", {}))
-    record = check.attempt(_record_fields, check, raw, fields_recorded_by("step"))
+    record = check.attempt(_record_fields, check, raw, "step")
     check.raise_errors()
     return _scenario(check, StepScenario, raw, text, path, steps=steps, step=step,
                      implementations=implementations, record=record)
@@ -320,8 +321,7 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
     fields = implementations = None  # (left None only where an error is recorded)
     if overflow is not None:
         check.attempt(_check_overflow_fits, check, overflow, steps, profile, params)
-        available = fields_recorded_by("model" if overflow.kind == "model" else "scaler")
-        fields = check.attempt(_record_fields, check, raw, available)
+        fields = check.attempt(_record_fields, check, raw, "model" if overflow.kind == "model" else "scaler")
         if fields is not None and not set(fields) & set(OBSERVED_FIELDS):
             check.attempt(check.fail, "record.fields", f"record at least one of {', '.join(OBSERVED_FIELDS)}: "
                                                        "the real implementations are compared on those")

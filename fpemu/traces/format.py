@@ -59,12 +59,14 @@ class TraceField:
         through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
       observed: every real scaler adapter records it (others only where the adapter's row lists
         it in ``fields``, or only in reference traces).
+      by_default: a spec without ``[record] fields`` records it.
     """
 
     name: str
     ulp: bool
     recorded_by: tuple
     observed: bool = False
+    by_default: bool = True
 
 
 # The one table of step-record fields; every other list of field names is derived from it.
@@ -74,7 +76,7 @@ FIELDS = {field.name: field for field in [
     TraceField("applied", False, ("scaler", "model", "step"), observed=True),
     TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
     TraceField("hysteresis", False, ("scaler", "model")),
-    TraceField("update_ratio", True, ("scaler",)),
+    TraceField("update_ratio", True, ("scaler",), by_default=False),  # measured by training engines only
     TraceField("loss", True, ("model", "step")),
     TraceField("params", True, ("step",)),
     TraceField("underflow_share", True, ("model",)),
@@ -86,9 +88,11 @@ ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
 OBSERVED_FIELDS = tuple(name for name, field in FIELDS.items() if field.observed)
 
 
-def fields_recorded_by(kind: str) -> tuple:
-    """The fields a scenario of ``kind`` can record, in table order."""
-    return tuple(name for name, field in FIELDS.items() if kind in field.recorded_by)
+def fields_recorded_by(kind: str, by_default: bool = False) -> tuple:
+    """The fields a scenario of ``kind`` can record (``by_default``: those it records unless its spec
+    lists them), in table order."""
+    return tuple(name for name, field in FIELDS.items()
+                 if kind in field.recorded_by and (field.by_default or not by_default))
 
 
 class TraceError(FpemuInputError):
