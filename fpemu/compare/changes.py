@@ -200,15 +200,13 @@ class TraceChanges:
         return items
 
     def lines(self, before: str = "before", after: str = "after") -> list:
-        """The full report: the verdict, the first divergence, the table of fields that differ, the
-        summaries side by side, and the two traces' labels."""
+        """The full report: the verdict, the first divergence, the table of fields that differ and
+        the summaries side by side (``before`` / ``after``: what to call the two traces)."""
         out = [self.verdict()]
         if self.divergence is not None:
             out.append(f"first divergence: {self.divergence.describe(before, after)}")
         out += [""] + self.field_lines() if self.fields else []
-        out += [""] + self.summary_lines(before, after)
-        out += ["", f"{before}: {self.before}", f"{after}: {self.after}"]
-        return out
+        return out + [""] + self.summary_lines(before, after)
 
     def field_lines(self) -> list:
         """A table row per field that differs: at how many steps, max ulp, max relative, which steps
