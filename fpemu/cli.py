@@ -156,6 +156,27 @@ def _cmd_diff(args) -> int:
     return code
 
 
+def _audit_change_lines(changes) -> list:
+    """The changes grouped by the package versions that differ (only those are printed), each with
+    its first divergence, its impact verdict, the fields that differ and the summary entries that do."""
+    groups = {}
+    for change in changes:
+        versions = ", ".join(p.describe() for p in change.impact.packages) or "no package version differs"
+        groups.setdefault(versions, []).append(change)
+    lines = []
+    for versions, members in groups.items():
+        lines.append(f"{versions}: {len(members)} change{'s' * (len(members) != 1)}")
+        for change in members:
+            impact = change.impact
+            lines.append(f"CHANGED {change.spec} / {change.implementation}: "
+                         f"{impact.divergence.describe('baseline', 'now')}")
+            lines.append(f"        impact: {impact.verdict()}")
+            lines += [f"        {row}" for row in impact.field_lines()] if impact.fields else []
+            summary = [c.describe() for c in impact.summary if c.changed]
+            lines += [f"        summary: {', '.join(summary)}"] if summary else []
+    return lines
+
+
 def _cmd_audit(args) -> int:
     from fpemu.compare.diff import SKIPPED
     from fpemu.harness.jobs import audit, skipped_summary
@@ -164,12 +185,7 @@ def _cmd_audit(args) -> int:
     failed = [v for v in problems if v.status != SKIPPED]
     lines = [f"{unchanged} recorded behaviours unchanged, {len(changes)} changed, {len(skipped)} skipped"
              + (f", {len(failed)} failed ({_status_counts(failed)})" if failed else "")]
-    for change in changes:
-        before = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_before.items()))
-        now = ", ".join(f"{k} {v}" for k, v in sorted(change.packages_now.items()))
-        lines.append(f"CHANGED {change.spec} / {change.implementation}: "
-                     f"{change.verdict.divergence.describe('baseline', 'now')}")
-        lines.append(f"        baseline: {before}  ->  now: {now}")
+    lines += _audit_change_lines(changes)
     lines += [_job_line(v) for v in problems]
     code = max(_failure_code(failed), 1 if changes else 0)
     if skipped and not code:
@@ -185,8 +201,24 @@ def _cmd_audit(args) -> int:
                "failed": [v.as_dict() for v in failed],
                "changes": [{"spec": c.spec, "implementation": c.implementation, "baseline": c.baseline_path,
                             "packages_before": c.packages_before, "packages_now": c.packages_now,
-                            "divergence": c.verdict.as_dict()["divergence"]} for c in changes]}
+                            "divergence": c.impact.divergence.as_dict("baseline", "now"),
+                            "impact": c.impact.as_dict("baseline", "now")} for c in changes]}
     _emit(args, payload, lines)
+    return code
+
+
+def _cmd_compare(args) -> int:
+    from fpemu.compare import trace_changes
+    from fpemu.traces import read_trace
+    before, after = read_trace(args.before), read_trace(args.after)
+    try:
+        changes = trace_changes(before, after)
+    except FpemuInputError as error:
+        raise FpemuInputError(f"{args.before} vs {args.after}: {error}") from None
+    code = 0 if changes.identical else 1
+    lines = changes.lines() + ["", f"before: {args.before} ({changes.before})",
+                               f"after: {args.after} ({changes.after})"]
+    _emit(args, {**changes.as_dict(), "files": [str(args.before), str(args.after)], "exit_code": code}, lines)
     return code
 
 
@@ -539,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--baseline", type=pathlib.Path, required=True, help="folder written by `fpemu record`")
     selection(audit, "audit only these implementations of the baseline (a name: every device)",
               "exit 0 even when baseline implementations cannot run here (skipped) instead of 1")
+
+    compare = command("compare", "compare any two trace files (a reference, a recording, a rerun, an upgrade, a "
+                      "config change): the verdict, the first divergence, then what differs; exit 0 when identical, "
+                      "1 when they differ", _cmd_compare)
+    compare.add_argument("before", type=pathlib.Path, help="the first trace (e.g. the baseline)")
+    compare.add_argument("after", type=pathlib.Path, help="the second trace")
 
     report = command("report", "write reports/ from traces, diff results and benchmark results", _cmd_report)
     report.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder")

@@ -220,7 +220,8 @@ def test_audit_lists_behaviour_changes_with_versions(capsys, tmp_path, spec_dir,
     assert code == 1 and len(report["changes"]) == 2
     change = report["changes"][0]
     assert change["packages_before"]["torch"] == torch.__version__
-    assert "backoff or floor" in change["divergence"]["cause"]
+    # The real GradScaler's parameters are read back: the planted one's own backoff is the cause.
+    assert change["divergence"]["cause"] == "parameters differ: backoff_factor 0.5 -> 0.25"
 
     class LateGradScaler(torch.amp.GradScaler):
         """Planted upgrade: needs growth_interval + 1 good steps."""
@@ -232,7 +233,8 @@ def test_audit_lists_behaviour_changes_with_versions(capsys, tmp_path, spec_dir,
     code, out, _ = run_cli(capsys, "audit", "--baseline", baseline)
     assert code == 1
     assert ("CHANGED timing_torch / torch@cpu: step 3, growth_counter: baseline 0, now 4 "
-            "(likely cause: growth timing") in out
+            "(likely cause: parameters differ: backoff_factor 0.5 -> 0.25, growth_interval 4 -> 5)") in out
+    assert "impact: trajectory changed: final scale 256.0 -> 16.0" in out
 
 
 def test_cli_bad_input_exits_2_naming_the_file(capsys, tmp_path):

@@ -13,6 +13,7 @@ import sys
 import traceback
 from typing import Callable, Optional
 
+from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
 from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, implementation_key, package_versions, record_trace, reference_trace,
@@ -372,10 +373,11 @@ def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet, exc
 
 @dataclasses.dataclass(frozen=True)
 class AuditChange:
-    """One recorded behaviour that changed between the baseline and this environment."""
+    """One recorded behaviour that changed between the baseline and this environment; ``impact``
+    says what differs and whether it matters (fpemu.compare.trace_changes)."""
     spec: str
     implementation: str
-    verdict: Verdict
+    impact: TraceChanges
     packages_before: dict
     packages_now: dict
     baseline_path: str
@@ -415,11 +417,11 @@ def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=No
             problems.append(dataclasses.replace(failure, note=f"{failure.note} (the baseline {path.name} "
                                                               f"was recorded with {recorded or 'no packages'})"))
         else:
-            verdict = compare_traces(before, now)
-            if verdict.divergence is None:
+            impact = trace_changes(before, now)
+            if impact.identical:
                 unchanged += 1
             else:
-                changes.append(AuditChange(scenario.name, before.implementation, verdict,
+                changes.append(AuditChange(scenario.name, before.implementation, impact,
                                            before.metadata.get("packages", {}), now.metadata.get("packages", {}),
                                            str(path)))
         progress(index, len(chosen), f"{before.spec_name} / {before.implementation}")
