@@ -11,24 +11,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hypothesis_budget import profile_examples
+from trace_checks import assert_same_trace, bits32
 
 import fpemu
 from fpemu.harness.environments import EnvironmentCallError, call_in_environment, environment_python
 
 F32_MAX = float(np.finfo(np.float32).max)
 TINY = 2.0**-126
-
-
-def bits32(values):
-    return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
-
-
-def assert_same_trace(real, model):
-    assert real.profile == model.profile
-    assert bits32(real.scales) == bits32(model.scales), (real.scales, model.scales)
-    assert real.applied.tolist() == model.applied.tolist()
-    assert real.growth_counter.tolist() == model.growth_counter.tolist()
-    assert bits32([real.final_scale]) == bits32([model.final_scale])
 
 
 def call(environment, entry, *args):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, example, given, settings, strategies as st
 
 from hypothesis_budget import profile_examples
+from trace_checks import assert_same_trace, bits64
 
 import fpemu
 from fpemu.adapters import deepspeed_scaler, megatron_scaler
@@ -29,24 +30,11 @@ megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None
                               reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
 
-def bits64(values):
-    return np.array(values, dtype=np.float64).view(np.uint64).tolist()
-
-
-def assert_same(real, model):
-    """Every recorded field, scales as float64 bit patterns (DeepSpeed's are Python floats)."""
-    assert real.profile == model.profile
-    assert bits64(real.scales) == bits64(model.scales), (real.scales, model.scales)
-    assert real.applied.tolist() == model.applied.tolist()
-    assert real.growth_counter.tolist() == model.growth_counter.tolist()
-    assert real.hysteresis == model.hysteresis
-    assert real.stopped_at == model.stopped_at, (real.events, model.events)
-    assert bits64([real.final_scale]) == bits64([model.final_scale])
 
 
 def compare(record, seq, params):
     real = record(seq, params, "cpu")
-    assert_same(real, fpemu.simulate_scaler(seq, real.profile, **params))
+    assert_same_trace(real, fpemu.simulate_scaler(seq, real.profile, **params))
 
 
 overflow_runs = st.lists(st.booleans(), min_size=1, max_size=24)

@@ -5,14 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hypothesis_budget import profile_examples
+from trace_checks import assert_same_trace, bits32
 
 import fpemu
 from fpemu.adapters import record_scaler, unavailable_reason
 from fpemu.scalers import ScalerRules, run_rules
-
-
-def bits32(values):
-    return np.array(values, dtype=np.float32).view(np.uint32).tolist()
 
 
 # --- seed 000 -------------------------------------------------------------
@@ -244,13 +241,6 @@ def _skip_unless(name):
     reason = unavailable_reason(name)
     if reason:
         pytest.skip(f"{name}: {reason}")
-
-
-def assert_same_trace(real, model):
-    assert bits32(real.scales) == bits32(model.scales), (real.scales, model.scales)
-    assert real.applied.tolist() == model.applied.tolist()
-    assert real.growth_counter.tolist() == model.growth_counter.tolist()
-    assert bits32([real.final_scale]) == bits32([model.final_scale])
 
 
 overflow_runs = st.lists(st.booleans(), min_size=1, max_size=24)

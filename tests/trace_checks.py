@@ -1,0 +1,25 @@
+"""One bit-for-bit comparison of a real scaler's trace with the model's, for every differential test."""
+
+import numpy as np
+
+
+def bits32(values):
+    return np.asarray(values, dtype=np.float32).view(np.uint32).tolist()
+
+
+def bits64(values):
+    return np.array(values, dtype=np.float64).view(np.uint64).tolist()
+
+
+def assert_same_trace(real, model):
+    """Every field both traces hold: scales as float64 bit patterns (exact for float32 scales and for
+    the Python floats of DeepSpeed and apex), skips, counters, hysteresis where the real one has it,
+    where training stopped, and the final scale."""
+    assert real.profile == model.profile
+    assert bits64(real.scales) == bits64(model.scales), (real.scales, model.scales)
+    assert real.applied.tolist() == model.applied.tolist()
+    assert real.growth_counter.tolist() == model.growth_counter.tolist()
+    if real.hysteresis is not None:
+        assert real.hysteresis == model.hysteresis
+    assert real.stopped_at == model.stopped_at, (real.events, model.events)
+    assert bits64([real.final_scale]) == bits64([model.final_scale])
