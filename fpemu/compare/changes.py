@@ -267,8 +267,12 @@ def step_ranges(steps, count: int, limit: int = 12) -> str:
 def relative_difference(before, after) -> float:
     """``|after - before| / |before|`` of two floats, or the largest over two lists.
 
-    Bit-equal values (NaN and NaN included) and -0 vs +0 give 0; a NaN, inf or zero ``before``
-    against another value gives inf, as do lists of different lengths.
+    Args:
+      before, after: two floats, or two lists of floats (a field's values at one step).
+
+    Returns:
+      0 for bit-equal values (NaN and NaN included) and for -0 vs +0; inf where either is NaN or
+      inf, or ``before`` is 0, and the other differs, and for lists of different lengths.
 
     Example: ``relative_difference(16384.0, 2048.0) == 0.875``.
     """
