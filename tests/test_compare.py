@@ -148,8 +148,9 @@ def test_audit_groups_changes_by_the_package_whose_version_changed(capsys, tmp_p
     code, out, _ = cli(capsys, "audit", "--baseline", baseline, "--quiet")
     lines = out.splitlines()
     assert code == 1 and lines[1] == f"torch {torch.__version__} -> 9.9.9: 1 change"
-    assert lines[2].startswith(f"CHANGED timing_torch / torch@cpu: step 4, scale: baseline 128.0 (0x1.0000000000000p+7), "
-                               f"now 256.0 (0x1.0000000000000p+8) (likely cause: torch {torch.__version__} -> 9.9.9: ")
+    assert lines[2].startswith("CHANGED timing_torch / torch@cpu: step 4, scale: baseline 128.0 "
+                               "(0x1.0000000000000p+7), now 256.0 (0x1.0000000000000p+8) (likely cause: "
+                               f"torch {torch.__version__} -> 9.9.9: ")
     assert lines[3].startswith("        impact: trajectory changed: final scale")
     assert "summary: final_scale" in out and "numpy" not in out  # only the package that differs
 

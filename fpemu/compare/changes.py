@@ -156,7 +156,7 @@ class TraceChanges:
 
     def context(self) -> str:
         """What differs besides behaviour: profile, parameters, package versions ('' if nothing)."""
-        parts = [f"profiles differ: {_plain(self.profile.before)} -> {_plain(self.profile.after)}"] if self.profile else []
+        parts = [f"profiles differ: {self.profile.before} -> {self.profile.after}"] if self.profile else []
         if self.params:
             parts.append(f"parameters differ: {_describe_all(self.params)}")
         if self.packages:
@@ -410,9 +410,10 @@ def trace_changes(before: Trace, after: Trace) -> TraceChanges:
                      changed.after)
     profile, params, packages = _metadata_changes(before, after)
     divergence = None if first is None else Divergence(*first, _cause(first, before, after, params, packages))
-    return TraceChanges(before=_label(before), after=_label(after), steps_compared=min(len(before.steps), len(after.steps)),
-                        steps_differ=steps_differ, fields_compared=tuple(common), fields=fields, summary=summary,
-                        divergence=divergence, profile=profile, params=params, packages=packages)
+    return TraceChanges(before=_label(before), after=_label(after),
+                        steps_compared=min(len(before.steps), len(after.steps)), steps_differ=steps_differ,
+                        fields_compared=tuple(common), fields=fields, summary=summary, divergence=divergence,
+                        profile=profile, params=params, packages=packages)
 
 
 def _label(trace: Trace) -> str:
