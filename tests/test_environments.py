@@ -223,3 +223,18 @@ def test_a_killed_build_leaves_nothing_half_made(env_dir, monkeypatch):
     assert leftover, "the killed build should have left its temporary folder"
     environments._sweep_abandoned(final)  # the next build starts with this
     assert not any(p.exists() for p in leftover)
+
+
+def test_an_installed_fpemu_without_a_checkout_can_still_look_environments_up(monkeypatch):
+    """Outside a source checkout (fpemu installed as a package) the adapters' skip check must say why
+    an environment adapter cannot run, never raise; only building needs the checkout."""
+    from fpemu.adapters import unavailable_reason
+    from fpemu.harness import environments
+
+    def no_checkout():
+        raise environments.EnvironmentBuildError("fpemu at /site-packages is not a source checkout")
+
+    monkeypatch.setattr(environments, "_checkout_root", no_checkout)
+    assert environments.core_requirements()[:2] == ("numpy>=1.26", "ml_dtypes>=0.5")
+    reason = unavailable_reason("paddle_cpu")
+    assert reason is None or "fpemu env build paddle" in reason

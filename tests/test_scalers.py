@@ -407,3 +407,12 @@ def test_vectorized_path_equals_step_machine(seq, name, init, interval, growth):
     assert fast.applied.tolist() == slow.applied.tolist() and fast.skipped == slow.skipped
     assert fast.growth_counter.tolist() == slow.growth_counter.tolist()
     assert np.float64(fast.final_scale).tobytes() == np.float64(slow.final_scale).tobytes()
+
+
+def test_vectorized_path_keeps_the_stop_at_an_overflow_with_an_infinite_scale():
+    """DeepSpeed raises on an overflow once its scale has grown to inf: the fast path must not skip it."""
+    rules = ScalerRules(2.0**126, 2.0, growth_interval=1, arithmetic="fp32", on_growth_overflow="inf",
+                        overflow_at_inf_raises=True)
+    flags = [False] * 4 + [True]
+    fast, slow = run_rules(rules, flags), run_rules(rules, flags, vectorize=False)
+    assert fast.stopped_at == slow.stopped_at == 4 and fast.events == slow.events

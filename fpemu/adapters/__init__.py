@@ -50,6 +50,9 @@ class Adapter:
       versions: ``"module:function"`` returning the versions of what it runs that ``packages``
         cannot see here (a tree outside site-packages), merged into its traces' provenance.
       fields: scaler adapters: the step-record fields its traces hold.
+      by_default: a scaler spec without [implementations] runs it when it is its profile's adapter;
+        False for heavy drivers that take only some of the profile's parameters (the DeepSpeed
+        engine takes a power-of-two initial scale), which run where a spec names them.
     """
 
     name: str
@@ -65,6 +68,7 @@ class Adapter:
     check: Optional[str] = None
     versions: Optional[str] = None
     fields: tuple = OBSERVED_FIELDS
+    by_default: bool = True
 
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
@@ -92,6 +96,7 @@ def _imported(entry: str):
 
 _TORCH_VERIFIED = ("torch 2.13.0+cpu",)
 _DS_0_17 = "fpemu.adapters.deepspeed_scaler:"  # the 0.17.0 tree: outside site-packages, checked by hooks
+_WITH_HYSTERESIS = OBSERVED_FIELDS + ("hysteresis",)  # DeepSpeed and megatron expose their budget
 _JAX_VERIFIED = ("jax 0.10.2", "jaxlib 0.10.2")
 
 ADAPTERS = {adapter.name: adapter for adapter in [
@@ -120,13 +125,13 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     # DeepSpeed runs in worker processes (one per DeepSpeed); the *_0_17 rows drive the 0.17.0 tree
     # (deepspeed_scaler.tree_0_17()), so their only distribution visible here is torch.
     Adapter("deepspeed", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed", ("deepspeed", "torch"),
-            ("deepspeed", "torch"), profile="deepspeed", verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED),
+            ("deepspeed", "torch"), profile="deepspeed", verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED, fields=_WITH_HYSTERESIS),
     Adapter("deepspeed_0_17", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_0_17", ("torch",),
             ("torch",), profile="deepspeed_0_17", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
-            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
+            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions", fields=_WITH_HYSTERESIS),
     Adapter("deepspeed_legacy", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_legacy", ("torch",),
             ("torch",), profile="deepspeed_legacy", verified=("deepspeed 0.17.0",) + _TORCH_VERIFIED,
-            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions"),
+            check=_DS_0_17 + "tree_0_17_unavailable", versions=_DS_0_17 + "tree_0_17_versions", fields=_WITH_HYSTERESIS),
     Adapter("deepspeed_fp16_optimizer", SCALER, "fpemu.adapters.deepspeed_scaler:record_deepspeed_fp16_optimizer",
             ("deepspeed", "torch"), ("deepspeed", "torch"), profile="deepspeed_fp16_optimizer",
             verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED),
@@ -139,11 +144,12 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     *(Adapter(f"deepspeed_zero{stage}", SCALER, f"fpemu.adapters.deepspeed_scaler:record_deepspeed_zero{stage}",
               ("deepspeed", "torch"), ("deepspeed", "torch"),
               profile="deepspeed_fp16_optimizer" if stage == 0 else "deepspeed",
-              verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED, fields=("scale", "overflow", "applied", "update_ratio"))
+              verified=("deepspeed 0.19.8",) + _TORCH_VERIFIED, fields=("scale", "overflow", "applied", "update_ratio"),
+              by_default=False)
       for stage in (0, 1, 2)),
     Adapter("megatron", SCALER, "fpemu.adapters.megatron_scaler:record_megatron", ("megatron-core", "torch"),
             ("megatron", "torch"), devices=DEVICES, profile="megatron",
-            verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),
+            verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED, fields=_WITH_HYSTERESIS),
     Adapter("megatron_constant", SCALER, "fpemu.adapters.megatron_scaler:record_megatron_constant",
             ("megatron-core", "torch"), ("megatron", "torch"), devices=DEVICES, profile="megatron_constant",
             verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),

@@ -137,6 +137,15 @@ def _version():
     return deepspeed.__version__
 
 
+def _ends_training(step: int, error: Exception) -> list:
+    """[step, message] for the raises that are DeepSpeed's own way of ending training: a bare
+    Exception at the minimum scale, OverflowError from int(inf) in its log line once the scale is
+    inf.  Anything else (an API change, a bug) propagates and is reported as the job's failure."""
+    if type(error) not in (Exception, OverflowError):
+        raise error
+    return [step, f"{type(error).__name__}: {error}"]
+
+
 def _drive_loss_scaler(overflows, kwargs):
     """DeepSpeed's DynamicLossScaler(**kwargs) through ``overflows``; stops where it raises."""
     import deepspeed
@@ -149,8 +158,8 @@ def _drive_loss_scaler(overflows, kwargs):
         scales.append(float(scaler.cur_scale))
         try:
             scaler.update_scale(overflow)
-        except Exception as error:  # at the minimum scale it raises a bare Exception
-            raised = [step, f"{type(error).__name__}: {error}"]
+        except Exception as error:  # noqa: BLE001 -- narrowed by _ends_training
+            raised = _ends_training(step, error)
         applied.append(not overflow and raised is None)
         counters.append(counter(scaler.cur_iter, scaler.last_overflow_iter, scaler.scale_window))
         hysteresis.append(scaler.cur_hysteresis)
@@ -234,8 +243,8 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
             engine.backward(loss)
             try:
                 engine.step()
-            except Exception as error:  # the scaler at its minimum raises a bare Exception: training ends
-                raised = [step, f"{type(error).__name__}: {error}"]
+            except Exception as error:  # noqa: BLE001 -- narrowed by _ends_training
+                raised = _ends_training(step, error)
             skipped.append(raised is not None or not engine.was_step_applied())
             updates.append((engine.module.weight.detach().double().flatten() - before).tolist())
             if raised:

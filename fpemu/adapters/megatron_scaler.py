@@ -54,9 +54,6 @@ def record_megatron(overflows, params, device):
     profile = get_profile("megatron")
     profile.rules(**params)  # a clear error for bad parameters before megatron's bare asserts
     kwargs = {**profile.defaults, **params}
-    if not 0 < kwargs["min_scale"] <= kwargs["initial_scale"]:
-        raise ValueError(f"min_scale must be in (0, initial_scale] (DynamicGradScaler asserts it), got "
-                         f"min_scale={kwargs['min_scale']!r} with initial_scale={kwargs['initial_scale']!r}")
     scaler = _scaler(DynamicGradScaler, kwargs, device)
     scales, counters, hysteresis = [], [], []
     for overflow in overflows:

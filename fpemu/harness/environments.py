@@ -92,12 +92,18 @@ def _checkout_root() -> pathlib.Path:
 
 
 def core_requirements() -> tuple:
-    """fpemu's own dependencies, read from the checkout's pyproject.toml."""
+    """fpemu's own dependencies: from the checkout's pyproject.toml, or, for an installed fpemu, from
+    its distribution's metadata (so looking an environment up never needs a checkout; building does)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
-    with open(_checkout_root() / "pyproject.toml", "rb") as handle:
+    try:
+        pyproject = _checkout_root() / "pyproject.toml"
+    except EnvironmentBuildError:
+        import importlib.metadata
+        return tuple(r for r in importlib.metadata.requires("fpemu") or () if "extra ==" not in r)
+    with open(pyproject, "rb") as handle:
         return tuple(tomllib.load(handle)["project"]["dependencies"])
 
 

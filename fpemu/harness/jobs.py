@@ -105,7 +105,8 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
     if scenario.implementations:
         return list(scenario.implementations)
     if isinstance(scenario, ScalerScenario):
-        own = [name for name, adapter in adapters_of_kind("scaler").items() if adapter.profile == scenario.profile]
+        own = [name for name, adapter in adapters_of_kind("scaler").items()
+               if adapter.profile == scenario.profile and adapter.by_default]
         return [scenario.implementation(name) for name in own]
     return []
 

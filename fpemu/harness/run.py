@@ -192,7 +192,7 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     flags, _ = scenario_flags(scenario)
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), adapter.profile, observed.params, adapter.packages,
+    metadata = _metadata(scenario, implementation_key(impl), observed.profile, observed.params, adapter.packages,
                          impl.device, adapter.environment)
     metadata["packages"].update(adapter.extra_versions())
     fields = tuple(f for f in scenario.record if f in adapter.fields)

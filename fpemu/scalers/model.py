@@ -53,7 +53,7 @@ import numpy as np
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)
 
-# The one vocabulary of the rules' string fields (reports and profiles read it from here).
+# The one vocabulary of the rules' string fields, checked when rules are built.
 RULE_CHOICES = {
     "growth_timing": ("N", "N+1", "window", "window+1"),
     "arithmetic": ("fp32", "fp64_to_fp32", "python"),

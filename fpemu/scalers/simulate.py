@@ -103,7 +103,7 @@ def _vectorizable(rules: ScalerRules) -> bool:
     """Rules whose growth and backoff steps depend only on where the overflows are."""
     return (rules.dynamic and rules.growth_timing in ("N", "N+1") and rules.hysteresis is None
             and rules.tolerance is None and rules.backoff_every == 1 and rules.stop_at is None
-            and rules.floor_action == "clamp")
+            and rules.floor_action == "clamp" and not rules.overflow_at_inf_raises)
 
 
 def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params: dict) -> Optional[ScalerTrace]:

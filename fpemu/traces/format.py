@@ -57,8 +57,8 @@ class TraceField:
       ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
         through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
-      observed: every real scaler adapter records it (others only where the adapter's row lists
-        it in ``fields``, or only in reference traces).
+      observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
+        DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
     """
 
