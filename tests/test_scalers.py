@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -416,3 +417,11 @@ def test_vectorized_path_keeps_the_stop_at_an_overflow_with_an_infinite_scale():
     flags = [False] * 4 + [True]
     fast, slow = run_rules(rules, flags), run_rules(rules, flags, vectorize=False)
     assert fast.stopped_at == slow.stopped_at == 4 and fast.events == slow.events
+
+
+def test_a_profile_with_an_unknown_word_or_an_unkinded_parameter_is_refused():
+    torch = fpemu.get_profile("torch")
+    with pytest.raises(ValueError, match="unscale must be one of mul_recip_fp64"):
+        dataclasses.replace(torch, unscale="mul_recip")
+    with pytest.raises(ValueError, match="parameters colour have no kind"):
+        dataclasses.replace(torch, defaults={**torch.defaults, "colour": 1})

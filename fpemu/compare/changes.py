@@ -23,7 +23,7 @@ from fpemu.traces import Trace, decode_value
 from fpemu.traces.format import FIELDS, ULP_FIELDS, encode_float
 
 # Fields whose differences leave the training trajectory (scale, skips) alone: numerics only.
-NUMERIC_FIELDS = ("loss", "params", "underflow_share", "subnormal_share", "overflow_share")
+NUMERIC_FIELDS = tuple(name for name, field in FIELDS.items() if not field.trajectory)
 LENGTH = "steps"  # the pseudo-field of steps that only one trace has
 TRAJECTORY_FIELDS = tuple(name for name in FIELDS if name not in NUMERIC_FIELDS) + (LENGTH,)
 SUMMARY_KEYS = ("attempts", "completed_updates", "skipped_updates", "final_scale", "stopped_at")

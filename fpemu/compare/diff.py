@@ -42,7 +42,6 @@ STATUSES = {
               "--allow-skips)", False, 0),
     MATCH: ("the traces agree bit for bit", False, 0),
 }
-FAILED = tuple(status for status, (_, failed, _) in STATUSES.items() if failed)
 JOB_FAILURES = (INTERNAL_ERROR, API_CHANGED, CANNOT_RUN)  # a job that produced no trace
 
 

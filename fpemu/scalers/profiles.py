@@ -18,6 +18,10 @@ import numpy as np
 from fpemu.scalers.model import F32_TINY, ScalerRules
 
 REQUIRED = object()  # marks a parameter the real implementation has no default for
+# The one vocabulary of a profile's unscale arithmetic and inf check (fpemu.unscale, step_overflowed).
+PROFILE_CHOICES = {"verified": ("driven", "source-derived"),
+                   "unscale": ("mul_recip_fp64", "mul_recip_fp32", "mul_recip_ftz", "divide", "none"),
+                   "check_on": ("scaled", "unscaled", "grad_norm")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,15 @@ class Profile:
     unscale: str
     check_on: str
     notes: str = ""
+
+    def __post_init__(self):
+        for name, choices in PROFILE_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"profile {self.name!r}: {name} must be one of {', '.join(choices)}, "
+                                 f"got {getattr(self, name)!r}")
+        unknown = sorted(set(self.defaults) - set(_PARAM_KINDS))
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: parameters {', '.join(unknown)} have no kind in _PARAM_KINDS")
 
     def rules(self, **params) -> ScalerRules:
         """The rules for these parameters (the others take the profile's defaults)."""
@@ -92,7 +105,7 @@ def _check_param(profile: str, key: str, value) -> None:
         if value < (1 if kind == "interval" else 0):
             raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
         return
-    if kind is None or (kind == "bound" and value is None):
+    if kind == "bound" and value is None:
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{where} must be a number, got {value!r}")

@@ -60,6 +60,8 @@ class TraceField:
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
+      trajectory: a change in it changes what training did (scales, skips, update sizes), which
+        ranks above a change in numerics alone (losses, weights, shares).
     """
 
     name: str
@@ -67,6 +69,7 @@ class TraceField:
     recorded_by: tuple
     observed: bool = False
     by_default: bool = True
+    trajectory: bool = True
 
 
 # The one table of step-record fields; every other list of field names is derived from it.
@@ -77,11 +80,11 @@ FIELDS = {field.name: field for field in [
     TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
     TraceField("hysteresis", False, ("scaler", "model")),
     TraceField("update_ratio", True, ("scaler",), by_default=False),  # measured by training engines only
-    TraceField("loss", True, ("model", "step")),
-    TraceField("params", True, ("step",)),
-    TraceField("underflow_share", True, ("model",)),
-    TraceField("subnormal_share", True, ("model",)),
-    TraceField("overflow_share", True, ("model",)),
+    TraceField("loss", True, ("model", "step"), trajectory=False),
+    TraceField("params", True, ("step",), trajectory=False),
+    TraceField("underflow_share", True, ("model",), trajectory=False),
+    TraceField("subnormal_share", True, ("model",), trajectory=False),
+    TraceField("overflow_share", True, ("model",), trajectory=False),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
