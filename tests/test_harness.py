@@ -523,7 +523,7 @@ def test_run_on_a_core_install_writes_reports_and_says_nothing_was_compared(caps
     reports = tmp_path / "reports"
     code, out, err = run_cli(capsys, "run", "--specs", specs, "--reports", reports)
     assert code == 1
-    assert "skipped  floor_flax / flax@cpu: flax, jax not installed" in out or "floor_flax / flax@cpu" in out
+    assert "skipped  floor_flax / flax@cpu: jax, flax not installed" in out
     assert "nothing compared: every job was skipped: " in err and "torch@cpu (1 spec): torch not installed" in err
     assert "jax_step@cpu (1 spec): jax not installed" in err and "--allow-skips" in err
     assert out.splitlines()[-1].startswith("wrote ") and "files under" in out.splitlines()[-1]
