@@ -52,6 +52,10 @@ sequence = [false, false, true, false, false, false]
     (GOOD + '\n[implementations."jmp@cuda"]\nparams = { loss_scale = 1.0 }\n', "implementations.jmp@cuda: jmp runs on cpu only"),
     (GOOD + "\n[record]\nfields = []\n", "record.fields: expected a non-empty list"),
     (GOOD + "\n[record]\nfields = [\"hysteresis\"]\n", "record.fields: record at least one of scale"),
+    (GOOD.replace('profile = "torch"', 'profile = "deepspeed"').replace("init_scale = 16.0, growth_interval = 2",
+                                                                   "init_scale = 16.0")
+     + "\n[record]\nfields = [\"growth_counter\"]\n[implementations.deepspeed_zero1]\n",
+     r"implementations.deepspeed_zero1: records none of record.fields \(growth_counter\)"),
     ('name = "../escape"\n' + GOOD, "name: expected letters, digits"),
     ("steps = [", "not valid TOML"),
 ])

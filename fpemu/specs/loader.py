@@ -268,6 +268,17 @@ def _step_implementations(check: _Checker, raw) -> tuple:
     return tuple(out)
 
 
+def _check_observable(check: _Checker, fields: tuple, implementations: tuple) -> None:
+    """Every declared implementation records at least one of the fields the spec records (the
+    DeepSpeed engine rows, say, have no growth counter)."""
+    from fpemu.adapters import get_adapter
+    for impl in implementations:
+        observable = get_adapter(impl.name).fields
+        if not set(fields) & set(observable):
+            check.fail(f"implementations.{impl.name}", f"records none of record.fields ({', '.join(fields)}); "
+                                                      f"it records {', '.join(observable)}")
+
+
 def _parse_step_spec(check: _Checker, raw: dict, text: str, path: str) -> StepScenario:
     for key in ("scaler", "overflow"):
         if key in raw:
@@ -327,6 +338,8 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
                                                        "the real implementations are compared on those")
     if profile is not None:
         implementations = check.attempt(_implementations, check, raw.get("implementations", {}), profile, params)
+    if fields is not None and implementations is not None:
+        check.attempt(_check_observable, check, fields, implementations)
     check.raise_errors()
     return _scenario(check, ScalerScenario, raw, text, path, steps=steps, profile=profile, params=params,
                      overflow=overflow, implementations=implementations, record=fields)
