@@ -573,3 +573,24 @@ def test_a_divergence_on_unverified_versions_names_them(tmp_path):
     assert verdict.failed and "verified on other versions: torch 2.13.0+cpu -> 2.99.0" in verdict.note
     same = _with_unverified_versions(compare_traces(golden, other), impl, other)
     assert not same.failed and "verified" not in same.note
+
+
+@pytest.mark.fpemu_torch
+def test_audit_reports_a_baseline_this_fpemu_refuses_and_audits_the_rest(capsys, tmp_path):
+    """A baseline recorded by an older fpemu whose spec this one refuses is one result line; the
+    other baselines are still audited."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(SPECS / "timing_torch.toml", specs)
+    shutil.copy(SPECS / "seed_example_1.toml", specs)
+    baseline = tmp_path / "baseline"
+    assert run_cli(capsys, "record", specs, "--out", baseline, "--impl", "torch")[0] == 0
+    old = baseline / "timing_torch.torch-cpu.json"
+    trace = read_trace(old)
+    spec = trace.metadata["spec"]
+    refused = {**spec, "text": spec["text"].replace("[scaler]", "colour = 1\n[scaler]")}
+    write_trace(dataclasses.replace(trace, metadata={**trace.metadata, "spec": refused}), old)
+    code, out, err = run_cli(capsys, "audit", "--baseline", baseline)
+    assert code == 1
+    assert "cannot run  timing_torch / torch@cpu" in out and "colour: unknown key" in out
+    assert "1 recorded behaviours unchanged" in out

@@ -409,8 +409,14 @@ def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=No
     changes, unchanged, problems = [], 0, []
     for index, (path, before) in enumerate(chosen, 1):
         spec = before.metadata["spec"]
-        scenario = parse_spec(spec["text"], spec["path"])
-        adapter, device = parse_implementation(before.implementation)
+        try:  # a newer fpemu may refuse an old baseline's spec or no longer have its adapter
+            scenario = parse_spec(spec["text"], spec["path"])
+            adapter, device = parse_implementation(before.implementation)
+        except FpemuInputError as refused:
+            problems.append(Verdict(before.spec_name, before.implementation, CANNOT_RUN,
+                                    note=f"this fpemu cannot rebuild the baseline {path.name}: {refused}"))
+            progress(index, len(chosen), f"{before.spec_name} / {before.implementation}")
+            continue
         impl = dataclasses.replace(scenario.implementation(adapter), device=device)
         now, failure = run_job(scenario, impl)
         if failure is not None:
