@@ -318,3 +318,13 @@ def test_engine_spec_reports_the_update_sizes_from_a_spec(tmp_path):
     # 1 / (the scale after the step's update): the loss is not scaled, the gradients are unscaled with
     # 16, 16, then 32 on the growth step, as ZeRO-1/2 unscale with it too.
     assert zero0[:3] == [1 / 16, 1 / 16, 1 / 32]
+
+
+@installed
+def test_a_hung_worker_call_is_a_timeout_and_the_next_call_gets_a_fresh_worker():
+    worker = deepspeed_scaler._worker(None)
+    # 20,000 engine steps take tens of seconds: half a second is sure to run out.
+    with pytest.raises(TimeoutError, match="no answer to engine within 0.5 s"):
+        worker.call("engine", timeout=0.5, steps=20_000, overflow_steps=[], zero_stage=1, fp16={}, lr=1.0,
+                    gradient_clipping=0.0)
+    assert deepspeed_scaler._worker(None) is not worker and deepspeed_scaler.deepspeed_version() == worker.version

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import select
 import math
 import os
 import subprocess
@@ -276,6 +277,9 @@ def _serve():
 
 # --- the caller's side ----------------------------------------------------------
 
+CALL_TIMEOUT = 600.0  # seconds for one request: the engine's first start takes a few
+
+
 class _Worker:
     def __init__(self, tree: Optional[str]):
         self.tree = tree
@@ -288,18 +292,27 @@ class _Worker:
                                         stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.version = self.call("version")
 
-    def call(self, name, **args):
+    def call(self, name, timeout: float = CALL_TIMEOUT, **args):
+        """One request; a hang (gloo, an op build) is a TimeoutError and a dead worker, never a stuck run.
+        The worker's TypeError and AttributeError come back as themselves (an API change)."""
         where = f"DeepSpeed worker ({self.tree or 'installed'})"
         if self.process.poll() is not None:
             raise RuntimeError(f"{where} has exited: {self._log_tail()}")
         self.process.stdin.write(json.dumps({"call": name, "args": args}) + "\n")
         self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            self.process.kill()
+            self.process.wait()
+            raise TimeoutError(f"{where}: no answer to {name} within {timeout:g} s (killed): {self._log_tail()}")
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"{where} died during {name}: {self._log_tail()}")
         answer = json.loads(line)
         if "error" in answer:
-            raise RuntimeError(f"{where}, {name}: {answer['error']}")
+            kind = answer["error"].partition(":")[0]
+            raise {"TypeError": TypeError, "AttributeError": AttributeError}.get(kind, RuntimeError)(
+                f"{where}, {name}: {answer['error']}")
         return answer["ok"]
 
     def _log_tail(self):
@@ -331,7 +344,7 @@ def _worker(tree: Optional[str]) -> _Worker:
         reason = tree_0_17_unavailable()
         if reason:
             raise RuntimeError(reason)
-    if tree not in _WORKERS:
+    if tree not in _WORKERS or _WORKERS[tree].process.poll() is not None:  # a killed one is replaced
         _WORKERS[tree] = _Worker(tree)
     return _WORKERS[tree]
 
