@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
 from fpemu.errors import FpemuInputError
-from fpemu.harness.run import (REFERENCE, implementation_key, package_versions, record_trace, reference_trace,
+from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
 from fpemu.specs import ScalerScenario, StepScenario, load_specs, parse_spec
 from fpemu.traces import read_trace, trace_filename, write_trace
@@ -203,7 +203,7 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     package that raised it (with its version) and where, and every package version the adapter uses."""
     from fpemu.adapters import ADAPTERS
     adapter = ADAPTERS.get(impl.name)
-    packages = package_versions(adapter.packages, adapter.environment) if adapter is not None else {}
+    packages = adapter_versions(adapter) if adapter is not None else {}
     status = classify_failure(error)
     message = (str(error).strip().splitlines() or [""])[0]
     if len(message) > 300:
@@ -224,7 +224,7 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
 def _skipped(scenario, impl, reason: str) -> Verdict:
     from fpemu.adapters import ADAPTERS
     adapter = ADAPTERS.get(impl.name)
-    packages = package_versions(adapter.packages, adapter.environment) if adapter is not None else {}
+    packages = adapter_versions(adapter) if adapter is not None else {}
     return Verdict(scenario.name, implementation_key(impl), SKIPPED, note=reason, packages=packages)
 
 

@@ -39,18 +39,24 @@ def package_versions(packages, environment=None) -> dict:
     return versions
 
 
+def adapter_versions(adapter) -> dict:
+    """The versions of everything ``adapter`` runs: its packages (in its environment, if it has one)
+    and what its ``versions`` hook reports (a DeepSpeed tree outside site-packages)."""
+    return {**package_versions(adapter.packages, adapter.environment), **adapter.extra_versions()}
+
+
 def skip_reason(impl: Implementation):
     """None if ``impl`` can run here, else why not."""
     return unavailable_reason(impl.name, impl.device)
 
 
-def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, profile: str, params: dict, packages, device: str,
-              environment=None, **extra) -> dict:
+def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, profile: str, params: dict,
+              versions: dict, device: str, **extra) -> dict:
     """The metadata every trace carries (see fpemu.traces.format)."""
     return {"fpemu_version": fpemu.__version__,
             "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
             "implementation": implementation, "profile": profile, "params": params,
-            "packages": package_versions(packages, environment), "device": device,
+            "packages": versions, "device": device,
             # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
             # so a golden regenerated on another machine is byte-identical.
             **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
@@ -76,7 +82,7 @@ def _model_columns(run) -> dict:
 
 
 def _steps(scaler_trace, fields, model_columns=None) -> tuple:
-    ratios = scaler_trace.update_ratios()
+    ratios = scaler_trace.update_ratios() if "update_ratio" in fields else None
     records = []
     for step in range(scaler_trace.attempts):
         record = {"step": step}
@@ -151,7 +157,7 @@ def _reference_step_trace(scenario: StepScenario) -> Trace:
     steps, summary = _run_steps(scenario, lambda **case: mixed_precision_step(**case, compute=source.compute,
                                                                               mode=source.mode))
     metadata = _metadata(scenario, REFERENCE, STEP_PROFILE, {"mode": source.mode, "compute": source.compute},
-                         ["numpy", "ml_dtypes"], "cpu", verified="driven")
+                         package_versions(["numpy", "ml_dtypes"]), "cpu", verified="driven")
     return Trace(metadata, steps, summary)
 
 
@@ -169,7 +175,7 @@ def _recorded_step_trace(scenario: StepScenario, impl: Implementation) -> Trace:
     params = step_params(scenario, impl)
     steps, summary = _run_steps(scenario, step_function(impl.name, scenario.step.compute, impl.device, **params))
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, adapter.packages, impl.device)
+    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, adapter_versions(adapter), impl.device)
     return Trace(metadata, steps, summary)
 
 
@@ -181,7 +187,7 @@ def reference_trace(scenario: ScalerScenario | StepScenario) -> Trace:
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
     profile = get_profile(scenario.profile)
     metadata = _metadata(scenario, REFERENCE, scenario.profile, {**profile.defaults, **scenario.params},
-                         ["numpy", "ml_dtypes"], "cpu", verified=profile.verified)
+                         package_versions(["numpy", "ml_dtypes"]), "cpu", verified=profile.verified)
     return Trace(metadata, _steps(simulated, scenario.record, model_columns), _summary(simulated))
 
 
@@ -192,8 +198,7 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     flags, _ = scenario_flags(scenario)
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), observed.profile, observed.params, adapter.packages,
-                         impl.device, adapter.environment)
-    metadata["packages"].update(adapter.extra_versions())
+    metadata = _metadata(scenario, implementation_key(impl), observed.profile, observed.params,
+                         adapter_versions(adapter), impl.device)
     fields = tuple(f for f in scenario.record if f in adapter.fields)
     return Trace(metadata, _steps(observed, fields), _summary(observed))
