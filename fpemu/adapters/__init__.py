@@ -172,6 +172,27 @@ def get_adapter(name: str) -> Adapter:
     return ADAPTERS[name]
 
 
+def resolve(name: str, kind: Optional[str] = None) -> tuple:
+    """``torch@cuda`` -> ("torch", "cuda"): an adapter (of ``kind``, if given) and a device it runs on
+    (cpu when none is named); ValueError says what is wrong with the name.
+
+    Example:
+      >>> resolve("torch@cuda"), resolve("flax")
+      (('torch', 'cuda'), ('flax', 'cpu'))
+    """
+    adapter, _, device = name.partition("@")
+    known = ADAPTERS if kind is None else adapters_of_kind(kind)
+    if adapter not in known:
+        what = "implementation" if kind is None else f"implementation for a {kind} spec"
+        raise ValueError(f"unknown {what}; known: {', '.join(known)}")
+    device = device or "cpu"
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
+    if device not in known[adapter].devices:
+        raise ValueError(f"{adapter} runs on {', '.join(known[adapter].devices)} only")
+    return adapter, device
+
+
 def unavailable_reason(name: str, device: str = "cpu"):
     """None if adapter ``name`` can run here on ``device``, else the reason it cannot."""
     if name not in ADAPTERS:

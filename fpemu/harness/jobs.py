@@ -41,16 +41,11 @@ def _quiet(done: int, total: int, label: str) -> None:
 
 def parse_implementation(name: str) -> tuple:
     """``torch@cuda`` -> ("torch", "cuda"); the device defaults to cpu."""
-    from fpemu.adapters import ADAPTERS, DEVICES
-    adapter, _, device = name.partition("@")
-    device = device or "cpu"
-    if adapter not in ADAPTERS:
-        raise FpemuInputError(f"--impl {name}: unknown implementation; known: {', '.join(ADAPTERS)}")
-    if device not in DEVICES:
-        raise FpemuInputError(f"--impl {name}: unknown device {device!r}; devices: {', '.join(DEVICES)}")
-    if device not in ADAPTERS[adapter].devices:
-        raise FpemuInputError(f"--impl {name}: {adapter} runs on {', '.join(ADAPTERS[adapter].devices)} only")
-    return adapter, device
+    from fpemu.adapters import resolve
+    try:
+        return resolve(name)
+    except ValueError as wrong:
+        raise FpemuInputError(f"--impl {name}: {wrong}") from None
 
 
 def matches(key: str, names) -> bool:

@@ -162,20 +162,16 @@ def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
 def _implementation_tables(check: _Checker, raw, kind: str):
     """Yield (key, adapter, device, body, declared divergence) for each [implementations.X] table
     naming an adapter of ``kind``."""
-    from fpemu.adapters import DEVICES, adapters_of_kind
-    known = adapters_of_kind(kind)
+    from fpemu.adapters import resolve
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
+    other = "[step]" if kind == "scaler" else "scaler"
     for name, body in raw.items():
         key = f"implementations.{name}"
-        adapter, _, device = name.partition("@")
-        if adapter not in known:
-            other = "[step]" if kind == "scaler" else "scaler"
-            check.fail(key, f"unknown implementation for a {kind} spec; known: {', '.join(known)} (add @cuda "
-                            f"to run on the GPU; the other adapters run {other} specs)")
-        device = check.choice(device or "cpu", key, DEVICES)
-        if device not in known[adapter].devices:
-            check.fail(key, f"{adapter} runs on {', '.join(known[adapter].devices)} only")
+        try:
+            adapter, device = resolve(name, kind)
+        except ValueError as wrong:
+            check.fail(key, f"{wrong} (add @cuda to run on the GPU; the other adapters run {other} specs)")
         check.table(body, key, {"params", "expect_divergence"})
         yield key, adapter, device, body, _expected_divergence(check, body, key)
 
