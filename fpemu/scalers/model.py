@@ -225,8 +225,7 @@ class ScalerRules:
             return StepOutcome(dataclasses.replace(state, stopped=True), False,
                                "raised: ZeroDivisionError, the scale reached 0 (1 / scale)")
         # Under flush-to-zero arithmetic a subnormal scale, kept as given at the start, reads as 0 too.
-        reads_as_zero = state.scale == 0 or (self.flush_subnormals and abs(state.scale) < F32_TINY)
-        if not overflow and reads_as_zero and self.at_zero_scale == "overflow":
+        if not overflow and self._operand(state.scale) == 0 and self.at_zero_scale == "overflow":
             outcome = self._on_overflow(state)
             return dataclasses.replace(outcome, event="scale is 0: unscaled gradients are 0/0 = NaN")
         if overflow:
