@@ -186,6 +186,7 @@ def test_te_reference_current_scale_matches(fmt, pow2):
     scales = [model.scale_from_amax(a) for a in amaxes]
     assert same_floats([r[0] for r in real], scales)
     assert same_floats([r[1] for r in real], rec._reciprocal(np.array(scales, np.float32)))
+    assert same_floats([r[2] for r in real], model.run(amaxes).amax_used)
 
 
 @pytest.mark.parametrize("name", sorted(TENSORS))

@@ -125,7 +125,7 @@ def _unfused(compiled: bool) -> dict:
 
 def run_delayed_unfused(amaxes, fp8_format="fp8_e4m3fn", margin=0, amax_history_len=1024,
                         amax_compute_algo="max", compiled=False) -> dict:
-    """Drive TE's unfused update over one amax per step: {"amax_used", "scale"} per step.
+    """Drive TE's unfused update over one amax per step: {"amax", "amax_used", "scale"} per step.
 
     Each step writes the amax into ``amax_history[0]`` (what TE's cast kernel does) and calls
     ``_amax_and_scale_update(amax_history, scale, fp8_max, recipe)`` with a real DelayedScaling.
@@ -140,14 +140,21 @@ def run_delayed_unfused(amaxes, fp8_format="fp8_e4m3fn", margin=0, amax_history_
     fp8_max = {"fp8_e4m3fn": te.Format.HYBRID.value.max_fwd, "fp8_e5m2": te.Format.HYBRID.value.max_bwd}[fp8_format]
     history = torch.zeros((amax_history_len, 1), dtype=torch.float32)
     scale = torch.ones(1, dtype=torch.float32)
-    used, scales = [], []
+    held, used, scales = [], [], []
     for amax in amaxes:
         history[0].fill_(float(amax))
+        held.append(float(history[0].item()))
         _, amax_used = functions["_default_get_amax_and_update_history"](history.clone(), amax_compute_algo)
         functions["_amax_and_scale_update"](history, scale, fp8_max, recipe)
         used.append(float(amax_used.item()))
         scales.append(float(scale.item()))
-    return {"amax_used": used, "scale": scales}
+    return {"amax": held, "amax_used": used, "scale": scales}
+
+
+def record_delayed_unfused(amaxes, params, device) -> dict:
+    """The recipe adapter ``te_unfused`` (fpemu.adapters.ADAPTERS): TE's unfused update, eager
+    (``NVTE_TORCH_COMPILE=0``; :func:`run_delayed_unfused` with compiled=True gives the same scales)."""
+    return run_delayed_unfused(amaxes, **params)
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,12 +172,30 @@ def _fp8_dtype(fp8_format: str):
 
 
 def reference_current_scale(amax, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales=False, x_dtype="float32"):
-    """TE's reference ``_scale_from_amax_tensor`` on one float32 amax: (scale, scale_inv) as floats."""
+    """TE's reference ``_scale_from_amax_tensor`` on one float32 amax: (scale, scale_inv, amax after its
+    epsilon floor) as floats."""
     import torch
-    scale, scale_inv, _ = _reference_functions()["_scale_from_amax_tensor"](
+    scale, scale_inv, amax = _reference_functions()["_scale_from_amax_tensor"](
         getattr(torch, x_dtype), torch.tensor([float(amax)], dtype=torch.float32), _fp8_dtype(fp8_format),
         eps=eps, pow_2_scales=pow_2_scales)
-    return float(scale.item()), float(scale_inv.item())
+    return float(scale.item()), float(scale_inv.item()), float(amax.item())
+
+
+_INPUT_DTYPES = {3.4028234663852886e38: "float32", 3.3895313892515355e38: "bfloat16", 65504.0: "float16"}
+
+
+def record_reference_current(amaxes, params, device) -> dict:
+    """The recipe adapter ``te_reference``: the reference quantizer's scale of each step's amax (the
+    model's ``input_max`` names the input dtype: float32's, bf16's or fp16's max)."""
+    import torch
+    input_max = params.get("input_max", 3.4028234663852886e38)
+    if input_max not in _INPUT_DTYPES:
+        raise ValueError(f"input_max: TE's reference takes it from the input dtype; expected one of {sorted(_INPUT_DTYPES)}")
+    rows = [reference_current_scale(a, params.get("fp8_format", "fp8_e4m3fn"), params.get("amax_epsilon", 0.0),
+                                    params.get("power_2_scales", False), _INPUT_DTYPES[input_max]) for a in amaxes]
+    held = torch.tensor(amaxes, dtype=torch.float32).tolist()
+    return {"amax": held, "amax_used": [r[2] for r in rows], "scale": [r[0] for r in rows],
+            "scale_inv": [r[1] for r in rows]}
 
 
 def reference_current_quantize(x, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales=False):

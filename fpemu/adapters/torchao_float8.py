@@ -40,6 +40,14 @@ def amax_to_scale(amaxes, fp8_format: str = "fp8_e4m3fn", power_of_2: bool = Fal
     return real(amax, _torch_dtype(fp8_format), round_scales_to_power_of_2=power_of_2).numpy()
 
 
+def record_amax_to_scale(amaxes, params, device) -> dict:
+    """The recipe adapter ``torchao_float8``: torchao's ``amax_to_scale`` of each step's amax (a tensorwise
+    tensor per step; ``params``: ``fp8_format``, ``power_of_2``)."""
+    held = np.asarray(amaxes, dtype=np.float32)
+    scales = amax_to_scale(held, params.get("fp8_format", "fp8_e4m3fn"), params.get("power_of_2", False))
+    return {"amax": held.tolist(), "amax_used": held.tolist(), "scale": scales.tolist()}
+
+
 def quantize(x, fp8_format: str = "fp8_e4m3fn", granularity: str = "tensorwise", axis: int = -1,
              power_of_2: bool = False, dtype: str = "float32") -> tuple:
     """torchao's ``hp_tensor_to_float8_dynamic`` on ``x`` (held as torch ``dtype``): (scale, fp8 codes)."""

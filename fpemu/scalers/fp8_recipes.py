@@ -349,8 +349,8 @@ class CurrentScaling:
     def run(self, amaxes) -> "RecipeRun":
         """The scale of each step's amax (current scaling has no state)."""
         scales = [float(self.scale_from_amax(a)) for a in amaxes]
-        used = [float(max(_f32(a), _f32(self.amax_epsilon))) if self.implementation == "reference"
-                else float(_kernel_amax_floor(_f32(a), _f32(self.amax_epsilon))) for a in amaxes]
+        floor = _kernel_amax_floor if self.implementation == "kernel" else np.maximum  # NaN: kept / propagated
+        used = [float(floor(_f32(a), _f32(self.amax_epsilon))) for a in amaxes]
         return RecipeRun.of(amaxes, used, scales)
 
 
@@ -376,7 +376,7 @@ def _te_kernel_scale(amax, max_fp8, pow2: bool, eps) -> np.float32:
 
 
 def _te_reference_scale(amax, max_fp8, pow2: bool, eps, input_max) -> np.float32:
-    amax = F32(np.maximum(amax, eps))  # torch.max(amax, eps): NaN propagates
+    amax = F32(np.maximum(amax, eps))  # torch.max(amax, eps), as np.maximum: NaN propagates
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         scale = max_fp8 / amax
     if scale == np.inf:

@@ -1,0 +1,48 @@
+"""Traces of fp8 recipe scenarios: each step's amax, the amax its scale came from, the scale and 1/scale.
+
+The reference trace runs fpemu's model of the scenario's recipe (fpemu.scalers.fp8_recipes); a
+recorded trace drives a recipe adapter (TE's own Python code, torchao) through the same amaxes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fpemu.traces import Trace, float_fields
+
+_COLUMNS = ("scale", "amax", "amax_used", "scale_inv")
+
+
+def recipe_steps(columns: dict, fields) -> tuple:
+    """Step records holding the ``fields`` (of :data:`_COLUMNS`) that ``columns`` has, floats exactly."""
+    kept = [field for field in fields if field in columns]
+    steps = len(columns["scale"])
+    return tuple({"step": step, **{k: v for field in kept for k, v in float_fields(field, columns[field][step]).items()}}
+                 for step in range(steps))
+
+
+def recipe_summary(columns: dict) -> dict:
+    """The summary every trace has: a recipe step is always an attempt that completes; its final scale."""
+    steps = len(columns["scale"])
+    return {"attempts": steps, "completed_updates": steps, "skipped_updates": 0,
+            **float_fields("final_scale", columns["scale"][-1] if steps else 1.0), "stopped_at": None, "events": []}
+
+
+def reference_recipe_trace(scenario, metadata) -> Trace:
+    """The golden trace of a RecipeScenario (``metadata``: fpemu.harness.run's builder, given the profile,
+    parameters and versions)."""
+    from fpemu.scalers.fp8_recipes import RECIPES, make_recipe
+    recipe = make_recipe(scenario.recipe, **scenario.params)
+    run = recipe.run(scenario.amax.amaxes(scenario.steps))
+    columns = {field: getattr(run, field) for field in _COLUMNS}
+    meta = metadata(scenario.recipe, dataclasses.asdict(recipe), RECIPES[scenario.recipe].source.verified)
+    return Trace(meta, recipe_steps(columns, scenario.record), recipe_summary(columns))
+
+
+def recorded_recipe_trace(scenario, impl, metadata) -> Trace:
+    """A recipe adapter driven through the scenario's amaxes."""
+    from fpemu.adapters import get_adapter, record_recipe
+    adapter = get_adapter(impl.name)
+    columns = record_recipe(impl.name, scenario.amax.amaxes(scenario.steps).tolist(), impl.device, **impl.params)
+    fields = tuple(field for field in scenario.record if field in adapter.fields)
+    return Trace(metadata(adapter.profile, dict(impl.params)), recipe_steps(columns, fields), recipe_summary(columns))
