@@ -93,3 +93,24 @@ def test_recipe_specs_diff_against_the_real_code(capsys, tmp_path):
     assert statuses[("recipe_torchao_tensorwise", "torchao_float8@cpu")] == "match"
     zero = verdicts[("recipe_te_delayed_zero_amax", "te_unfused@cpu")]["divergence"]
     assert (zero["step"], zero["field"]) == (1, "amax_used")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_training_trace_matches_the_model(recipe, tmp_path, capsys):
+    """A Float8Linear MLP trained for real: every cast's amaxes, scales and fp8 codes per step, torchao's
+    and fpemu's model's on the same tensors, are the same traces; they round-trip through trace files."""
+    pytest.importorskip("torchao.float8")
+    from fpemu.compare import compare_traces
+    from fpemu.harness.recipe_traces import float8_training_traces
+    from fpemu.traces import read_trace, write_trace
+    observed, model = float8_training_traces(recipe, steps=4)
+    verdict = compare_traces(model, observed)
+    assert verdict.status == "match" and verdict.steps_compared == 4
+    assert len(observed.steps[0]["tensor_scale"]) == (12 if recipe == "tensorwise" else 224)
+    paths = [write_trace(t, tmp_path / f"{name}.json") for name, t in (("torchao", observed), ("model", model))]
+    assert read_trace(paths[0]).steps == observed.steps
+    assert main(["compare", str(paths[1]), str(paths[0])]) == 0
+    tampered = dict(observed.steps[2], tensor_scale_hex=["0x1p+0"] + observed.steps[2]["tensor_scale_hex"][1:])
+    broken = type(observed)(observed.metadata, observed.steps[:2] + (tampered,) + observed.steps[3:], observed.summary)
+    divergence = compare_traces(model, broken).divergence
+    assert (divergence.step, divergence.field) == (2, "tensor_scale")

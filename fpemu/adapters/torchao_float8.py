@@ -70,10 +70,12 @@ class ObservedCast:
     Attributes:
       tensor: the high-precision input (float32 numpy).
       fp8_format, granularity, axis, power_of_2: the arguments (``axis`` None when tensorwise).
+      amax: torchao's ``tensor_to_amax`` of the input, as its scale was computed from.
       scale: torchao's float32 scale; codes: its fp8 bit patterns.
     """
 
     tensor: np.ndarray
+    amax: np.ndarray
     fp8_format: str
     granularity: str
     axis: object
@@ -87,12 +89,16 @@ def watching_casts():
     """Within the block, every cast Float8Linear makes is appended to the yielded list."""
     import torch
     from torchao.float8 import float8_linear
+    from torchao.float8.float8_utils import tensor_to_amax
     real = float8_linear.hp_tensor_to_float8_dynamic
     seen = []
 
     def watched(hp_tensor, float8_dtype, linear_mm_config, **kwargs):
         out = real(hp_tensor, float8_dtype, linear_mm_config, **kwargs)
-        seen.append(ObservedCast(hp_tensor.detach().float().numpy().copy(), _format_name(float8_dtype),
+        amax = tensor_to_amax(hp_tensor.detach(), scaling_granularity=kwargs["scaling_granularity"],
+                              axiswise_dim=kwargs.get("axiswise_dim"))
+        seen.append(ObservedCast(hp_tensor.detach().float().numpy().copy(), amax.float().numpy().copy(),
+                                 _format_name(float8_dtype),
                                  _granularity(kwargs["scaling_granularity"]), kwargs.get("axiswise_dim"),
                                  bool(kwargs.get("round_scales_to_power_of_2", False)),
                                  out._scale.detach().float().numpy().copy(),
@@ -109,8 +115,8 @@ def watching_casts():
 def train_float8_mlp(recipe: str = "tensorwise", steps: int = 20, seed: int = 0, sizes=(16, 32, 16),
                      batch: int = 8, lr: float = 0.05) -> list:
     """Train a Linear-ReLU-Linear MLP converted to Float8Linear (torchao recipe ``recipe``) with SGD on
-    seeded data; returns, per step, the casts it made (:class:`ObservedCast`, in call order: the
-    second layer's forward casts after the first's, backward in reverse layer order)."""
+    seeded data; returns, per step, (the loss, the casts it made: :class:`ObservedCast` in call order,
+    the second layer's forward casts after the first's, backward in reverse layer order)."""
     import torch
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     torch.manual_seed(seed)
@@ -128,5 +134,5 @@ def train_float8_mlp(recipe: str = "tensorwise", steps: int = 20, seed: int = 0,
             optimizer.zero_grad()
             loss.backward()
         optimizer.step()
-        per_step.append(list(casts))
+        per_step.append((float(loss.item()), list(casts)))
     return per_step

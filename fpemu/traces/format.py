@@ -56,8 +56,9 @@ class TraceField:
       name: its key in the step records.
       ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
-        through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step) and
-        ``recipe`` (an fp8 scaling recipe over amaxes).
+        through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
+        ``recipe`` (an fp8 scaling recipe over amaxes) and ``fp8_training`` (a real fp8 training run
+        against the recipe's model on the same tensors; not a spec kind).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
@@ -90,6 +91,11 @@ FIELDS = {field.name: field for field in [
     TraceField("amax", False, ("recipe",)),
     TraceField("amax_used", False, ("recipe",)),
     TraceField("scale_inv", False, ("recipe",)),
+    # fp8 training (fpemu.harness.recipe_traces.float8_training_traces): per step, every cast's amaxes and
+    # scales (one per tensor, or per row) and a digest of its fp8 codes
+    TraceField("tensor_amax", False, ("fp8_training",)),
+    TraceField("tensor_scale", False, ("fp8_training",)),
+    TraceField("fp8_codes", False, ("fp8_training",)),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
