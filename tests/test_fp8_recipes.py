@@ -21,7 +21,8 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 # --- the models on the cases read from the sources ----------------------------------
 
-@pytest.mark.parametrize("path, expected", [("fused", [112, 112, 112, 112, 448]), ("unfused", [112, 112, 112, 448, 448])])
+@pytest.mark.parametrize("path, expected", [("fused", [112, 112, 112, 112, 448]),
+                                            ("unfused", [112, 112, 112, 448, 448])])
 def test_delayed_zero_amax_steps_roll_only_unfused(path, expected):
     run = rec.DelayedScaling(amax_history_len=2, path=path).run([4.0, 0.0, 0.0, 1.0, 1.0])
     assert list(run.scale) == expected
@@ -77,7 +78,7 @@ def test_torchao_power_of_2_rounds_up_just_below_powers_of_two():
     s = np.float32(9.536738e-07)  # a few ulp below 2^-20
     assert float(rec.torchao_round_down_to_power_of_2(s)) == 2.0 ** -20
     assert float(rec.mask_to_power_of_2(s)) == 2.0 ** -21
-    edges = _edge_scales()
+    edges = rec.scales_near_powers_of_2()
     assert rec.power_of_2_departures(edges) > 0
     assert rec.power_of_2_departures(2.0 ** np.arange(-30, 30, dtype=np.float32)) == 0
 
@@ -86,6 +87,12 @@ def test_torchao_special_amaxes():
     t = rec.TorchaoScaling()
     scales = t.scale_from_amax(np.array([0.0, INF, NAN], np.float32))
     assert scales[0] == np.float32(448e12) and scales[1] == 0.0 and math.isnan(scales[2])
+
+
+def test_torchao_clamp_flushes_tensors_below_1e_12():
+    x = (np.random.default_rng(0).standard_normal(256) * 1e-30).astype(np.float32)
+    assert not rec.TorchaoScaling().quantize(x).values.any()  # scale 448e12: every element rounds to 0
+    assert float(np.abs(rec.CurrentScaling().quantize(x).values).max()) == 448.0
 
 
 def test_recipe_table_and_bad_parameters():
@@ -102,13 +109,6 @@ def test_recipe_table_and_bad_parameters():
 
 
 # --- inputs -----------------------------------------------------------------------
-
-def _edge_scales():
-    """Scales 0..3 ulp below and above 2^k for k in -40..40 (float32)."""
-    powers = 2.0 ** np.arange(-40, 41, dtype=np.float64)
-    bits = powers.astype(np.float32).view(np.int32)
-    return np.concatenate([(bits + d).view(np.float32) for d in range(-3, 4)])
-
 
 def _tensors():
     rng = np.random.default_rng(7)
@@ -131,7 +131,7 @@ def _amaxes():
     """Random float32 bit patterns of every magnitude, edges of power-of-two scales, and 0/inf/NaN."""
     rng = np.random.default_rng(3)
     random = rng.integers(0, 0x7F800000, 4000, dtype=np.uint32).view(np.float32)
-    near = (np.float32(448.0) / _edge_scales()).astype(np.float32)
+    near = (np.float32(448.0) / rec.scales_near_powers_of_2()).astype(np.float32)
     return np.concatenate([random, near, np.array([0.0, INF, NAN, 1e-45, F32_MAX], np.float32)])
 
 
@@ -229,7 +229,8 @@ def test_torchao_power_of_2_rounding_matches_torch(torchao):
     import torch
     from torchao.float8.float8_utils import _round_scale_down_to_power_of_2
     rng = np.random.default_rng(11)
-    scales = np.concatenate([_edge_scales(), rng.integers(1, 0x7F800000, 200_000, dtype=np.uint32).view(np.float32)])
+    random = rng.integers(1, 0x7F800000, 200_000, dtype=np.uint32).view(np.float32)
+    scales = np.concatenate([rec.scales_near_powers_of_2(), random])
     real = _round_scale_down_to_power_of_2(torch.from_numpy(scales)).numpy()
     assert same_floats(real, rec.torchao_round_down_to_power_of_2(scales))
 

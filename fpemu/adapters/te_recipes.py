@@ -17,7 +17,8 @@ holding commit :data:`TE_COMMIT` (a bare mirror is enough); by default
     git --git-dir=MIRROR archive d0067d0da6cb01811b8072a7d304f0e00344ce2b \
         transformer_engine/pytorch/quantization.py transformer_engine/pytorch/jit.py \
         transformer_engine/common/recipe/__init__.py \
-        transformer_engine/pytorch/custom_recipes/reference_current_scaling.py | tar x -C ~/.cache/fpemu/TransformerEngine
+        transformer_engine/pytorch/custom_recipes/reference_current_scaling.py \
+        | tar x -C ~/.cache/fpemu/TransformerEngine
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def _functions(path: str, names, namespace: dict, within: str = None) -> dict:
     if missing:
         raise AttributeError(f"{path} at {TE_COMMIT[:7]} has no function {', '.join(sorted(missing))}")
     for node in chosen:
-        node.decorator_list = [d for d in node.decorator_list if not (isinstance(d, ast.Name) and d.id == "classmethod")]
+        node.decorator_list = [d for d in node.decorator_list
+                               if not (isinstance(d, ast.Name) and d.id == "classmethod")]
     filename = f"<TE {path}>"
     # torch.jit.script reads a function's source through inspect: linecache serves TE's file under
     # that name, and the functions belong to a named module.
@@ -190,7 +192,8 @@ def record_reference_current(amaxes, params, device) -> dict:
     import torch
     input_max = params.get("input_max", 3.4028234663852886e38)
     if input_max not in _INPUT_DTYPES:
-        raise ValueError(f"input_max: TE's reference takes it from the input dtype; expected one of {sorted(_INPUT_DTYPES)}")
+        raise ValueError(f"input_max: TE's reference takes it from the input dtype; "
+                         f"expected one of {sorted(_INPUT_DTYPES)}")
     rows = [reference_current_scale(a, params.get("fp8_format", "fp8_e4m3fn"), params.get("amax_epsilon", 0.0),
                                     params.get("power_2_scales", False), _INPUT_DTYPES[input_max]) for a in amaxes]
     held = torch.tensor(amaxes, dtype=torch.float32).tolist()

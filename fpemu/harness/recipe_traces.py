@@ -24,8 +24,13 @@ def recipe_steps(columns: dict, fields) -> tuple:
     """Step records holding the ``fields`` (of :data:`_COLUMNS`) that ``columns`` has, floats exactly."""
     kept = [field for field in fields if field in columns]
     steps = len(columns["scale"])
-    return tuple({"step": step, **{k: v for field in kept for k, v in float_fields(field, columns[field][step]).items()}}
-                 for step in range(steps))
+    records = []
+    for step in range(steps):
+        record = {"step": step}
+        for field in kept:
+            record.update(float_fields(field, columns[field][step]))
+        records.append(record)
+    return tuple(records)
 
 
 def recipe_summary(columns: dict) -> dict:

@@ -402,13 +402,26 @@ def torchao_round_down_to_power_of_2(scale) -> np.ndarray:
     :func:`power_of_2_departures`).  torch 2.13's CPU log2 gave the same floors on every input tested.
 
     Example:
-      >>> float(torchao_round_down_to_power_of_2(np.float32(9.536738e-07))), float(mask_to_power_of_2(np.float32(9.536738e-07)))
+      >>> s = np.float32(9.536738e-07)  # a few ulp below 2^-20
+      >>> float(torchao_round_down_to_power_of_2(s)), float(mask_to_power_of_2(s))
       (9.5367431640625e-07, 4.76837158203125e-07)
     """
     scale = np.asarray(scale, dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         log2 = np.log2(scale.astype(np.float64)).astype(np.float32)
         return np.exp2(np.floor(log2)).astype(np.float32)
+
+
+def scales_near_powers_of_2(low: int = -40, high: int = 40, ulps: int = 3) -> np.ndarray:
+    """float32 scales within ``ulps`` ulp of 2^k (both sides, 2^k itself included) for k in low..high:
+    where power-of-two rounding can go wrong.
+
+    Example:
+      >>> [float(s) for s in scales_near_powers_of_2(0, 0, 1)]
+      [0.9999999403953552, 1.0, 1.0000001192092896]
+    """
+    powers = (2.0 ** np.arange(low, high + 1, dtype=np.float64)).astype(np.float32).view(np.int32)
+    return np.concatenate([(powers + d).view(np.float32) for d in range(-ulps, ulps + 1)])
 
 
 def power_of_2_departures(scales) -> int:
@@ -438,7 +451,8 @@ class TorchaoScaling:
       >>> t = TorchaoScaling().quantize(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32))
       >>> float(t.scale), t.values.ravel().tolist()
       (112.0, [112.0, -224.0, 56.0, 448.0])
-      >>> TorchaoScaling(granularity="rowwise").quantize(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32)).scale.ravel().tolist()
+      >>> rowwise = TorchaoScaling(granularity="rowwise")
+      >>> rowwise.quantize(np.array([[1.0, -2.0], [0.5, 4.0]], np.float32)).scale.ravel().tolist()
       [224.0, 112.0]
     """
 

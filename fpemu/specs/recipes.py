@@ -59,8 +59,9 @@ class AmaxSource:
         """The float32 amax of each of ``steps`` steps (the same every call).
 
         Example:
-          >>> AmaxSource("generated", seed=1, nan_rate=0.5).amaxes(4).round(3).tolist()
-          [nan, 0.326, nan, 0.117]
+          >>> source = AmaxSource("generated", seed=1, magnitude=2.0, spread=0.0, zero_rate=0.25, nan_rate=0.25)
+          >>> source.amaxes(6).tolist()
+          [nan, 2.0, 2.0, 0.0, 2.0, 2.0]
         """
         if self.kind == "explicit":
             return np.array(self.sequence[:steps], dtype=np.float32)
@@ -104,7 +105,8 @@ def _amax_source(check, raw) -> AmaxSource:
         return AmaxSource(**fields)
     if "seed" in raw:
         fields["seed"] = check.integer(raw["seed"], "amax.seed", 0)
-    for key, low, high in (("magnitude", 1e-38, 3e38), ("spread", 0.0, 120.0), *((rate, 0.0, 1.0) for rate in AMAX_EVENTS)):
+    bounds = (("magnitude", 1e-38, 3e38), ("spread", 0.0, 120.0), *((rate, 0.0, 1.0) for rate in AMAX_EVENTS))
+    for key, low, high in bounds:
         if key in raw:
             fields[key] = check.number(raw[key], f"amax.{key}", low, high)
     return AmaxSource(**fields)
