@@ -266,3 +266,36 @@ def test_float8_linear_training_casts_match(torchao, recipe):
             assert fp8_code_mismatches(cast.codes, model.codes, cast.fp8_format) == 0
     if recipe == "rowwise":
         assert all(cast.power_of_2 and cast.fp8_format == "fp8_e4m3fn" for cast in steps[0])
+
+
+@pytest.mark.skipif("not __import__('os').environ.get('FPEMU_TEST_ENVS')",
+                    reason="a transformers Llama under Float8Linear takes ~15 s (FPEMU_TEST_ENVS=1 runs it)")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_llama_from_config_casts_match(torchao, recipe):
+    """As a user would: a 2-layer Llama from a LlamaConfig (random weights), its Linears converted to
+    Float8Linear, 3 AdamW steps; every cast torchao makes is fpemu's model's, bit for bit."""
+    import torch
+    transformers = pytest.importorskip("transformers")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda module, fqn: "lm_head" not in fqn)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seen = 0
+    for _ in range(3):
+        ids = torch.randint(0, 128, (2, 16))
+        with torchao.watching_casts() as casts:
+            loss = model(input_ids=ids, labels=ids).loss
+            optimizer.zero_grad()
+            loss.backward()
+        optimizer.step()
+        for cast in casts:
+            axis = -1 if cast.axis is None else cast.axis
+            fp8 = rec.TorchaoScaling(cast.fp8_format, cast.granularity, axis, cast.power_of_2).quantize(cast.tensor)
+            assert same_floats(cast.scale.reshape(fp8.scale.shape), fp8.scale)
+            assert fp8_code_mismatches(cast.codes, fp8.codes, cast.fp8_format) == 0
+        seen += len(casts)
+    assert seen == 3 * 2 * 7 * len(torchao.LINEAR_CASTS)  # 7 Linears per decoder layer
