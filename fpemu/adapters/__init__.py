@@ -51,7 +51,7 @@ class Adapter:
         tree outside site-packages that is absent, ...), or None when it can; None for no check.
       versions: ``"module:function"`` returning the versions of what it runs that ``packages``
         cannot see here (a tree outside site-packages), merged into its traces' provenance.
-      fields: scaler adapters: the step-record fields its traces hold.
+      fields: scaler and recipe adapters: the step-record fields its traces hold.
       by_default: a scaler spec without [implementations] runs it when it is its profile's adapter;
         False for heavy drivers that take only some of the profile's parameters (the DeepSpeed
         engine takes a power-of-two initial scale), which run where a spec names them.

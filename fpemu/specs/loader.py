@@ -167,7 +167,7 @@ def _implementation_tables(check: _Checker, raw, kind: str):
     from fpemu.adapters import resolve
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
-    other = "[step]" if kind == "scaler" else "scaler"
+    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]"}[kind]
     for name, body in raw.items():
         key = f"implementations.{name}"
         try:
