@@ -235,6 +235,35 @@ def test_torchao_power_of_2_rounding_matches_torch(torchao):
     assert same_floats(real, rec.torchao_round_down_to_power_of_2(scales))
 
 
+FLOAT32_ELEMENTS = st.floats(width=32, allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 1e-45, 448.0])
+
+
+@settings(max_examples=profile_examples(10))
+@given(values=st.lists(FLOAT32_ELEMENTS, min_size=1, max_size=24), fmt=st.sampled_from(FORMATS),
+       rowwise=st.booleans(), pow2=st.booleans())
+@example(values=[1e-30, -2e-30, 3e-31, 0.0], fmt="fp8_e4m3fn", rowwise=False, pow2=True)  # below the 1e-12 clamp
+@example(values=[float.fromhex("0x1.fffffep-2"), 1.0, -0.5, 0.25], fmt="fp8_e5m2", rowwise=True, pow2=True)
+def test_torchao_cast_matches_on_any_float32(torchao, values, fmt, rowwise, pow2):
+    x = np.array(values + [0.0] * (-len(values) % 4), np.float32).reshape(-1, 4)
+    granularity = "rowwise" if rowwise else "tensorwise"
+    scale, codes = torchao.quantize(x, fmt, granularity, -1, pow2)
+    model = rec.TorchaoScaling(fmt, granularity, -1, pow2).quantize(x)
+    assert same_floats(scale.reshape(model.scale.shape), model.scale)
+    assert fp8_code_mismatches(codes, model.codes, fmt) == 0
+
+
+@settings(max_examples=profile_examples(10))
+@given(values=st.lists(FLOAT32_ELEMENTS, min_size=1, max_size=24), fmt=st.sampled_from(FORMATS), pow2=st.booleans())
+@example(values=[float("inf"), 1.0], fmt="fp8_e5m2", pow2=False)  # scale 0: inf * 0 is NaN
+def test_te_reference_quantizer_matches_on_any_float32(values, fmt, pow2):
+    te = _te()
+    x = np.array(values, np.float32).reshape(1, -1)
+    scale_inv, codes = te.reference_current_quantize(x, fmt, pow_2_scales=pow2)
+    model = rec.CurrentScaling(fp8_format=fmt, power_2_scales=pow2, implementation="reference").quantize(x)
+    assert same_floats(scale_inv, model.scale_inv)
+    assert fp8_code_mismatches(codes, model.codes, fmt) == 0
+
+
 @pytest.mark.parametrize("name", sorted(TENSORS))
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("granularity, axis", [("tensorwise", -1), ("rowwise", -1), ("rowwise", 0)])

@@ -112,6 +112,15 @@ class Fp8Tensor:
 def cast_to_fp8(x, scale, fmt: str, cast: str = "satfinite") -> tuple:
     """(codes, values) of fp8(fl32(x * scale)) under one of :data:`CASTS`.
 
+    Args:
+      x: float32 values (bf16/fp16 arrays widen exactly).
+      scale: the float32 scale (a scalar, or one per row broadcasting against x).
+      fmt: ``fp8_e4m3fn`` or ``fp8_e5m2``.
+      cast: ``satfinite`` (TE's kernels), ``clamp`` (torchao) or ``torch_eager`` (torch 2.13's CPU cast).
+
+    Returns:
+      (uint8 codes, float32 values), x's shape.
+
     Example:
       >>> codes, values = cast_to_fp8([1.0, 500.0, float("inf")], 1.0, "fp8_e4m3fn")
       >>> [hex(int(c)) for c in codes], values.tolist()
@@ -237,6 +246,21 @@ class DelayedScaling:
         update = _fused_update if self.path == "fused" else _unfused_update
         new_history, used, scale = update(self, history, _f32(state.scale))
         return DelayedScalingState(tuple(float(v) for v in new_history), float(scale), float(used))
+
+    def quantize(self, state: DelayedScalingState, x) -> Fp8Tensor:
+        """Cast ``x`` (float32) with the state's scale, as TE's cast kernel does: ``fp8(fl32(x * scale))``
+        saturating, and the tensor's NaN-ignoring amax, which :meth:`update` takes after the step.
+
+        Example:
+          >>> recipe = DelayedScaling(amax_history_len=2)
+          >>> state = recipe.update(recipe.init(), 4.0)          # the scale after a step of amax 4
+          >>> fp8 = recipe.quantize(state, np.array([1.0, 8.0], np.float32))
+          >>> fp8.values.tolist(), float(fp8.amax)              # 8 * 112 saturates
+          ([112.0, 448.0], 8.0)
+        """
+        scale = _f32(state.scale)
+        codes, values = cast_to_fp8(x, scale, self.fp8_format, "satfinite")
+        return Fp8Tensor(np.asarray(te_amax(x)), np.asarray(scale), _reciprocal(scale), codes, values)
 
     def run(self, amaxes, scale: float = 1.0) -> "RecipeRun":
         """Every step's amax, the amax the update used and the scale after it (the next step's)."""
@@ -426,7 +450,14 @@ def scales_near_powers_of_2(low: int = -40, high: int = 40, ulps: int = 3) -> np
 
 def power_of_2_departures(scales) -> int:
     """How many of ``scales`` torchao's power-of-two rounding sends up (to 2^k where the exact floor,
-    TE's mask, is 2^(k-1)); finite positive scales only."""
+    TE's mask, is 2^(k-1)); finite positive scales only.
+
+    Example:
+      >>> power_of_2_departures(scales_near_powers_of_2(-2, 2, 1))  # only 2^-2 - 1 ulp: near 2^0, log2 resolves
+      1
+      >>> power_of_2_departures(scales_near_powers_of_2())
+      215
+    """
     scales = np.asarray(scales, dtype=np.float32)
     finite = np.isfinite(scales) & (scales > 0)
     return int(np.count_nonzero(torchao_round_down_to_power_of_2(scales[finite]) != mask_to_power_of_2(scales[finite])))
@@ -508,6 +539,7 @@ class RecipeRun:
 
     @classmethod
     def of(cls, amaxes, used, scales) -> "RecipeRun":
+        """A run from its columns; scale_inv is fl32(1/scale), as TE's reciprocal computes it."""
         return cls(tuple(float(_f32(a)) for a in amaxes), tuple(used), tuple(scales),
                    tuple(float(v) for v in _reciprocal(np.array(scales, dtype=np.float32))))
 
@@ -564,6 +596,16 @@ RECIPES = {
 def make_recipe(name: str, **params):
     """The recipe model called ``name`` (a key of :data:`RECIPES`) with its parameters.
 
+    Args:
+      name: the recipe, e.g. ``te_delayed``.
+      **params: the model's fields that the recipe's row does not set.
+
+    Returns:
+      A :class:`DelayedScaling`, :class:`CurrentScaling` or :class:`TorchaoScaling`.
+
+    Raises:
+      ValueError: an unknown recipe, a parameter the model lacks or the row sets, a value out of range.
+
     Example:
       >>> make_recipe("te_delayed_unfused", amax_history_len=3).path
       'unfused'
@@ -575,6 +617,14 @@ def make_recipe(name: str, **params):
 
 def simulate_recipe(amaxes, recipe: str, **params) -> RecipeRun:
     """Drive the recipe ``recipe`` through one amax per step (see :func:`make_recipe`).
+
+    Args:
+      amaxes: each step's amax (float32; 0, inf and NaN allowed).
+      recipe: a key of :data:`RECIPES`.
+      **params: the recipe's parameters.
+
+    Returns:
+      A :class:`RecipeRun`: per step the amax, the amax the scale came from, the scale and its inverse.
 
     Example:
       >>> nan = float("nan")
