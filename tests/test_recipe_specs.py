@@ -74,6 +74,15 @@ def test_shipped_recipe_specs_cover_every_recipe_and_adapter():
     assert {s.amax.kind for s in scenarios} == {"explicit", "generated"}
 
 
+def test_a_recipe_says_driven_exactly_when_real_code_drives_it():
+    from fpemu.adapters import adapters_of_kind
+    from fpemu.scalers.fp8_recipes import RECIPES
+    adapted = {adapter.profile for adapter in adapters_of_kind("recipe").values()}
+    driven = {name for name, row in RECIPES.items() if row.source.verified == "driven"}
+    assert adapted == driven - {"torchao_rowwise"}  # rowwise: driven through torchao's casts and Float8Linear
+    assert {row.source.verified for name, row in RECIPES.items() if name not in driven} == {"source-derived"}
+
+
 def test_recipe_specs_diff_against_the_real_code(capsys, tmp_path):
     """Every shipped recipe spec: the real code matches the model, or departs where the spec declares."""
     pytest.importorskip("torch")
