@@ -200,6 +200,21 @@ def test_te_reference_quantizer_matches(name, fmt):
     assert fp8_code_mismatches(codes, model.codes, fmt) == 0
 
 
+@pytest.mark.parametrize("dtype, input_max", [("bfloat16", float(fpemu.get_format("bf16").max_finite)),
+                                              ("float16", 65504.0)])
+def test_te_reference_quantizer_on_half_inputs(dtype, input_max):
+    """A bf16/fp16 input: the amax of its values, and an inf scale becomes that dtype's max (bf16 values
+    of 1e-38 make 448/amax overflow)."""
+    te = _te()
+    if dtype == "bfloat16":
+        x = fpemu.quantize((TENSORS["randn"] * 1e-38).astype(np.float32), "bf16")
+    else:
+        x = fpemu.quantize(TENSORS["randn"], "fp16")
+    scale_inv, codes = te.reference_current_quantize(x, "fp8_e4m3fn", dtype=dtype)
+    model = rec.CurrentScaling(implementation="reference", input_max=input_max).quantize(x)
+    assert same_floats(scale_inv, model.scale_inv) and fp8_code_mismatches(codes, model.codes, "fp8_e4m3fn") == 0
+
+
 def test_te_reference_departs_from_kernel_on_inf_and_nan():
     te = _te()
     assert te.reference_current_scale(INF)[0] == 0.0 and rec.CurrentScaling().scale_from_amax(INF) == 1.0

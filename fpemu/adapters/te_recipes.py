@@ -33,6 +33,8 @@ import subprocess
 import sys
 import types
 
+import numpy as np
+
 TE_COMMIT = "d0067d0da6cb01811b8072a7d304f0e00344ce2b"
 _QUANTIZATION = "transformer_engine/pytorch/quantization.py"
 _JIT = "transformer_engine/pytorch/jit.py"
@@ -201,9 +203,9 @@ def record_reference_current(amaxes, params, device) -> dict:
             "scale_inv": [r[1] for r in rows]}
 
 
-def reference_current_quantize(x, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales=False):
+def reference_current_quantize(x, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales=False, dtype="float32"):
     """``CurrentScalingQuantizerRef._quantize`` (TE's method body, with its ``compute_scale``) on a 2-D
-    float32 tensor, rowwise only and without amax reduction.  Its ``self`` is a plain holder of the
+    tensor held as torch ``dtype`` (float32, bfloat16 or float16), rowwise only and without amax reduction.  Its ``self`` is a plain holder of the
     attributes the method reads (the class's base, TE's Quantizer, needs TE's extension).
     Returns (scale_inv, fp8 codes as uint8 numpy).
     """
@@ -212,5 +214,6 @@ def reference_current_quantize(x, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales
     holder = types.SimpleNamespace(with_amax_reduction=False, dtype=_fp8_dtype(fp8_format), eps=eps,
                                    pow_2_scales=pow_2_scales, rowwise_usage=True, columnwise_usage=False)
     holder.compute_scale = lambda *args, **kwargs: functions["compute_scale"](holder, *args, **kwargs)
-    qx, sx, _, _ = functions["_quantize"](holder, torch.as_tensor(x, dtype=torch.float32))
+    tensor = torch.as_tensor(np.asarray(x, dtype=np.float32)).to(getattr(torch, dtype))
+    qx, sx, _, _ = functions["_quantize"](holder, tensor)
     return float(sx.item()), qx.view(torch.uint8).numpy()
