@@ -205,8 +205,9 @@ def record_reference_current(amaxes, params, device) -> dict:
 
 def reference_current_quantize(x, fp8_format="fp8_e4m3fn", eps=0.0, pow_2_scales=False, dtype="float32"):
     """``CurrentScalingQuantizerRef._quantize`` (TE's method body, with its ``compute_scale``) on a 2-D
-    tensor held as torch ``dtype`` (float32, bfloat16 or float16), rowwise only and without amax reduction.  Its ``self`` is a plain holder of the
-    attributes the method reads (the class's base, TE's Quantizer, needs TE's extension).
+    tensor held as torch ``dtype`` (float32, bfloat16 or float16), rowwise only and without amax
+    reduction.  Its ``self`` is a plain holder of the attributes the method reads (the class's base,
+    TE's Quantizer, needs TE's extension).
     Returns (scale_inv, fp8 codes as uint8 numpy).
     """
     import torch
