@@ -123,3 +123,18 @@ def test_float8_training_trace_matches_the_model(recipe, tmp_path, capsys):
     broken = type(observed)(observed.metadata, observed.steps[:2] + (tampered,) + observed.steps[3:], observed.summary)
     divergence = compare_traces(model, broken).divergence
     assert (divergence.step, divergence.field) == (2, "tensor_scale")
+
+
+def test_cli_recipe_side_by_side(capsys):
+    assert main(["recipe", "te_delayed", "--vs", "te_delayed_unfused", "--amax", "4", "0", "0", "1", "1",
+                 "--param", "amax_history_len=2"]) == 0
+    out = capsys.readouterr().out
+    assert [line.endswith("differ") for line in out.splitlines()[-5:]] == [False, False, False, True, False]
+    assert main(["recipe", "te_current", "--amax", "2", "inf", "nan", "--param", "fp8_format=fp8_e5m2", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert [s["te_current_scale"] for s in steps] == [28672.0, 1.0, 1.0]
+    bad = ((["recipe", "te_nvfp4", "--amax", "1"], "recipe te_nvfp4: unknown recipe"),
+           (["recipe", "te_delayed", "--amax", "-1"], "--amax: an amax is |x|"),
+           (["recipe", "te_delayed", "--amax", "1", "--param", "fp8_format=e4m3"], "fp8_format: expected"))
+    for argv, words in bad:
+        assert main(argv) == 2 and words in capsys.readouterr().err

@@ -527,7 +527,9 @@ class RecipeRun:
 
     Attributes:
       amax: each step's observed amax (float32).
-      amax_used: the amax each step's scale came from (delayed scaling: from the history).
+      amax_used: the amax each step's scale came from (delayed scaling: from the history; TE's
+        current scaling: after its epsilon floor; torchao: the amax itself, its 1e-12 clamp being
+        inside ``amax_to_scale``).
       scale: the scale computed at each step (delayed scaling: the one the next step casts with).
       scale_inv: its float32 reciprocal.
     """
