@@ -215,6 +215,16 @@ def test_te_reference_quantizer_on_half_inputs(dtype, input_max):
     assert same_floats(scale_inv, model.scale_inv) and fp8_code_mismatches(codes, model.codes, "fp8_e4m3fn") == 0
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_torch_eager_cast_row_is_torchs_cast(fmt):
+    """CASTS["torch_eager"]: torch 2.13's CPU cast saturates e4m3fn (inf too) and overflows e5m2 to inf."""
+    torch = pytest.importorskip("torch")
+    x = np.array([1e6, 61439.0, 61440.0, -1e9, INF, 500.0, 449.0, 465.0, NAN, 1e-9], np.float32)
+    real = torch.from_numpy(x).to(getattr(torch, fmt.replace("fp8_", "float8_"))).view(torch.uint8).numpy()
+    codes, _ = rec.cast_to_fp8(x, 1.0, fmt, "torch_eager")
+    assert fp8_code_mismatches(real, codes, fmt) == 0
+
+
 def test_te_reference_departs_from_kernel_on_inf_and_nan():
     te = _te()
     assert te.reference_current_scale(INF)[0] == 0.0 and rec.CurrentScaling().scale_from_amax(INF) == 1.0
