@@ -295,13 +295,15 @@ def _param_value(text: str, where: str):
         return _number(text, where)
 
 
-def _parse_params(items) -> dict:
+def _parse_params(items, words=()) -> dict:
+    """NAME=VALUE items; ``words``: the names whose value is taken as a string (a format's name)."""
     params = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise FpemuInputError(f"--param {item}: expected NAME=VALUE (e.g. --param init_scale=1024)")
-        params[key.strip()] = _param_value(value, f"--param {item}")
+        key = key.strip()
+        params[key] = value.strip() if key in words else _param_value(value, f"--param {item}")
     return params
 
 
@@ -387,6 +389,39 @@ def _cmd_simulate(args) -> int:
                            "skipped_updates": trace.skipped_updates, "final_scale": _json_float(final),
                            "final_scale_hex": final.hex(), "stopped_at": trace.stopped_at}}
     _emit(args, payload, lines)
+    return 0
+
+
+def _cmd_recipe(args) -> int:
+    from fpemu.scalers.fp8_recipes import RECIPES, simulate_recipe
+    names = [args.recipe] + ([args.vs] if args.vs else [])
+    for name, option in zip(names, ("recipe", "--vs")):
+        if name not in RECIPES:
+            raise FpemuInputError(f"{option} {name}: unknown recipe; recipes: {', '.join(RECIPES)}")
+    amaxes = [_number(text, "--amax") for text in args.amax]
+    if any(a < 0 for a in amaxes):
+        raise FpemuInputError("--amax: an amax is |x| at its largest: expected numbers >= 0, inf or nan")
+    params = _parse_params(args.param, words=("fp8_format", "amax_compute_algo", "granularity"))
+    try:
+        runs = [simulate_recipe(amaxes, name, **params) for name in names]
+    except ValueError as error:
+        raise FpemuInputError(f"--param: {error}") from None
+    rows = [{"step": step, "amax": _json_float(amax),
+             **{f"{name}_{field}": _json_float(getattr(run, field)[step]) for name, run in zip(names, runs)
+                for field in ("amax_used", "scale")}} for step, amax in enumerate(amaxes)]
+    header = f"{'step':>5}  {'amax':>13}" + "".join(f"  {name + ' amax_used':>24}  {name + ' scale':>20}"
+                                                    for name in names)
+    lines = [f"recipe {name}: {RECIPES[name].source.package} {RECIPES[name].source.version}, "
+             f"{RECIPES[name].source.files} ({RECIPES[name].source.verified})" for name in names]
+    lines += ["params: " + ", ".join(f"{k}={v!r}" for k, v in params.items()),
+              "scale: the scale computed at the step (delayed scaling: the one the next step casts with)", "", header]
+    for step, amax in enumerate(amaxes):
+        line = f"{step:>5}  {amax:>13.6g}" + "".join(f"  {run.amax_used[step]:>24.9g}  {run.scale[step]:>20.9g}"
+                                                    for run in runs)
+        if len(runs) == 2 and float(runs[0].scale[step]).hex() != float(runs[1].scale[step]).hex():
+            line += "  differ"
+        lines.append(line)
+    _emit(args, {"recipes": names, "params": {k: _json_float(v) for k, v in params.items()}, "steps": rows}, lines)
     return 0
 
 
@@ -539,7 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     specs_help = "spec files or folders of *.toml specs"
     from fpemu.adapters import adapters_of_kind
     impl_help = (f"implementations to drive: {', '.join(adapters_of_kind('scaler'))}, and "
-                 f"{', '.join(adapters_of_kind('step'))} for [step] specs (add @cuda for the GPU)")
+                 f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
+                 f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs (add @cuda for the GPU)")
     exclude_help = "implementations to leave out (a name leaves out every device; name@cuda only that one)"
     skips_help = ("exit 0 even when every job was skipped (a framework, environment or device missing here)"
                   " instead of 1")
@@ -602,6 +638,16 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--param", action="append", metavar="NAME=VALUE",
                           help="a parameter of the profile, as the implementation names it (init_scale=1024, "
                                "growth_interval=4, 2**16 allowed); repeat for several")
+
+    recipe = command("recipe", "run an fp8 scaling recipe (TE delayed or current scaling, torchao) over your "
+                     "amaxes, alone or beside another: a per-step table", _cmd_recipe)
+    recipe.add_argument("recipe", help="the recipe: te_delayed, te_delayed_unfused, te_current, "
+                        "te_current_reference, torchao_tensorwise, torchao_rowwise (docs/fp8_recipes.md)")
+    recipe.add_argument("--amax", nargs="+", required=True, help="each step's amax (0, inf and nan allowed)")
+    recipe.add_argument("--vs", help="a second recipe run on the same amaxes with the same parameters")
+    recipe.add_argument("--param", action="append", metavar="NAME=VALUE",
+                        help="a parameter of the recipe (amax_history_len=16, margin=1, fp8_format=fp8_e5m2, "
+                             "power_2_scales=true); repeat for several")
 
     underflow = command("underflow", "the underflow, subnormal and overflow share of each array of tensor files "
                         "(.npy, .npz, .pt with torch installed) in a format at a loss scale", _cmd_underflow)

@@ -8,7 +8,9 @@ import pytest
 import fpemu.formats.format
 import fpemu.formats.rounding
 import fpemu.formats.stats
+import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
+import fpemu.specs.recipes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -18,8 +20,13 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
+def test_fp8_recipes_doc():
+    result = doctest.testfile(str(ROOT / "docs" / "fp8_recipes.md"), module_relative=False)
+    assert result.failed == 0 and result.attempted >= 5
+
+
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
-                                    fpemu.scalers.simulate])
+                                    fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

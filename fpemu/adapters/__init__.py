@@ -19,8 +19,8 @@ from typing import Optional
 
 from fpemu.traces.format import OBSERVED_FIELDS
 
-SCALER, STEP = "scaler", "step"
-ADAPTER_KINDS = (SCALER, STEP)
+SCALER, STEP, RECIPE = "scaler", "step", "recipe"
+ADAPTER_KINDS = (SCALER, STEP, RECIPE)
 DEVICES = ("cpu", "cuda")
 
 
@@ -31,15 +31,17 @@ class Adapter:
     Attributes:
       name: the adapter's name in specs (``[implementations.NAME]``), ``--impl`` and traces.
       kind: ``"scaler"`` (driven through a scenario's overflow flags, compared with a scaler
-        profile) or ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data).
+        profile), ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data) or
+        ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
-        params)`` and return a function of one step's arguments.
+        params)`` and return a function of one step's arguments; recipe entries take ``(amaxes,
+        params, device)`` and return ``{"amax", "amax_used", "scale", "scale_inv"}`` lists.
       packages: the distributions it imports (their versions go into every trace it records).
       modules: the top-level modules it imports, checked before it runs.
       devices: where it can run.
       profile: scaler adapters: the profile whose parameters it takes and whose model its
-        traces are compared with.
+        traces are compared with; recipe adapters: the recipe it runs (fpemu.scalers.fp8_recipes.RECIPES).
       params: step adapters: each parameter it takes and the values it accepts, the default
         first (a [step] scenario whose own field of that name holds an accepted value uses it).
       verified: the package versions its comparison with fpemu's model was made on.
@@ -49,7 +51,7 @@ class Adapter:
         tree outside site-packages that is absent, ...), or None when it can; None for no check.
       versions: ``"module:function"`` returning the versions of what it runs that ``packages``
         cannot see here (a tree outside site-packages), merged into its traces' provenance.
-      fields: scaler adapters: the step-record fields its traces hold.
+      fields: scaler and recipe adapters: the step-record fields its traces hold.
       by_default: a scaler spec without [implementations] runs it when it is its profile's adapter;
         False for heavy drivers that take only some of the profile's parameters (the DeepSpeed
         engine takes a power-of-two initial scale), which run where a spec names them.
@@ -73,8 +75,9 @@ class Adapter:
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
             raise ValueError(f"adapter {self.name!r}: kind must be one of {ADAPTER_KINDS}, got {self.kind!r}")
-        if (self.kind == SCALER) != (self.profile is not None):
-            raise ValueError(f"adapter {self.name!r}: a scaler adapter names its profile, a step adapter none")
+        if (self.kind in (SCALER, RECIPE)) != (self.profile is not None):
+            raise ValueError(f"adapter {self.name!r}: a scaler (recipe) adapter names its profile (recipe), "
+                             "a step adapter none")
         unknown = set(self.devices) - set(DEVICES)
         if unknown:
             raise ValueError(f"adapter {self.name!r}: unknown devices {sorted(unknown)}; devices: {DEVICES}")
@@ -98,6 +101,9 @@ _TORCH_VERIFIED = ("torch 2.13.0+cpu",)
 _DS_0_17 = "fpemu.adapters.deepspeed_scaler:"  # the 0.17.0 tree: outside site-packages, checked by hooks
 _WITH_HYSTERESIS = OBSERVED_FIELDS + ("hysteresis",)  # DeepSpeed and megatron expose their budget
 _JAX_VERIFIED = ("jax 0.10.2", "jaxlib 0.10.2")
+_TE = "fpemu.adapters.te_recipes:"
+_TE_VERIFIED = ("transformer_engine (source) d0067d0da6cb", "pydantic 2.13.4") + _TORCH_VERIFIED
+_RECIPE_FIELDS = ("scale", "amax", "amax_used", "scale_inv")  # scale_inv: only where the real code computes it
 
 ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("torch", SCALER, "fpemu.adapters.torch_amp:record_torch", ("torch",), ("torch",),
@@ -157,6 +163,16 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
     Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),
             devices=DEVICES, params={"unscale": ("divide", "reciprocal")}, verified=_TORCH_VERIFIED),
+    # fp8 recipes: TE's own Python recipe code run from its source tree (fpemu.adapters.te_recipes), torchao's casts
+    Adapter("te_unfused", RECIPE, _TE + "record_delayed_unfused", ("torch", "pydantic"), ("torch", "pydantic"),
+            profile="te_delayed_unfused", verified=_TE_VERIFIED, check=_TE + "te_source_unavailable",
+            versions=_TE + "te_source_versions", fields=_RECIPE_FIELDS[:3]),
+    Adapter("te_reference", RECIPE, _TE + "record_reference_current", ("torch", "pydantic"), ("torch", "pydantic"),
+            profile="te_current_reference", verified=_TE_VERIFIED, check=_TE + "te_source_unavailable",
+            versions=_TE + "te_source_versions", fields=_RECIPE_FIELDS),
+    Adapter("torchao_float8", RECIPE, "fpemu.adapters.torchao_float8:record_amax_to_scale", ("torchao", "torch"),
+            ("torchao", "torch"), profile="torchao_tensorwise", verified=("torchao 0.18.0",) + _TORCH_VERIFIED,
+            fields=_RECIPE_FIELDS[:3]),
 ]}
 
 
@@ -242,6 +258,11 @@ def record_scaler(name: str, overflows, device: str = "cpu", **params):
         from fpemu.harness.environments import call_in_environment
         return call_in_environment(adapter.environment, adapter.entry, *args)
     return adapter.function()(*args)
+
+
+def record_recipe(name: str, amaxes, device: str = "cpu", **params) -> dict:
+    """Drive the real recipe code ``name`` through one amax per step: its per-step lists."""
+    return _runnable(name, RECIPE, device).function()([float(a) for a in amaxes], params, device)
 
 
 def step_function(name: str, compute: str, device: str = "cpu", **params):

@@ -122,6 +122,9 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
             return (f"growth timing: the growth counter resets on a different step, and the scale "
                     f"follows at step {later}")
         return f"{field} bookkeeping differs (reset rule)"
+    if field in ("amax", "amax_used", "scale_inv") or (field == "scale" and "amax" in golden.steps[step]):
+        return ("fp8 recipe: the amax history, its NaN handling or the scale's float32 arithmetic differ "
+                "(see docs/fp8_recipes.md)")
     if field == "update_ratio":
         return ("update size: the optimizer applied another update than the step's scale implies (its "
                 "gradients were unscaled with another scale than the loss was scaled with, or clipped)")

@@ -19,6 +19,7 @@ from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
 from fpemu.specs import ScalerScenario, StepScenario, load_specs, parse_spec
+from fpemu.specs.recipes import RecipeScenario
 from fpemu.traces import read_trace, trace_filename, write_trace
 
 Progress = Callable[[int, int, str], None]
@@ -68,6 +69,8 @@ def _check_names(names, option: str) -> None:
 
 
 def _scenario_kind(scenario) -> str:
+    if isinstance(scenario, RecipeScenario):
+        return "recipe"
     return "step" if isinstance(scenario, StepScenario) else "scaler"
 
 
@@ -99,8 +102,8 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
         return chosen
     if scenario.implementations:
         return list(scenario.implementations)
-    if isinstance(scenario, ScalerScenario):
-        own = [name for name, adapter in adapters_of_kind("scaler").items()
+    if not isinstance(scenario, StepScenario):  # scaler and recipe scenarios: their profile's (recipe's) adapters
+        own = [name for name, adapter in adapters_of_kind(_scenario_kind(scenario)).items()
                if adapter.profile == scenario.profile and adapter.by_default]
         return [scenario.implementation(name) for name in own]
     return []

@@ -11,6 +11,8 @@ from fpemu._host import host_provenance
 from fpemu.adapters import get_adapter, record_scaler, step_function, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
+from fpemu.harness.recipe_traces import recorded_recipe_trace, reference_recipe_trace
+from fpemu.specs.recipes import RecipeScenario
 from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
 from fpemu.traces import Trace, float_fields
 from fpemu.traces.format import encode_float
@@ -179,10 +181,13 @@ def _recorded_step_trace(scenario: StepScenario, impl: Implementation) -> Trace:
     return Trace(metadata, steps, summary)
 
 
-def reference_trace(scenario: ScalerScenario | StepScenario) -> Trace:
+def reference_trace(scenario: ScalerScenario | StepScenario | RecipeScenario) -> Trace:
     """The golden trace: the scenario run on fpemu's reference model."""
     if isinstance(scenario, StepScenario):
         return _reference_step_trace(scenario)
+    if isinstance(scenario, RecipeScenario):
+        return reference_recipe_trace(scenario, lambda profile, params, verified: _metadata(
+            scenario, REFERENCE, profile, params, package_versions(["numpy", "ml_dtypes"]), "cpu", verified=verified))
     flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
     profile = get_profile(scenario.profile)
@@ -195,6 +200,9 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     """Drive the real implementation ``impl`` through the scenario's overflow flags (or its steps)."""
     if isinstance(scenario, StepScenario):
         return _recorded_step_trace(scenario, impl)
+    if isinstance(scenario, RecipeScenario):
+        return recorded_recipe_trace(scenario, impl, lambda profile, params: _metadata(
+            scenario, implementation_key(impl), profile, params, adapter_versions(get_adapter(impl.name)), impl.device))
     flags, _ = scenario_flags(scenario)
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)

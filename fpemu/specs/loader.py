@@ -42,13 +42,15 @@ from fpemu.scalers.profiles import PROFILES, get_profile
 from fpemu.steps.semantics import get_semantics
 from fpemu.steps.step import checked_compute
 from fpemu.traces.format import EXACT_FIELDS, OBSERVED_FIELDS, ULP_FIELDS, fields_recorded_by
+from fpemu.specs.recipes import RecipeScenario, parse_recipe_spec
 from fpemu.specs.scenario import (OVERFLOW_SOURCES, ExpectedDivergence, Implementation, OverflowSource,
                                   ScalerScenario, StepScenario, StepSource)
 
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
-_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step"}
+_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step",
+              "recipe", "amax"}  # [recipe] and [amax]: fpemu.specs.recipes
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
@@ -165,7 +167,7 @@ def _implementation_tables(check: _Checker, raw, kind: str):
     from fpemu.adapters import resolve
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
-    other = "[step]" if kind == "scaler" else "scaler"
+    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]"}[kind]
     for name, body in raw.items():
         key = f"implementations.{name}"
         try:
@@ -303,9 +305,10 @@ def _check_overflow_fits(check: _Checker, overflow: OverflowSource, steps, profi
         check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
 
 
-def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenario:
+def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenario | RecipeScenario:
     """Validate TOML ``text`` and build its scenario: a :class:`StepScenario` for a spec with
-    a [step] table, else a :class:`ScalerScenario`."""
+    a [step] table, a :class:`~fpemu.specs.recipes.RecipeScenario` for one with a [recipe] table,
+    else a :class:`ScalerScenario`."""
     check = _Checker(path)
     try:
         raw = tomllib.loads(text)
@@ -319,6 +322,8 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
         if "steps" not in raw:
             check.fail("steps", "missing required key")
         return _parse_step_spec(check, raw, text, path)
+    if "recipe" in raw:
+        return parse_recipe_spec(check, raw, text, path)
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
             check.attempt(check.fail, required, "missing required key")

@@ -56,7 +56,9 @@ class TraceField:
       name: its key in the step records.
       ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
-        through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
+        through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
+        ``recipe`` (an fp8 scaling recipe over amaxes) and ``fp8_training`` (a real fp8 training run
+        against the recipe's model on the same tensors; not a spec kind).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
@@ -74,7 +76,7 @@ class TraceField:
 
 # The one table of step-record fields; every other list of field names is derived from it.
 FIELDS = {field.name: field for field in [
-    TraceField("scale", False, ("scaler", "model", "step"), observed=True),
+    TraceField("scale", False, ("scaler", "model", "step", "recipe"), observed=True),
     TraceField("overflow", False, ("scaler", "model", "step"), observed=True),
     TraceField("applied", False, ("scaler", "model", "step"), observed=True),
     TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
@@ -85,6 +87,15 @@ FIELDS = {field.name: field for field in [
     TraceField("underflow_share", True, ("model",), trajectory=False),
     TraceField("subnormal_share", True, ("model",), trajectory=False),
     TraceField("overflow_share", True, ("model",), trajectory=False),
+    # fp8 recipes (fpemu.specs.recipes): the step's amax, the amax its scale came from, and 1/scale
+    TraceField("amax", False, ("recipe",)),
+    TraceField("amax_used", False, ("recipe",)),
+    TraceField("scale_inv", False, ("recipe",)),
+    # fp8 training (fpemu.harness.recipe_traces.float8_training_traces): per step, every cast's amaxes and
+    # scales (one per tensor, or per row) and a digest of its fp8 codes
+    TraceField("tensor_amax", False, ("fp8_training",)),
+    TraceField("tensor_scale", False, ("fp8_training",)),
+    TraceField("fp8_codes", False, ("fp8_training",)),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
