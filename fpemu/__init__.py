@@ -9,6 +9,7 @@ from fpemu.formats import (FORMATS, OVERFLOW_MODES, ROUNDING_MODES, Format, Rang
 from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profile, simulate_scaler,
                            step_overflowed, unscale)
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
+from fpemu.blocks import SCALE_RULES, BlockQuantized, block_quantize
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
 
@@ -19,4 +20,5 @@ __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats"
            "simulate_scaler", "step_overflowed", "unscale", "AuditResult", "Finding", "LoopAccounting",
            "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
+           "block_quantize", "BlockQuantized", "SCALE_RULES",
            "__version__"]
