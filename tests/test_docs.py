@@ -5,7 +5,10 @@ import pathlib
 
 import pytest
 
+import fpemu.blocks.probes
+import fpemu.blocks.quantize
 import fpemu.formats.format
+import fpemu.formats.packing
 import fpemu.formats.rounding
 import fpemu.formats.stats
 import fpemu.scalers.simulate
@@ -18,8 +21,14 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
+def test_blocks_guide():
+    result = doctest.testfile(str(ROOT / "docs" / "blocks.md"), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
+
+
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
-                                    fpemu.scalers.simulate])
+                                    fpemu.scalers.simulate, fpemu.formats.packing, fpemu.blocks.quantize,
+                                    fpemu.blocks.probes])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
