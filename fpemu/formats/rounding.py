@@ -840,13 +840,30 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     arr = as_float_array(x)
     if not _max_finite_fits(arr.dtype, fmt):  # round from float64 (exact widening), where they fit
         arr = arr.astype(np.float64)
-    values = quantize(arr, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals,
-                      seed=seed).astype(np.float64)
+    values = quantize(arr, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals, seed=seed)
     is_nan = np.isnan(values)
     if nan_code is None and is_nan.any():
         why = "the format has no NaN code" if not fmt.has_nan else "nan='raise'"
         raise ValueError(f"x holds NaN, which {fmt.name} cannot encode: {why}")
     code = np.dtype(f"uint{_storage_bits(fmt)}").type
+    if fmt.dtype is not None:
+        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which
+        # rounds through float32), and several times faster than taking them apart below.
+        with np.errstate(invalid="ignore", over="ignore"):
+            body = values.astype(fmt.dtype).view(code)
+    else:
+        body = _encode_fields(values, fmt)
+    if nan_code is not None and is_nan.any():
+        nan_body = code(nan_code)
+        if nan != "code" and fmt.signed:  # a finite code for NaN keeps the NaN's sign
+            nan_body = nan_body | np.where(np.signbit(arr), code(1 << (fmt.bits - 1)), code(0))
+        body = np.where(is_nan, nan_body, body)
+    return body.astype(code)
+
+
+def _encode_fields(values: np.ndarray, fmt: Format) -> np.ndarray:
+    """The codes of values of fmt (NaN left to the caller), assembled from exponent and mantissa."""
+    values = values.astype(np.float64)
     m = fmt.mantissa_bits
     magnitude = np.abs(values)
     finite_nonzero = np.isfinite(values) & (magnitude != 0)
@@ -859,16 +876,9 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     body = np.where(finite_nonzero, body, np.uint64(0))
     if fmt.has_inf:  # (the other conventions turn overflow into NaN or max finite)
         body = np.where(np.isinf(values), np.uint64(_inf_code(fmt)), body)
-    sign = np.signbit(values)
     if fmt.signed:
-        body |= np.where(sign & ~is_nan, np.uint64(1 << (fmt.bits - 1)), np.uint64(0))
-    if nan_code is not None:
-        nan_body = np.uint64(nan_code)
-        if nan != "code" and fmt.signed:  # a finite code for NaN keeps the NaN's sign
-            nan_body = nan_body | np.where(np.signbit(np.asarray(arr, np.float64)).reshape(values.shape),
-                                           np.uint64(1 << (fmt.bits - 1)), np.uint64(0))
-        body = np.where(is_nan, nan_body, body)
-    return body.astype(code)
+        body |= np.where(np.signbit(values) & ~np.isnan(values), np.uint64(1 << (fmt.bits - 1)), np.uint64(0))
+    return body.astype(np.dtype(f"uint{_storage_bits(fmt)}"))
 
 
 def _nan_policy(nan, fmt: Format) -> Optional[int]:
@@ -904,6 +914,24 @@ def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
                          f"(0 .. {(1 << fmt.bits) - 1}), got values in [{codes.min()}, {codes.max()}]")
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    if fmt.bits <= _TABLE_BITS:  # a table of every code's value, gathered
+        return _code_values(fmt, np.dtype(dtype).str)[codes.astype(np.intp)]
+    return _decode_fields(codes, fmt).astype(dtype)
+
+
+# Formats up to this width decode through a table of all their codes' values (64K entries at most).
+_TABLE_BITS = 16
+
+
+@functools.lru_cache(maxsize=64)
+def _code_values(fmt: Format, dtype: str) -> np.ndarray:
+    table = _decode_fields(np.arange(1 << fmt.bits, dtype=np.uint64), fmt).astype(dtype)
+    table.flags.writeable = False
+    return table
+
+
+def _decode_fields(codes: np.ndarray, fmt: Format) -> np.ndarray:
+    """float64 values of codes, taken apart into sign, exponent and mantissa."""
     codes = codes.astype(np.uint64) & np.uint64((1 << fmt.bits) - 1)
     m = fmt.mantissa_bits
     magnitude_code = codes & np.uint64((1 << (fmt.exponent_bits + m)) - 1)
@@ -921,7 +949,7 @@ def decode(bits, fmt, *, dtype=np.float64) -> np.ndarray:
     values = np.where(above_finite > int(fmt.has_inf), np.nan, values)
     if fmt.nan_at_negative_zero:
         values = np.where(codes == np.uint64(1 << (fmt.bits - 1)), np.nan, values)
-    return values.astype(dtype)
+    return values
 
 
 def _storage_bits(fmt: Format) -> int:
