@@ -16,7 +16,7 @@ from fpemu.blocks.rules import SCALE_RULES, ScaleRule
 from fpemu.errors import FpemuInputError
 from fpemu.formats.format import Format, get_format
 from fpemu.formats.packing import pack_nibbles
-from fpemu.formats.rounding import as_float_array, decode, encode
+from fpemu.formats.rounding import as_float_array, codes_of_values, decode, encode, quantize
 
 _F32 = np.float32
 _E8M0_BIAS, _E8M0_NAN = 127, 255
@@ -100,8 +100,7 @@ def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = N
         raise FpemuInputError(f"x: axis {axis} has length {moved.shape[-1]}, not a multiple of "
                               f"block_size={block_size}")
     blocks = moved.reshape(*moved.shape[:-1], moved.shape[-1] // block_size, block_size)
-    compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
-    scale_codes, scales, codes, values, tensor_scale = compute(blocks, elem, rule)
+    scale_codes, scales, codes, values, tensor_scale = _in_chunks(blocks, elem, rule)
 
     def back(a):  # blocks back to x's layout
         return np.moveaxis(a.reshape(moved.shape), -1, axis)
@@ -119,11 +118,13 @@ def _rule(name) -> ScaleRule:
 
 
 def _operand(x, rule: ScaleRule) -> np.ndarray:
-    """x in the type the rule computes in: float64 for the exact rules, else float32 (float64 input
-    only where it holds float32 values, so no rounding is hidden)."""
+    """x in the type the rule computes in: float32 (float64 input only where it holds float32 values,
+    so no rounding is hidden), or x's own float32 or float64 for the exact rules (x / 2**X is exact
+    in float32 too, but where it lands among float32's subnormals, far below any element's least
+    value, so the elements are the same)."""
     arr = as_float_array(x)
     if rule.application == "exact":
-        return arr.astype(np.float64)
+        return arr
     if arr.dtype == np.float64:
         narrow = arr.astype(_F32)
         if not np.array_equal(narrow.astype(np.float64), arr, equal_nan=True):
@@ -133,15 +134,38 @@ def _operand(x, rule: ScaleRule) -> np.ndarray:
     return arr
 
 
-def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule):
+# Blocks per chunk: a chunk's values (64K) and its scratch stay in cache through every pass.
+_CHUNK_VALUES = 1 << 16
+
+
+def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
+    """The rule's arithmetic chunk by chunk (each block's result depends only on itself and, for
+    two-level NVFP4, the tensor's amax, taken first)."""
+    flat = blocks.reshape(-1, blocks.shape[-1])
+    tensor_amax = None
+    if rule.levels == 2:
+        with np.errstate(invalid="ignore"):
+            tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
+    compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
+    step = max(1, _CHUNK_VALUES // flat.shape[1])
+    parts = [compute(flat[start:start + step], elem, rule, tensor_amax) for start in range(0, len(flat), step)]
+    if not parts:
+        parts = [compute(flat, elem, rule, tensor_amax)]
+    scale_codes, scales, codes, values = (np.concatenate([part[i] for part in parts]) for i in range(4))
+    shape = blocks.shape[:-1]
+    return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
+            values.reshape(blocks.shape), parts[0][4])
+
+
+def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
     """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None)."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         magnitude = np.abs(blocks)
         amax = magnitude.max(axis=-1) if rule.amax_nan == "propagate" else np.fmax.reduce(magnitude, axis=-1)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
-        elements = _element_codes(_APPLY[rule.application](blocks, codes, elem, rule), elem, rule)
-        values = (decode(elements, elem, dtype=_F32) * scales[..., None]).astype(_F32)
+        elements, rounded = _element_codes(_APPLY[rule.application](blocks, codes, elem, rule), elem, rule)
+        values = (rounded * scales[..., None]).astype(_F32, copy=False)
     return codes, scales, elements, values, None
 
 
@@ -210,8 +234,7 @@ _EXPONENT_RULES = {"floor": _exact_floor, "torchao_floor": _torchao_floor, "torc
 
 
 def _apply_exact(blocks, codes, elem, rule):
-    scale = np.ldexp(1.0, codes.astype(np.int64) - _E8M0_BIAS)
-    return np.where((codes == _E8M0_NAN)[..., None], np.nan, blocks / scale[..., None])
+    return blocks / _e8m0_values(codes).astype(blocks.dtype)[..., None]  # (0xFF: NaN)
 
 
 def _apply_divide(blocks, codes, elem, rule):
@@ -238,7 +261,7 @@ def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
 _APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal}
 
 
-def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule):
+def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
     """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -246,7 +269,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule):
         block_scale = amax / _F32(elem.max_finite)
         tensor_scale = None
         if rule.levels == 2:
-            tensor_scale = _F32(np.abs(blocks).max()) / _F32(e4m3.max_finite * elem.max_finite)
+            tensor_scale = tensor_amax / _F32(e4m3.max_finite * elem.max_finite)
             block_scale = block_scale / tensor_scale
         clamped = np.clip(block_scale, _F32(e4m3.min_normal), _F32(e4m3.max_finite))
         codes = encode(clamped, e4m3, nan=0x7F).astype(np.uint8)
@@ -254,8 +277,9 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule):
         reciprocal = _F32(1.0) / scales if rule.levels == 1 else (_F32(1.0) / tensor_scale) / scales
         data = np.clip(_times(blocks, reciprocal), -_F32(elem.max_finite), _F32(elem.max_finite))
         dequant_scale = scales if rule.levels == 1 else tensor_scale * scales
-        elements = _element_codes(data, elem, rule)
-        values = (decode(elements, elem, dtype=_F32) * dequant_scale[..., None]).astype(_F32)
+        elements, _ = _element_codes(data, elem, rule)
+        # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
+        values = decode(elements, elem, dtype=_F32) * dequant_scale[..., None]
     return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
 
 
@@ -267,15 +291,21 @@ def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), nan_bits, values)
 
 
-def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray:
-    """Element codes of the scaled values (already clamped to +-max by the float32 rules)."""
+def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
+    """Element codes of the scaled values (already clamped to +-max by the float32 rules), and the
+    element values they stand for (NaN where the code came from a NaN)."""
+    rounded = quantize(data, elem, rounding=rule.rounding, overflow="saturate")
+    codes = codes_of_values(rounded, elem)
     nan = np.isnan(data)
-    if rule.nan_element == "nan" or (rule.nan_element == "torchao" and elem.has_nan):
-        return encode(data, elem, rounding=rule.rounding, overflow="saturate", nan=_nan_code(elem))
-    codes = encode(np.where(nan, 0.0, data), elem, rounding=rule.rounding, overflow="saturate")
-    if rule.nan_element == "torchao" and nan.any():
-        codes = np.where(nan, _torchao_nan_codes(data, elem), codes)
-    return codes
+    if nan.any():
+        if rule.nan_element == "torchao" and not elem.has_nan:
+            fixed = _torchao_nan_codes(data, elem)
+        elif rule.nan_element == "scale":
+            fixed = 0
+        else:  # its NaN code, with the NaN's sign
+            fixed = (_nan_code(elem) | np.where(np.signbit(data), 1 << (elem.bits - 1), 0)).astype(codes.dtype)
+        codes = np.where(nan, fixed, codes).astype(np.uint8)
+    return codes.astype(np.uint8, copy=False), rounded
 
 
 def _nan_code(elem: Format) -> int:

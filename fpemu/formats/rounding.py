@@ -846,19 +846,58 @@ def encode(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
         why = "the format has no NaN code" if not fmt.has_nan else "nan='raise'"
         raise ValueError(f"x holds NaN, which {fmt.name} cannot encode: {why}")
     code = np.dtype(f"uint{_storage_bits(fmt)}").type
-    if fmt.dtype is not None:
-        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which
-        # rounds through float32), and several times faster than taking them apart below.
-        with np.errstate(invalid="ignore", over="ignore"):
-            body = values.astype(fmt.dtype).view(code)
-    else:
-        body = _encode_fields(values, fmt)
+    body = codes_of_values(values, fmt)
     if nan_code is not None and is_nan.any():
         nan_body = code(nan_code)
         if nan != "code" and fmt.signed:  # a finite code for NaN keeps the NaN's sign
             nan_body = nan_body | np.where(np.signbit(arr), code(1 << (fmt.bits - 1)), code(0))
         body = np.where(is_nan, nan_body, body)
     return body.astype(code)
+
+
+def codes_of_values(values: np.ndarray, fmt: Format) -> np.ndarray:
+    """The codes of values of ``fmt`` (float32 or float64 arrays of its own values, as
+    :func:`quantize` returns them); a NaN's code is unspecified (:func:`encode` applies its policy).
+
+    Example:
+      >>> codes_of_values(np.array([1.0, -448.0], np.float32), get_format("fp8_e4m3fn")).tolist()
+      [56, 254]
+    """
+    code = np.dtype(f"uint{_storage_bits(fmt)}").type
+    if (values.dtype == np.float32 and fmt.signed and fmt.has_zero and fmt.mantissa_bits <= 10
+            and fmt.emin - fmt.mantissa_bits >= -126 and fmt.emax <= 127):
+        return _codes_from_float32(values, fmt, code)
+    if fmt.dtype is not None:
+        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which
+        # rounds through float32), and several times faster than taking them apart.
+        with np.errstate(invalid="ignore", over="ignore"):
+            return values.astype(fmt.dtype).view(code)
+    return _encode_fields(values, fmt)
+
+
+def _codes_from_float32(values: np.ndarray, fmt: Format, code) -> np.ndarray:
+    """Codes of float32 values of fmt, gathered from a table indexed by the float32 bits above fmt's
+    mantissa width: every value of such a format (subnormals included) is a float32 normal or zero
+    whose bits below that width are 0, so sign, exponent and kept mantissa bits name it.  NaN is
+    left to the caller.  Two passes, several times faster than ml_dtypes' fp8 casts."""
+    # An intp index straight from the shift: numpy gathers with intp indices, and converts others first.
+    index = np.right_shift(values.view(np.uint32), np.uint32(23 - fmt.mantissa_bits), dtype=np.intp)
+    return _float32_code_table(fmt)[index].astype(code, copy=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _float32_code_table(fmt: Format) -> np.ndarray:
+    """Entry i: the code of the float32 value whose bits are i << (23 - m) (0 where it is not a value of fmt)."""
+    shift = 23 - fmt.mantissa_bits
+    bits = np.arange(1 << (32 - shift), dtype=np.uint64).astype(np.uint32) << np.uint32(shift)
+    candidates = bits.view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        own = quantize(candidates, fmt)
+    keep = (own.view(np.uint32) == bits) & ~np.isnan(candidates)
+    table = np.zeros(candidates.shape, np.dtype(f"uint{_storage_bits(fmt)}"))
+    table[keep] = _encode_fields(candidates[keep], fmt)
+    table.flags.writeable = False
+    return table
 
 
 def _encode_fields(values: np.ndarray, fmt: Format) -> np.ndarray:
