@@ -72,3 +72,16 @@ def test_every_rule_names_its_departures_and_source():
 def test_bad_input_names_the_argument(call, words):
     with pytest.raises(FpemuInputError, match=words):
         call()
+
+
+@pytest.mark.parametrize("rule", ["torchao_floor", "ocp", "torchao_nvfp4_2level"])
+def test_chunked_arithmetic_gives_the_one_pass_result(rule, monkeypatch):
+    import fpemu.blocks.quantize as implementation
+    x = probe_blocks("wide", "fp4_e2m1fn", rows=40, block_size=32, seed=4)
+    whole = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
+    monkeypatch.setattr(implementation, "_CHUNK_VALUES", 96)  # 3 blocks of 32 per chunk, a partial last one
+    chunked = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
+    for field in ("scale_codes", "scales", "element_codes", "values"):
+        a, b = getattr(whole, field), getattr(chunked, field)
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), field
+    assert whole.tensor_scale == chunked.tensor_scale
