@@ -71,3 +71,10 @@ def test_torchao_departures_from_exact_arithmetic_are_the_documented_ones():
     inf_block = blocks.block_quantize(with_inf, "fp8_e4m3fn", scale_rule="torchao_floor")
     assert int(inf_block.scale_codes[0, 0]) == 127 + 120 and np.isinf(inf_block.values[0, 3])
     assert np.count_nonzero(inf_block.values) == 1
+
+
+def test_torchao_blocks_is_a_row_of_the_adapter_table():
+    from fpemu.adapters import BLOCKS, get_adapter, unavailable_reason
+    adapter = get_adapter("torchao_blocks")
+    assert adapter.kind == BLOCKS and unavailable_reason("torchao_blocks") is None
+    assert adapter.function() is torchao_block_quantize

@@ -20,7 +20,8 @@ from typing import Optional
 from fpemu.traces.format import OBSERVED_FIELDS
 
 SCALER, STEP = "scaler", "step"
-ADAPTER_KINDS = (SCALER, STEP)
+BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py
+ADAPTER_KINDS = (SCALER, STEP, BLOCKS)
 DEVICES = ("cpu", "cuda")
 
 
@@ -31,7 +32,9 @@ class Adapter:
     Attributes:
       name: the adapter's name in specs (``[implementations.NAME]``), ``--impl`` and traces.
       kind: ``"scaler"`` (driven through a scenario's overflow flags, compared with a scaler
-        profile) or ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data).
+        profile), ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data) or
+        ``"blocks"`` (a block quantizer taking ``(x, element_format, scale_rule)``, compared with
+        :func:`fpemu.block_quantize`; no scenario drives it).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
         params)`` and return a function of one step's arguments.
@@ -157,6 +160,8 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
     Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),
             devices=DEVICES, params={"unscale": ("divide", "reciprocal")}, verified=_TORCH_VERIFIED),
+    Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
+            ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
 ]}
 
 
