@@ -149,25 +149,48 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
             tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
     compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
     step = max(1, _CHUNK_VALUES // flat.shape[1])
-    parts = [compute(flat[start:start + step], elem, rule, tensor_amax) for start in range(0, len(flat), step)]
-    if not parts:
-        parts = [compute(flat, elem, rule, tensor_amax)]
-    scale_codes, scales, codes, values = (np.concatenate([part[i] for part in parts]) for i in range(4))
+    scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
+    codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
+    tensor_scale = None
+    for start in range(0, len(flat), step):
+        rows = slice(start, start + step)
+        scale_codes[rows], scales[rows], codes[rows], values[rows], tensor_scale = compute(
+            flat[rows], elem, rule, tensor_amax)
+    if tensor_amax is not None and not len(flat):
+        tensor_scale = compute(flat, elem, rule, tensor_amax)[4]
     shape = blocks.shape[:-1]
     return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
-            values.reshape(blocks.shape), parts[0][4])
+            values.reshape(blocks.shape), tensor_scale)
 
 
 def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
     """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None)."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        magnitude = np.abs(blocks)
-        amax = magnitude.max(axis=-1) if rule.amax_nan == "propagate" else np.fmax.reduce(magnitude, axis=-1)
+        amax = _block_amax(blocks, np.maximum if rule.amax_nan == "propagate" else np.fmax)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
-        elements, rounded = _element_codes(_APPLY[rule.application](blocks, codes, elem, rule), elem, rule)
+        # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
+        may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
+        scaled = _APPLY[rule.application](blocks, codes, elem, rule)
+        elements, rounded = _element_codes(scaled, elem, rule, may_hold_nan)
         values = (rounded * scales[..., None]).astype(_F32, copy=False)
     return codes, scales, elements, values, None
+
+
+def _block_amax(blocks: np.ndarray, maximum) -> np.ndarray:
+    """max |x| per block (last axis): ``maximum`` (np.maximum propagates NaN as torch.amax, np.fmax
+    leaves it out as fmaxf) folds the block in halves, SIMD-wide passes instead of a reduction
+    along a short axis."""
+    width = blocks.shape[-1]
+    folded = np.abs(blocks)
+    while width > 1:
+        half = width // 2
+        odd = folded[..., 2 * half:]                                 # the last one of an odd width
+        folded = maximum(folded[..., :half], folded[..., half:2 * half])
+        if odd.shape[-1]:
+            folded[..., :1] = maximum(folded[..., :1], odd)
+        width = half
+    return folded[..., 0]
 
 
 def _e8m0_values(codes: np.ndarray) -> np.ndarray:
@@ -242,7 +265,7 @@ def _apply_exact(blocks, codes, elem, rule):
 def _apply_divide(blocks, codes, elem, rule):
     scale = (codes.astype(np.int32) << 23).view(_F32)      # 0xFF: inf
     scale = np.maximum(scale, _F32(2.0**-126))             # torchao's clamp to F32_MIN_NORMAL
-    return np.clip(blocks / scale[..., None], _F32(-elem.max_finite), _F32(elem.max_finite))
+    return blocks / scale[..., None]  # (torchao's clamp to +-max: the saturating element rounding)
 
 
 def _apply_reciprocal(blocks, codes, elem, rule):
@@ -250,7 +273,7 @@ def _apply_reciprocal(blocks, codes, elem, rule):
     rcp = np.where(codes == 254, _F32(2.0**-127), rcp)
     rcp = np.where(codes == 0, _F32(rule.rcp_byte0), rcp)
     rcp = np.where(codes == _E8M0_NAN, _F32(np.nan), rcp)
-    return np.clip(_times(blocks, rcp), _F32(-elem.max_finite), _F32(elem.max_finite))
+    return _times(blocks, rcp)  # (the clamp to +-max: the saturating element rounding)
 
 
 def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
@@ -293,13 +316,14 @@ def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), nan_bits, values)
 
 
-def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
-    """Element codes of the scaled values (already clamped to +-max by the float32 rules), and the
-    element values they stand for (NaN where the code came from a NaN)."""
+def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan: bool = True) -> tuple:
+    """Element codes of the scaled values, rounded with saturation (torchao's clamp to +-max before
+    its cast, CUDA's satfinite), and the element values they stand for (NaN where the code came
+    from a NaN)."""
     rounded = quantize(data, elem, rounding=rule.rounding, overflow="saturate")
     codes = codes_of_values(rounded, elem)
-    nan = np.isnan(data)
-    if nan.any():
+    nan = np.isnan(data) if may_hold_nan else None
+    if nan is not None and nan.any():
         if rule.nan_element == "torchao" and not elem.has_nan:
             fixed = _torchao_nan_codes(data, elem)
         elif rule.nan_element == "scale":
