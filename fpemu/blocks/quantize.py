@@ -154,17 +154,18 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     tensor_scale = None
     for start in range(0, len(flat), step):
         rows = slice(start, start + step)
-        scale_codes[rows], scales[rows], codes[rows], values[rows], tensor_scale = compute(
-            flat[rows], elem, rule, tensor_amax)
+        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale = compute(
+            flat[rows], elem, rule, tensor_amax, values[rows])
     if tensor_amax is not None and not len(flat):
-        tensor_scale = compute(flat, elem, rule, tensor_amax)[4]
+        tensor_scale = compute(flat, elem, rule, tensor_amax, values)[4]
     shape = blocks.shape[:-1]
     return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
             values.reshape(blocks.shape), tensor_scale)
 
 
-def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
-    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None)."""
+def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
+    dequantized values are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         amax = _block_amax(blocks, np.maximum if rule.amax_nan == "propagate" else np.fmax)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
@@ -173,7 +174,7 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
         may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
         scaled = _APPLY[rule.application](blocks, codes, elem, rule)
         elements, rounded = _element_codes(scaled, elem, rule, may_hold_nan)
-        values = (rounded * scales[..., None]).astype(_F32, copy=False)
+        np.multiply(rounded, scales[..., None], out=values, casting="same_kind")
     return codes, scales, elements, values, None
 
 
@@ -286,7 +287,7 @@ def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
 _APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal}
 
 
-def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
+def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
     """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -304,7 +305,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax=None):
         dequant_scale = scales if rule.levels == 1 else tensor_scale * scales
         elements, _ = _element_codes(data, elem, rule)
         # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
-        values = decode(elements, elem, dtype=_F32) * dequant_scale[..., None]
+        np.multiply(decode(elements, elem, dtype=_F32), dequant_scale[..., None], out=values)
     return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
 
 
