@@ -26,6 +26,17 @@ def test_microxcaling_rounds_ties_away_where_ocp_rounds_to_even():
     assert block_quantize(x, "fp4_e2m1fn", scale_rule="microxcaling").values[0, :3].tolist() == [4.0, 1.5, 3.0]
 
 
+def test_microxcaling_float32_log2_gives_the_scale_above_just_below_a_power_of_two():
+    x = np.zeros((2, 32), np.float32)
+    x[0, 0] = np.nextafter(np.float32(2.0**20), np.float32(0))     # log2 rounds to 20.0 in float32
+    x[1, 0] = np.float32(2.0**20)
+    mx = block_quantize(x, "fp8_e4m3fn", scale_rule="microxcaling").scale_codes[:, 0].tolist()
+    ocp = block_quantize(x, "fp8_e4m3fn", scale_rule="ocp").scale_codes[:, 0].tolist()
+    assert ocp == [127 + 19 - 8, 127 + 20 - 8] and mx == [127 + 20 - 8, 127 + 20 - 8]
+    zeros = block_quantize(np.zeros((1, 32), np.float32), "fp8_e4m3fn", scale_rule="microxcaling")
+    assert zeros.scale_codes.tolist() == [[0]] and zeros.values.max() == 0
+
+
 def test_te_kernel_scale_rounds_amax_times_reciprocal_up_and_maps_byte_0_to_2_127():
     x = np.zeros((3, 32), np.float32)
     x[0, 0], x[1, 0], x[2, 0] = 448.0, 449.0, 2.0**-130

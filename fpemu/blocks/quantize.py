@@ -214,6 +214,15 @@ def _exact_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
     return np.where(np.isfinite(amax), biased, _E8M0_NAN)
 
 
+def _microxcaling_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
+    magnitude = amax.astype(_F32)
+    magnitude = np.where(magnitude == 0, _F32(2.0**-126), magnitude)   # its FP32_MIN_NORMAL for zero blocks
+    exponent = np.floor(np.log2(magnitude)) - _F32(elem.emax)         # float32 log2, as torch's
+    beyond = ~(exponent <= _E8M0_BIAS)                                  # NaN too: its NaN scale
+    biased = np.clip(np.where(beyond, 0, exponent), -_E8M0_BIAS, _E8M0_BIAS).astype(np.int64) + _E8M0_BIAS
+    return np.where(beyond, _E8M0_NAN, biased)
+
+
 def _field_exponent(amax: np.ndarray) -> tuple:
     bits = amax.astype(_F32).view(np.int32)
     return ((bits >> 23) & 0xFF) - 127, bits
@@ -255,7 +264,7 @@ def _te_float_to_e8m0(amax, elem):
     return np.where(np.isnan(value), 0xFF, codes)
 
 
-_EXPONENT_RULES = {"floor": _exact_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
+_EXPONENT_RULES = {"floor": _exact_floor, "microxcaling": _microxcaling_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
                    "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0}
 
 

@@ -18,6 +18,8 @@ from typing import Optional
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
+    "microxcaling": "microxcaling: floor(log2(amax)) with float32 log2 (amax 0 taken as 2**-126), minus "
+                    "emax(element); above 127 NaN",
     "torchao_floor": "torchao FLOOR: amax's float32 exponent field minus emax(element)",
     "torchao_ceil": "torchao CEIL: amax's exponent field, plus 1 when its mantissa is not zero, minus emax(element)",
     "torchao_even": "torchao EVEN: amax rounded at the element's mantissa width (half an ulp added to its bits), then FLOOR",
@@ -110,9 +112,11 @@ SCALE_RULES = {rule.name: rule for rule in [
               rcp_byte0=2.0**127,
               departs="amax * fl32(1/max) is rounded to float32 before the exponent is taken; NaN is "
                       "left out of amax (fmaxf); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
-    ScaleRule("microxcaling", "microsoft/microxcaling (round='nearest', shared exponent 'max')", "e8m0", 32,
-              MX_ELEMENTS, "floor", "exact", rounding="nearest_away", nan_element="scale",
-              departs="OCP's scale, elements rounded half away from zero ('nearest')"),
+    ScaleRule("microxcaling", "microsoft/microxcaling 7bc4195 mx_ops._quantize_mx, PyTorch path (round='nearest', "
+              "shared_exp_method='max')", "e8m0", 32,
+              MX_ELEMENTS, "microxcaling", "exact", rounding="nearest_away", nan_element="scale",
+              departs="float32 log2 rounds up just below powers of two (amax = 2**20 * (1 - 2**-24) gets the "
+                      "scale of 2**20: one too large); elements rounded half away from zero ('nearest')"),
     ScaleRule("torchao_nvfp4", "torchao 0.18.0 nvfp4_quantize, one level", "fp8_e4m3fn", 16, ("fp4_e2m1fn",),
               "nvfp4", "nvfp4", nan_element="torchao",
               departs="block scales clamped to >= 2**-6 (e4m3's min normal): small tensors underflow "
