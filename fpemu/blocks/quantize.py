@@ -147,6 +147,8 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     if rule.levels == 2:
         with np.errstate(invalid="ignore"):
             tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
+        if np.isnan(tensor_amax):  # torch's whole-tensor max gives NaN as 0xFFFFFFFF, whose bits reach the codes
+            tensor_amax = np.array(0xFFFFFFFF, np.uint32).view(_F32)[()]
     compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
