@@ -44,11 +44,10 @@ def gfloat_runner(fmt, rounding):
         return None
     fmt = fpemu.get_format(fmt)
     info = FormatInfo(name=fmt.name, k=fmt.bits, precision=fmt.mantissa_bits + 1, bias=fmt.bias,
-                      is_signed=True,
+                      is_signed=fmt.signed,
                       domain=Domain.Extended if fmt.has_inf else Domain.Finite,
-                      has_nz=fmt.has_negative_zero,
-                      num_high_nans={"ieee": (1 << fmt.mantissa_bits) - 1, "fn": 1, "fnuz": 0}[fmt.special],
-                      has_subnormals=True, is_twos_complement=False)
+                      has_nz=not fmt.nan_at_negative_zero, num_high_nans=fmt.nan_codes,
+                      has_subnormals=fmt.has_zero, is_twos_complement=False)
     mode = {"nearest_even": gfloat.RoundMode.TiesToEven, "toward_zero": gfloat.RoundMode.TowardZero,
             "stochastic": gfloat.RoundMode.Stochastic}[rounding]
     def run(x):

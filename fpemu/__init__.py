@@ -10,6 +10,7 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
                            step_overflowed, unscale)
 from fpemu.scalers.fp8_recipes import RECIPES, CurrentScaling, DelayedScaling, TorchaoScaling, simulate_recipe
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
+from fpemu.blocks import SCALE_RULES, BlockQuantized, block_quantize
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
 
@@ -21,4 +22,5 @@ __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats"
            "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
            "RECIPES", "CurrentScaling", "DelayedScaling", "TorchaoScaling", "simulate_recipe",  # fp8 scaling recipes
+           "block_quantize", "BlockQuantized", "SCALE_RULES",  # block-scaled formats
            "__version__"]

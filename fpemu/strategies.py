@@ -80,7 +80,7 @@ def edge_values(fmt) -> list:
 
 def _representable(candidates, fmt: Format) -> list:
     """The candidates that are values of fmt, by the format's definition (not by rounding): zero
-    (-0 where fmt has it), NaN and infinities where fmt has them, and finite magnitudes up to max
+    where fmt has one (-0 where fmt has it), negative values only in signed formats, NaN and infinities where fmt has them, and finite magnitudes up to max
     finite that are whole multiples of fmt's quantum at their binade."""
     kept = []
     for value in candidates:
@@ -89,7 +89,9 @@ def _representable(candidates, fmt: Format) -> list:
         elif math.isinf(value):
             keep = fmt.has_inf
         elif value == 0:
-            keep = fmt.has_negative_zero or math.copysign(1.0, value) > 0
+            keep = fmt.has_zero and (fmt.has_negative_zero or math.copysign(1.0, value) > 0)
+        elif (value < 0 and not fmt.signed) or abs(value) < fmt.min_normal and not fmt.has_zero:
+            keep = False
         else:
             magnitude = abs(value)
             binade = max(math.frexp(magnitude)[1] - 1, fmt.emin)

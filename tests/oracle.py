@@ -14,6 +14,12 @@ def round_exact(x: float, fmt, rounding: str = "nearest_even", overflow: str = "
         overflow = "saturate"  # nothing but max finite lies beyond it (ml_dtypes' float6/float4)
     if math.isnan(x):
         return NAN
+    if (x < 0 and not fmt.signed) or (x == 0 and not fmt.has_zero):
+        return NAN  # no code holds it (ml_dtypes' float8_e8m0fnu)
+    if not fmt.signed:
+        x = abs(x)  # -0 in an unsigned format with a zero
+    if not fmt.has_zero and abs(x) < fmt.min_normal:
+        return math.copysign(fmt.min_normal, x)  # the only value beyond it, in every mode
     if math.isinf(x):
         if overflow == "saturate":
             return math.copysign(fmt.max_finite, x)

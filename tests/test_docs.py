@@ -5,7 +5,10 @@ import pathlib
 
 import pytest
 
+import fpemu.blocks.probes
+import fpemu.blocks.quantize
 import fpemu.formats.format
+import fpemu.formats.packing
 import fpemu.formats.rounding
 import fpemu.formats.stats
 import fpemu.scalers.fp8_recipes
@@ -20,12 +23,14 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
-def test_fp8_recipes_doc():
-    result = doctest.testfile(str(ROOT / "docs" / "fp8_recipes.md"), module_relative=False)
-    assert result.failed == 0 and result.attempted >= 5
+@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md"])
+def test_guide_examples(guide):
+    result = doctest.testfile(str(ROOT / "docs" / guide), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
 
 
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
+                                    fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

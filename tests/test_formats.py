@@ -6,7 +6,7 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 import fpemu
 from fpemu import strategies as fst
@@ -85,7 +85,17 @@ def test_generic_kernel_matches_native_cast_near_every_code(name):
     probes = probes[np.isfinite(probes) | np.isinf(probes)]
     with np.errstate(over="ignore", invalid="ignore"):
         native = probes.astype(fmt.dtype).astype(np.float32)
-    assert same_bits(round_to_format(probes, fmt).values, native)
+    ours = round_to_format(probes, fmt).values
+    departs = native_rounds_up_above_e8m0_min(probes) if name == "e8m0" else np.zeros(probes.shape, bool)
+    assert same_bits(ours[~departs], native[~departs])
+    assert np.all(ours[departs] == 2.0**-127) and np.all(native[departs] == 2.0**-126)
+
+
+def native_rounds_up_above_e8m0_min(x):
+    """ml_dtypes (and torch) cast the float32 subnormals in (2**-127, 1.5 * 2**-127) to e8m0's 2**-126,
+    not to the nearer 2**-127 (measured over all float32 subnormals: bits 0x400001..0x5FFFFF give
+    code 1); fpemu rounds them to nearest."""
+    return (x > 2.0**-127) & (x < 1.5 * 2.0**-127)
 
 
 EDGE_TABLE = [
@@ -166,6 +176,7 @@ def test_named_formats_match_rational_oracle_from_float64(name, data, rounding):
 
 @given(fmt=fst.formats(), data=st.data())
 def test_monotone_idempotent_sign_symmetric(fmt, data):
+    assume(fmt.signed)  # an unsigned format (e8m0) has no sign to be symmetric in: its own tests below
     xs = np.sort(np.array(data.draw(st.lists(fst.probe_floats(fmt, np.float64).filter(lambda v: v == v),
                                              min_size=2, max_size=10))))
     for mode in ("nearest_even", "nearest_away", "toward_zero", "up", "down"):

@@ -20,7 +20,8 @@ from typing import Optional
 from fpemu.traces.format import OBSERVED_FIELDS
 
 SCALER, STEP, RECIPE = "scaler", "step", "recipe"
-ADAPTER_KINDS = (SCALER, STEP, RECIPE)
+BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py
+ADAPTER_KINDS = (SCALER, STEP, RECIPE, BLOCKS)
 DEVICES = ("cpu", "cuda")
 
 
@@ -31,8 +32,10 @@ class Adapter:
     Attributes:
       name: the adapter's name in specs (``[implementations.NAME]``), ``--impl`` and traces.
       kind: ``"scaler"`` (driven through a scenario's overflow flags, compared with a scaler
-        profile), ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data) or
-        ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes).
+        profile), ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data),
+        ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes) or
+        ``"blocks"`` (a block quantizer taking ``(x, element_format, scale_rule)``, compared with
+        :func:`fpemu.block_quantize`; no scenario drives it).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
         params)`` and return a function of one step's arguments; recipe entries take ``(amaxes,
@@ -173,6 +176,8 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("torchao_float8", RECIPE, "fpemu.adapters.torchao_float8:record_amax_to_scale", ("torchao", "torch"),
             ("torchao", "torch"), profile="torchao_tensorwise", verified=("torchao 0.18.0",) + _TORCH_VERIFIED,
             fields=_RECIPE_FIELDS[:3]),
+    Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
+            ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
 ]}
 
 

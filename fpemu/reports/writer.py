@@ -23,7 +23,7 @@ def markdown_table(header, rows) -> str:
 
 
 def formats_report() -> str:
-    rows = [(f.name, f"1-{f.exponent_bits}-{f.mantissa_bits}", f.bias, f.special,
+    rows = [(f.name, f"{int(f.signed)}-{f.exponent_bits}-{f.mantissa_bits}", f.bias, f.special,
              f"{f.max_finite:.6g}", f"{f.min_normal:.6g}", f"{f.min_subnormal:.6g}", f"{f.epsilon:.3g}",
              f.dtype.name if f.dtype is not None else "-") for f in FORMATS.values()]
     table = markdown_table(["format", "layout", "bias", "specials", "max finite", "min normal",

@@ -1,0 +1,6 @@
+"""Block-scaled formats (MX with e8m0 scales, NVFP4 with e4m3 scales), rule by real implementation."""
+
+from fpemu.blocks.quantize import BlockQuantized, block_quantize
+from fpemu.blocks.rules import APPLICATIONS, EXPONENTS, SCALE_RULES, ScaleRule
+
+__all__ = ["BlockQuantized", "block_quantize", "SCALE_RULES", "ScaleRule", "EXPONENTS", "APPLICATIONS"]

@@ -1,0 +1,367 @@
+"""Block quantization (MX, NVFP4) as the real implementations compute it, scale rule by scale rule.
+
+Every rule of :data:`fpemu.blocks.SCALE_RULES` is reproduced step for step: the exact rules
+(``ocp``, ``microxcaling``) in float64, the others in float32 in their own order of operations
+(torchao rounds x / scale to float32 before the element cast, NVFP4 multiplies by fl32(1/s)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from fpemu.blocks.rules import SCALE_RULES, ScaleRule
+from fpemu.errors import FpemuInputError
+from fpemu.formats.format import Format, get_format
+from fpemu.formats.packing import pack_nibbles
+from fpemu.formats.rounding import as_float_array, codes_of_values, decode, encode, quantize
+
+_F32 = np.float32
+_E8M0_BIAS, _E8M0_NAN = 127, 255
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockQuantized:
+    """The result of :func:`block_quantize`.
+
+    Attributes:
+      rule: the scale rule's name.
+      element_format, scale_format: the formats of the element and scale codes.
+      block_size: values per scale; axis: the axis the blocks run along (non-negative).
+      scale_codes: one code per block (x's shape, the axis divided by block_size).
+      scales: the block scales' values (float32; NaN for a NaN scale).
+      element_codes: one code per value (x's shape; 4-bit codes one per byte, see packed_codes).
+      values: the dequantized values, as the implementation computes them (float32).
+      tensor_scale: the float32 tensor scale of two-level NVFP4, else None.
+    """
+
+    rule: str
+    element_format: Format
+    scale_format: Format
+    block_size: int
+    axis: int
+    scale_codes: np.ndarray
+    scales: np.ndarray
+    element_codes: np.ndarray
+    values: np.ndarray
+    tensor_scale: Optional[float] = None
+
+    @property
+    def packed_codes(self) -> np.ndarray:
+        """4-bit element codes two per byte along the last axis, torchao's order (fp4 only)."""
+        if self.element_format.bits != 4:
+            raise ValueError(f"packed_codes: {self.element_format.name} codes are not 4 bits wide")
+        return pack_nibbles(self.element_codes)
+
+
+def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = None,
+                   scale_format: Optional[str] = None, scale_rule: str = "ocp", axis: int = -1) -> BlockQuantized:
+    """Quantize ``x`` in blocks of ``block_size`` values along ``axis``, one scale per block.
+
+    Args:
+      x: float array (float32 or bf16 for the float32 rules; float64 too for ``ocp``/``microxcaling``).
+      element_format: the elements' format, one the rule supports (``SCALE_RULES[rule].elements``).
+      block_size: values per scale; defaults to the rule's (32 for MX, 16 for NVFP4).
+      scale_format: the scales' format; defaults to the rule's (``"e8m0"`` or ``"fp8_e4m3fn"``),
+        the only one its arithmetic defines.
+      scale_rule: a name in :data:`fpemu.blocks.SCALE_RULES` (``ocp``, ``torchao_floor``,
+        ``torchao_rceil``, ``te_mxfp8``, ``microxcaling``, ``torchao_nvfp4``, ...).
+      axis: the axis the blocks run along; its length must be a multiple of block_size.
+
+    Returns:
+      A :class:`BlockQuantized`.
+
+    Example:
+      >>> q = block_quantize([1.0, -3.0, 500.0, 0.25], "fp8_e4m3fn", block_size=4)
+      >>> int(q.scale_codes[0]), q.values.tolist()           # 500 saturates: floor(log2 500) = emax
+      (127, [1.0, -3.0, 448.0, 0.25])
+    """
+    rule = _rule(scale_rule)
+    elem = get_format(element_format)
+    if elem.name not in rule.elements:
+        raise FpemuInputError(f"element_format: rule {rule.name!r} supports {', '.join(rule.elements)}, "
+                              f"got {elem.name}")
+    scale_fmt = get_format(scale_format if scale_format is not None else rule.scale_format)
+    if scale_fmt != get_format(rule.scale_format):
+        raise FpemuInputError(f"scale_format: rule {rule.name!r} defines its arithmetic for "
+                              f"{rule.scale_format} scales, got {scale_fmt.name}")
+    block_size = rule.block_size if block_size is None else block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+        raise FpemuInputError(f"block_size must be a positive int, got {block_size!r}")
+    arr = _operand(x, rule)
+    if not isinstance(axis, (int, np.integer)) or not -arr.ndim <= axis < arr.ndim:
+        raise FpemuInputError(f"axis must be an int in [{-arr.ndim}, {arr.ndim - 1}] for x of shape "
+                              f"{arr.shape}, got {axis!r}")
+    axis = int(axis) % arr.ndim
+    moved = np.moveaxis(arr, axis, -1)
+    if moved.shape[-1] % block_size:
+        raise FpemuInputError(f"x: axis {axis} has length {moved.shape[-1]}, not a multiple of "
+                              f"block_size={block_size}")
+    blocks = moved.reshape(*moved.shape[:-1], moved.shape[-1] // block_size, block_size)
+    scale_codes, scales, codes, values, tensor_scale = _in_chunks(blocks, elem, rule)
+
+    def back(a):  # blocks back to x's layout
+        return np.moveaxis(a.reshape(moved.shape), -1, axis)
+
+    return BlockQuantized(rule.name, elem, scale_fmt, int(block_size), axis, np.moveaxis(scale_codes, -1, axis),
+                          np.moveaxis(scales, -1, axis), back(codes), back(values), tensor_scale)
+
+
+def _rule(name) -> ScaleRule:
+    if isinstance(name, ScaleRule):
+        return name
+    if name not in SCALE_RULES:
+        raise FpemuInputError(f"scale_rule: unknown rule {name!r}; known: {', '.join(SCALE_RULES)}")
+    return SCALE_RULES[name]
+
+
+def _operand(x, rule: ScaleRule) -> np.ndarray:
+    """x in the type the rule computes in: float32 (float64 input only where it holds float32 values,
+    so no rounding is hidden), or x's own float32 or float64 for the exact rules (x / 2**X is exact
+    in float32 too, but where it lands among float32's subnormals, far below any element's least
+    value, so the elements are the same)."""
+    arr = as_float_array(x)
+    if rule.application == "exact":
+        return arr
+    if arr.dtype == np.float64:
+        narrow = arr.astype(_F32)
+        if not np.array_equal(narrow.astype(np.float64), arr, equal_nan=True):
+            raise FpemuInputError(f"x: rule {rule.name!r} computes in float32 and x holds float64 values "
+                                  "that are not float32 values; pass float32 or bf16")
+        return narrow
+    return arr
+
+
+# Values per chunk: few enough (256K) that a chunk and its scratch stay in L2-L3 through the passes,
+# enough that the per-call costs of quantize stay small (measured best of 32K..all).
+_CHUNK_VALUES = 1 << 18
+
+
+def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
+    """The rule's arithmetic chunk by chunk (each block's result depends only on itself and, for
+    two-level NVFP4, the tensor's amax, taken first)."""
+    flat = blocks.reshape(-1, blocks.shape[-1])
+    tensor_amax = None
+    if rule.levels == 2:
+        with np.errstate(invalid="ignore"):
+            tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
+        if np.isnan(tensor_amax):  # torch's whole-tensor max gives NaN as 0xFFFFFFFF, whose bits reach the codes
+            tensor_amax = np.array(0xFFFFFFFF, np.uint32).view(_F32)[()]
+    compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
+    step = max(1, _CHUNK_VALUES // flat.shape[1])
+    scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
+    codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
+    tensor_scale = None
+    for start in range(0, len(flat), step):
+        rows = slice(start, start + step)
+        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale = compute(
+            flat[rows], elem, rule, tensor_amax, values[rows])
+    if tensor_amax is not None and not len(flat):
+        tensor_scale = compute(flat, elem, rule, tensor_amax, values)[4]
+    shape = blocks.shape[:-1]
+    return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
+            values.reshape(blocks.shape), tensor_scale)
+
+
+def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
+    dequantized values are written into ``values``."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = _block_amax(blocks, np.maximum if rule.amax_nan == "propagate" else np.fmax)
+        codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
+        scales = _e8m0_values(codes)
+        # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
+        may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
+        scaled = _APPLY[rule.application](blocks, codes, elem, rule)
+        elements, rounded = _element_codes(scaled, elem, rule, may_hold_nan)
+        np.multiply(rounded, scales[..., None], out=values, casting="same_kind")
+    return codes, scales, elements, values, None
+
+
+def _block_amax(blocks: np.ndarray, maximum) -> np.ndarray:
+    """max |x| per block (last axis): ``maximum`` (np.maximum propagates NaN as torch.amax, np.fmax
+    leaves it out as fmaxf) folds the block in halves, SIMD-wide passes instead of a reduction
+    along a short axis."""
+    width = blocks.shape[-1]
+    folded = np.abs(blocks)
+    while width > 1:
+        half = width // 2
+        odd = folded[..., 2 * half:]                                 # the last one of an odd width
+        folded = maximum(folded[..., :half], folded[..., half:2 * half])
+        if odd.shape[-1]:
+            folded[..., :1] = maximum(folded[..., :1], odd)
+        width = half
+    return folded[..., 0]
+
+
+def _e8m0_values(codes: np.ndarray) -> np.ndarray:
+    """2**(code - 127) in float32 (2**-127 is a float32 subnormal), NaN for 0xFF (torchao's get_fp_scale)."""
+    values = (codes.astype(np.uint32) << np.uint32(23)).view(_F32)   # 2**(code - 127) for codes 1..254
+    values = np.where(codes == 0, _F32(2.0**-127), values)
+    return np.where(codes == _E8M0_NAN, _F32(np.nan), values)
+
+
+def _biased(unbiased: np.ndarray, amax: np.ndarray, clamp_high: int) -> np.ndarray:
+    """Clamp an exponent to e8m0's range, bias it, and give NaN amax the NaN code."""
+    biased = np.clip(unbiased, -_E8M0_BIAS, clamp_high) + _E8M0_BIAS
+    return np.where(np.isnan(amax), _E8M0_NAN, biased)
+
+
+def _exact_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
+    finite = np.isfinite(amax) & (amax > 0)
+    exponent = np.frexp(np.where(finite, amax, 1.0))[1] - 1 - elem.emax
+    biased = np.where(finite, np.clip(exponent, -_E8M0_BIAS, _E8M0_BIAS) + _E8M0_BIAS, 0)
+    return np.where(np.isfinite(amax), biased, _E8M0_NAN)
+
+
+def _microxcaling_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
+    magnitude = amax.astype(_F32)
+    magnitude = np.where(magnitude == 0, _F32(2.0**-126), magnitude)   # its FP32_MIN_NORMAL for zero blocks
+    exponent = np.floor(np.log2(magnitude)) - _F32(elem.emax)         # float32 log2, as torch's
+    beyond = ~(exponent <= _E8M0_BIAS)                                  # NaN too: its NaN scale
+    biased = np.clip(np.where(beyond, 0, exponent), -_E8M0_BIAS, _E8M0_BIAS).astype(np.int64) + _E8M0_BIAS
+    return np.where(beyond, _E8M0_NAN, biased)
+
+
+def _field_exponent(amax: np.ndarray) -> tuple:
+    bits = amax.astype(_F32).view(np.int32)
+    return ((bits >> 23) & 0xFF) - 127, bits
+
+
+def _torchao_floor(amax, elem):
+    exponent, _ = _field_exponent(amax)
+    return _biased(exponent - elem.emax, amax, _E8M0_BIAS + 1)  # (+1: torchao's room for NaN)
+
+
+def _torchao_ceil(amax, elem):
+    exponent, bits = _field_exponent(amax)
+    return _biased(exponent + ((bits & 0x7FFFFF) > 0) - elem.emax, amax, _E8M0_BIAS + 1)
+
+
+def _torchao_even(amax, elem):
+    bits = amax.astype(_F32).view(np.uint32)
+    rounded = ((bits + np.uint32(1 << (23 - elem.mantissa_bits - 1))) & np.uint32(0x1FF << 23)).view(_F32)
+    return _torchao_floor(np.where(np.isnan(amax), _F32(np.nan), rounded), elem)
+
+
+def _torchao_rceil(amax, elem):
+    descale = amax.astype(_F32) / _F32(elem.max_finite)
+    exponent = np.ceil(np.log2(descale))                      # float32 log2, as torch's
+    biased = np.clip(np.nan_to_num(exponent, posinf=0, neginf=-_E8M0_BIAS), -_E8M0_BIAS, _E8M0_BIAS) + _E8M0_BIAS
+    biased = np.where(np.isinf(descale), 254, biased)
+    return np.where(np.isnan(descale), _E8M0_NAN, biased).astype(np.int64)
+
+
+def _te_float_to_e8m0(amax, elem):
+    value = amax.astype(_F32) * _F32(1.0 / _F32(elem.max_finite))
+    bits = value.view(np.uint32)
+    exponent = (bits >> np.uint32(23)).astype(np.int64)
+    mantissa = bits & np.uint32(0x7FFFFF)
+    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    codes = exponent + up
+    codes = np.where(value == 0, 0, codes)
+    codes = np.where(np.isinf(value), 0xFE, codes)
+    return np.where(np.isnan(value), 0xFF, codes)
+
+
+_EXPONENT_RULES = {"floor": _exact_floor, "microxcaling": _microxcaling_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
+                   "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0}
+
+
+def _apply_exact(blocks, codes, elem, rule):
+    return blocks / _e8m0_values(codes).astype(blocks.dtype)[..., None]  # (0xFF: NaN)
+
+
+def _apply_divide(blocks, codes, elem, rule):
+    scale = (codes.astype(np.int32) << 23).view(_F32)      # 0xFF: inf
+    scale = np.maximum(scale, _F32(2.0**-126))             # torchao's clamp to F32_MIN_NORMAL
+    return blocks / scale[..., None]  # (torchao's clamp to +-max: the saturating element rounding)
+
+
+def _apply_reciprocal(blocks, codes, elem, rule):
+    rcp = ((254 - codes.astype(np.int32)).clip(0) << 23).view(_F32)
+    rcp = np.where(codes == 254, _F32(2.0**-127), rcp)
+    rcp = np.where(codes == 0, _F32(rule.rcp_byte0), rcp)
+    rcp = np.where(codes == _E8M0_NAN, _F32(np.nan), rcp)
+    return _times(blocks, rcp)  # (the clamp to +-max: the saturating element rounding)
+
+
+def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
+    """fl32(x * m) per block, as torch's CPU multiply: a NaN multiplier's own NaN comes out whatever x
+    is (numpy's multiply would keep a NaN x's instead)."""
+    product = blocks * multiplier[..., None]
+    return np.where(np.isnan(multiplier)[..., None], multiplier[..., None], product)
+
+
+_APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal}
+
+
+def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
+    e4m3 = get_format("fp8_e4m3fn")
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = np.abs(blocks).max(axis=-1)
+        block_scale = amax / _F32(elem.max_finite)
+        tensor_scale = None
+        if rule.levels == 2:
+            tensor_scale = tensor_amax / _F32(e4m3.max_finite * elem.max_finite)
+            block_scale = block_scale / tensor_scale
+        clamped = np.clip(block_scale, _F32(e4m3.min_normal), _F32(e4m3.max_finite))
+        codes = encode(clamped, e4m3, nan=0x7F).astype(np.uint8)
+        scales = _torch_e4m3_values(codes)
+        reciprocal = _F32(1.0) / scales if rule.levels == 1 else (_F32(1.0) / tensor_scale) / scales
+        data = np.clip(_times(blocks, reciprocal), -_F32(elem.max_finite), _F32(elem.max_finite))
+        dequant_scale = scales if rule.levels == 1 else tensor_scale * scales
+        elements, _ = _element_codes(data, elem, rule)
+        # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
+        np.multiply(decode(elements, elem, dtype=_F32), dequant_scale[..., None], out=values)
+    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
+
+
+def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
+    """e4m3fn codes as torch widens them to float32: its NaN is 0x7FFFFFFF (0xFFFFFFFF for 0xFF),
+    whose bits torchao's fp4 cast later turns into code 0x4 (0xC)."""
+    values = decode(codes, "fp8_e4m3fn", dtype=_F32)
+    nan_bits = np.where(codes & 0x80, np.uint32(0xFFFFFFFF), np.uint32(0x7FFFFFFF)).view(_F32)
+    return np.where(np.isnan(values), nan_bits, values)
+
+
+def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan: bool = True) -> tuple:
+    """Element codes of the scaled values, rounded with saturation (torchao's clamp to +-max before
+    its cast, CUDA's satfinite), and the element values they stand for (NaN where the code came
+    from a NaN)."""
+    rounded = quantize(data, elem, rounding=rule.rounding, overflow="saturate")
+    codes = codes_of_values(rounded, elem)
+    nan = np.isnan(data) if may_hold_nan else None
+    if nan is not None and nan.any():
+        if rule.nan_element == "torchao" and not elem.has_nan:
+            fixed = _torchao_nan_codes(data, elem)
+        elif rule.nan_element == "scale":
+            fixed = 0
+        else:  # its NaN code, with the NaN's sign
+            fixed = (_nan_code(elem) | np.where(np.signbit(data), 1 << (elem.bits - 1), 0)).astype(codes.dtype)
+        codes = np.where(nan, fixed, codes).astype(np.uint8)
+    return codes.astype(np.uint8, copy=False), rounded
+
+
+def _nan_code(elem: Format) -> int:
+    """The all-ones magnitude: torch's fp8 casts (and CUDA's cvt) give NaN 0x7F in e4m3fn and e5m2
+    alike (not e5m2's quiet NaN 0x7E), keeping its sign (encode's int policy adds it)."""
+    return (1 << (elem.bits - 1)) - 1
+
+
+def _torchao_nan_codes(data: np.ndarray, elem: Format) -> np.ndarray:
+    """What torchao's _f32_to_floatx_unpacked makes of NaN: neither its saturate nor its denormal
+    branch takes NaN, so the normal branch's integer arithmetic runs on NaN's bits (canonical
+    NaN: fp4 0x3, fp6_e2m3 0xC, fp6_e3m2 0xE; the sign bit is kept)."""
+    ebits, mbits = elem.exponent_bits, elem.mantissa_bits
+    bits = data.astype(_F32).view(np.int32).astype(np.int64)
+    sign = bits & 0x80000000
+    magnitude = (bits ^ sign) & 0xFFFFFFFF
+    shift = 23 - mbits
+    add = ((((1 << (ebits - 1)) - 1) - 127) << 23) + (1 << (shift - 1)) - 1
+    normal = ((magnitude + add + ((magnitude >> shift) & 1)) & 0xFFFFFFFF) >> shift
+    sign_bit = np.where(sign != 0, 1 << (ebits + mbits), 0)
+    return ((normal & 0xFF) | sign_bit).astype(np.uint8)

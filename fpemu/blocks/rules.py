@@ -1,0 +1,127 @@
+"""Scale rules of block quantization, one row per real implementation.
+
+Each :class:`ScaleRule` says how an implementation turns a block's values into a scale code and the
+element codes: how it finds the block's amax, how it picks the scale, how it applies it, how a
+NaN becomes an element code, and where its arithmetic departs from exact (measured figures in
+``reports/blocks.md``, from ``benchmarks/bench_blocks.py`` and ``benchmarks/blocks_torchao_sweep.py``).
+Sources: OCP Microscaling Formats (MX) v1.0 section 6.3; torchao 0.18.0
+``prototype/mx_formats/mx_tensor.py`` (``to_mx``, ``_to_mx_rceil``, ``get_fp_scale``) and
+``nvfp4_tensor.py`` (``nvfp4_quantize``); Transformer Engine d0067d0 ``common/util/ptx_arch_spec.cuh``
+(``float_to_e8m0``) and ``common/util/ptx.cuh`` (``exp2f_rcp``); microxcaling ``mx/mx_ops.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+# How the scale exponent is picked (MX rules, e8m0 scales).
+EXPONENTS = {
+    "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
+    "microxcaling": "microxcaling: floor(log2(amax)) with float32 log2 (amax 0 taken as 2**-126), minus "
+                    "emax(element); above 127 NaN",
+    "torchao_floor": "torchao FLOOR: amax's float32 exponent field minus emax(element)",
+    "torchao_ceil": "torchao CEIL: amax's exponent field, plus 1 when its mantissa is not zero, minus emax(element)",
+    "torchao_even": "torchao EVEN: amax rounded at the element's mantissa width (half an ulp added to its bits), then FLOOR",
+    "torchao_rceil": "torchao RCEIL: ceil(log2(fl32(amax / max))) with float32 log2",
+    "te": "Transformer Engine: float_to_e8m0(fl32(amax * fl32(1 / max))): the exponent field, rounded up "
+          "when the mantissa is not zero (but not past 0xFE, and not for subnormals <= 0x400000)",
+    "nvfp4": "NVFP4: fl32(amax / 6) (divided by the tensor scale with two levels), clamped to "
+             "[2**-6, 448] and cast to e4m3",
+}
+# How the scale is applied to the elements.
+APPLICATIONS = {
+    "exact": "x / 2**X exactly, then rounded once",
+    "divide": "torchao FLOOR/CEIL/EVEN: fl32(x / max(2**X, 2**-126)), clamped to +-max, then cast",
+    "reciprocal": "fl32(x * r), r = 2**-X as a float32 (byte 0: rcp_byte0, 254: 2**-127, 255: NaN), clamped, cast",
+    "nvfp4": "fl32(x * fl32(1 / s)) (two levels: fl32(x * fl32(fl32(1 / t) / s))), clamped to +-6, cast",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleRule:
+    """One implementation's block-scaling arithmetic.
+
+    Attributes:
+      name: the rule's name (``block_quantize(..., scale_rule=NAME)``).
+      source: the implementation and version it reproduces.
+      scale_format: the format of its scales (``"e8m0"`` or ``"fp8_e4m3fn"``).
+      block_size: its block size (block_quantize's default).
+      elements: the element formats it supports.
+      exponent: how the scale is chosen (a key of :data:`EXPONENTS`).
+      application: how it is applied (a key of :data:`APPLICATIONS`).
+      amax_nan: ``"propagate"`` (a NaN in the block makes amax NaN: torch.amax) or ``"ignore"``
+        (fmaxf, Transformer Engine's amax).
+      rounding: the elements' rounding mode (microxcaling's "nearest" is nearest_away).
+      nan_element: ``"nan"`` (the element format's NaN code, its sign kept), ``"torchao"`` (torchao's
+        fp4/fp6 bit cast gives NaN a finite code that depends on its bits: canonical NaN -> fp4 0x3),
+        or ``"scale"`` (the block's scale is NaN and every element NaN, codes 0).
+      rcp_byte0: the multiplier for scale byte 0 (``reciprocal`` rules): torchao RCEIL 1.0, TE 2**127.
+      levels: NVFP4 scale levels (1: e4m3 block scales; 2: also a float32 tensor scale).
+      departs: where its arithmetic departs from exact, and how often (measured, reports/blocks.md).
+    """
+
+    name: str
+    source: str
+    scale_format: str
+    block_size: int
+    elements: tuple
+    exponent: str
+    application: str
+    amax_nan: str = "propagate"
+    rounding: str = "nearest_even"
+    nan_element: str = "nan"
+    rcp_byte0: Optional[float] = None
+    levels: int = 1
+    departs: str = ""
+
+    def __post_init__(self):
+        for field, table in (("exponent", EXPONENTS), ("application", APPLICATIONS)):
+            if getattr(self, field) not in table:
+                raise ValueError(f"scale rule {self.name!r}: {field} must be one of {sorted(table)}, "
+                                 f"got {getattr(self, field)!r}")
+        if self.amax_nan not in ("propagate", "ignore") or self.nan_element not in ("nan", "torchao", "scale"):
+            raise ValueError(f"scale rule {self.name!r}: amax_nan must be 'propagate' or 'ignore' and "
+                             f"nan_element 'nan', 'torchao' or 'scale'")
+
+
+MX_ELEMENTS = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn")
+_TORCHAO = "torchao 0.18.0 to_mx"
+_BYTE0 = ("blocks with scale byte 0 (amax < 2**(emax - 127)) are divided by 2**-126 but dequantized "
+          "with 2**-127: half their value")
+_FLOAT32 = "x / scale rounded to float32 before the element cast"
+
+SCALE_RULES = {rule.name: rule for rule in [
+    ScaleRule("ocp", "OCP MX v1.0 section 6.3", "e8m0", 32, MX_ELEMENTS, "floor", "exact",
+              nan_element="scale",
+              departs="exact arithmetic; a block holding NaN or inf gets scale NaN (0xFF) and NaN elements"),
+    ScaleRule("torchao_floor", f"{_TORCHAO}, ScaleCalculationMode.FLOOR", "e8m0", 32, MX_ELEMENTS, "torchao_floor",
+              "divide", nan_element="torchao",
+              departs=f"{_BYTE0}; an inf in the block gives scale 2**120 (inf's exponent field minus 8 for "
+                      f"e4m3), the inf saturates and the rest round to 0; {_FLOAT32}"),
+    ScaleRule("torchao_ceil", f"{_TORCHAO}, ScaleCalculationMode.CEIL", "e8m0", 32, MX_ELEMENTS, "torchao_ceil",
+              "divide", nan_element="torchao", departs=f"{_BYTE0}; {_FLOAT32}"),
+    ScaleRule("torchao_even", f"{_TORCHAO}, ScaleCalculationMode.EVEN", "e8m0", 32, MX_ELEMENTS, "torchao_even",
+              "divide", nan_element="torchao", departs=f"{_BYTE0}; {_FLOAT32}"),
+    ScaleRule("torchao_rceil", f"{_TORCHAO}, ScaleCalculationMode.RCEIL (eager fallback)", "e8m0", 32,
+              MX_ELEMENTS, "torchao_rceil", "reciprocal", nan_element="torchao", rcp_byte0=1.0,
+              departs="float32 log2 loses the round-up just above powers of two (the block's max then "
+                      "saturates); blocks with scale byte 0 are multiplied by 1.0, flushing them to 0"),
+    ScaleRule("te_mxfp8", "Transformer Engine d0067d0 MXFP8 kernel (non-Blackwell float_to_e8m0, exp2f_rcp)",
+              "e8m0", 32, ("fp8_e4m3fn", "fp8_e5m2"), "te", "reciprocal", amax_nan="ignore",
+              rcp_byte0=2.0**127,
+              departs="amax * fl32(1/max) is rounded to float32 before the exponent is taken; NaN is "
+                      "left out of amax (fmaxf); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
+    ScaleRule("microxcaling", "microsoft/microxcaling 7bc4195 mx_ops._quantize_mx, PyTorch path (round='nearest', "
+              "shared_exp_method='max')", "e8m0", 32,
+              MX_ELEMENTS, "microxcaling", "exact", rounding="nearest_away", nan_element="scale",
+              departs="float32 log2 rounds up just below powers of two (amax = 2**20 * (1 - 2**-24) gets the "
+                      "scale of 2**20: one too large); elements rounded half away from zero ('nearest')"),
+    ScaleRule("torchao_nvfp4", "torchao 0.18.0 nvfp4_quantize, one level", "fp8_e4m3fn", 16, ("fp4_e2m1fn",),
+              "nvfp4", "nvfp4", nan_element="torchao",
+              departs="block scales clamped to >= 2**-6 (e4m3's min normal): small tensors underflow "
+                      "(randn * 1e-3 quantizes to all zeros); x * fl32(1/s), not x / s"),
+    ScaleRule("torchao_nvfp4_2level", "torchao 0.18.0 nvfp4_quantize with per_tensor_scale = amax / (448 * 6)",
+              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "nvfp4", "nvfp4", nan_element="torchao", levels=2,
+              departs="x * fl32(fl32(1/t) / s): two float32 roundings where x / (t * s) has none"),
+]}

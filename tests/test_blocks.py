@@ -1,0 +1,98 @@
+"""fpemu.block_quantize's own rules (no torch): the exact OCP rule, microxcaling, Transformer Engine's kernel."""
+
+import numpy as np
+import pytest
+
+import fpemu
+from fpemu.blocks import SCALE_RULES, block_quantize
+from fpemu.blocks.probes import probe_blocks
+from fpemu.errors import FpemuInputError
+
+
+def test_ocp_rule_is_exact_quantize_of_each_block_by_its_power_of_two():
+    x = probe_blocks("wide", "fp8_e4m3fn", rows=32, seed=1).astype(np.float64)
+    q = block_quantize(x, "fp8_e4m3fn", scale_rule="ocp")
+    exponent = np.floor(np.log2(np.abs(x).max(axis=-1))) - 8
+    assert np.array_equal(q.scale_codes[:, 0], np.clip(exponent, -127, 127) + 127)
+    scale = np.exp2(q.scale_codes.astype(np.float64) - 127)           # (32, 1): one per block
+    expected = fpemu.quantize(x / scale, "fp8_e4m3fn", overflow="saturate") * scale
+    assert np.array_equal(q.values, expected.astype(np.float32))
+    assert np.array_equal(q.element_codes, fpemu.encode(x / scale, "fp8_e4m3fn", overflow="saturate"))
+
+
+def test_microxcaling_rounds_ties_away_where_ocp_rounds_to_even():
+    x = np.array([[4.0, 1.25, 2.5] + [0.0] * 29], np.float32)  # scale 1: 1.25 and 2.5 are fp4 ties
+    assert block_quantize(x, "fp4_e2m1fn", scale_rule="ocp").values[0, :3].tolist() == [4.0, 1.0, 2.0]
+    assert block_quantize(x, "fp4_e2m1fn", scale_rule="microxcaling").values[0, :3].tolist() == [4.0, 1.5, 3.0]
+
+
+def test_microxcaling_float32_log2_gives_the_scale_above_just_below_a_power_of_two():
+    x = np.zeros((2, 32), np.float32)
+    x[0, 0] = np.nextafter(np.float32(2.0**20), np.float32(0))     # log2 rounds to 20.0 in float32
+    x[1, 0] = np.float32(2.0**20)
+    mx = block_quantize(x, "fp8_e4m3fn", scale_rule="microxcaling").scale_codes[:, 0].tolist()
+    ocp = block_quantize(x, "fp8_e4m3fn", scale_rule="ocp").scale_codes[:, 0].tolist()
+    assert ocp == [127 + 19 - 8, 127 + 20 - 8] and mx == [127 + 20 - 8, 127 + 20 - 8]
+    zeros = block_quantize(np.zeros((1, 32), np.float32), "fp8_e4m3fn", scale_rule="microxcaling")
+    assert zeros.scale_codes.tolist() == [[0]] and zeros.values.max() == 0
+
+
+def test_te_kernel_scale_rounds_amax_times_reciprocal_up_and_maps_byte_0_to_2_127():
+    x = np.zeros((3, 32), np.float32)
+    x[0, 0], x[1, 0], x[2, 0] = 448.0, 449.0, 2.0**-130
+    q = block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8")
+    assert q.scale_codes.ravel().tolist() == [127, 128, 0]
+    assert q.values[1, 0] == 448.0                                  # 449 * 2**-1 -> 224
+    assert q.element_codes[2, 0] == fpemu.encode(np.float32(2.0**-130 * 2.0**127), "fp8_e4m3fn")
+    nan = x.copy()
+    nan[0, 5] = np.nan                                              # fmaxf leaves NaN out of amax
+    assert block_quantize(nan, "fp8_e4m3fn", scale_rule="te_mxfp8").scale_codes[0, 0] == 127
+
+
+def test_axis_blocks_and_result_shapes():
+    x = probe_blocks("random", "fp8_e4m3fn", rows=64, block_size=4, seed=2).reshape(8, 32)
+    along0 = block_quantize(x, "fp8_e5m2", block_size=8, scale_rule="ocp", axis=0)
+    along1 = block_quantize(x.T.copy(), "fp8_e5m2", block_size=8, scale_rule="ocp")
+    assert along0.scale_codes.shape == (1, 32) and along0.axis == 0
+    assert np.array_equal(along0.values, along1.values.T) and np.array_equal(along0.scale_codes, along1.scale_codes.T)
+    assert block_quantize(x, "fp4_e2m1fn").packed_codes.shape == (8, 16)
+
+
+def test_nvfp4_one_level_underflows_small_tensors_two_levels_keep_them():
+    x = (np.random.default_rng(0).standard_normal((16, 64)) * 1e-3).astype(np.float32)
+    one = block_quantize(x, "fp4_e2m1fn", scale_rule="torchao_nvfp4")
+    two = block_quantize(x, "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level")
+    assert np.count_nonzero(one.values) == 0
+    assert np.count_nonzero(two.values) > 0.9 * x.size and two.tensor_scale == float(np.float32(np.abs(x).max()) / np.float32(2688))
+
+
+def test_every_rule_names_its_departures_and_source():
+    for rule in SCALE_RULES.values():
+        assert rule.source and rule.departs, rule.name
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: block_quantize(np.ones(32, np.float32), scale_rule="mx"), "scale_rule: unknown rule 'mx'"),
+    (lambda: block_quantize(np.ones(32, np.float32), "bf16"), "element_format: rule 'ocp' supports"),
+    (lambda: block_quantize(np.ones(30, np.float32)), "not a multiple of block_size=32"),
+    (lambda: block_quantize(np.ones(32, np.float32), block_size=0), "block_size must be a positive int"),
+    (lambda: block_quantize(np.ones(32, np.float32), axis=1), "axis must be an int in"),
+    (lambda: block_quantize(np.ones(32, np.float32), scale_format="fp8_e4m3fn"), "scale_format: rule 'ocp'"),
+    (lambda: block_quantize(np.full(32, 0.1), scale_rule="torchao_floor"), "computes in float32"),
+])
+def test_bad_input_names_the_argument(call, words):
+    with pytest.raises(FpemuInputError, match=words):
+        call()
+
+
+@pytest.mark.parametrize("rule", ["torchao_floor", "ocp", "torchao_nvfp4_2level"])
+def test_chunked_arithmetic_gives_the_one_pass_result(rule, monkeypatch):
+    import fpemu.blocks.quantize as implementation
+    x = probe_blocks("wide", "fp4_e2m1fn", rows=40, block_size=32, seed=4)
+    whole = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
+    monkeypatch.setattr(implementation, "_CHUNK_VALUES", 96)  # 3 blocks of 32 per chunk, a partial last one
+    chunked = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
+    for field in ("scale_codes", "scales", "element_codes", "values"):
+        a, b = getattr(whole, field), getattr(chunked, field)
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), field
+    assert whole.tensor_scale == chunked.tensor_scale
