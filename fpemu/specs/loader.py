@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import math
 import pathlib
 import re
@@ -48,7 +49,10 @@ from fpemu.specs.scenario import (OVERFLOW_SOURCES, ExpectedDivergence, Implemen
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
-_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step"}
+_TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step", "ranks"}
+# Scenario kinds beyond scaler and step specs: the top-level table that marks one -> its parser
+# ("module:function", taking (checker, raw TOML, text, path)).
+SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec"}
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
@@ -312,6 +316,10 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
     check.table(raw, "", _TOP_KEYS)
+    for key, parser in SCENARIO_KINDS.items():
+        if key in raw:
+            module, _, function = parser.partition(":")
+            return getattr(importlib.import_module(module), function)(check, raw, text, path)
     if "step" in raw:
         if not isinstance(raw["step"], dict):
             check.fail("step", f"expected a [step] table (the step scenario's settings), got {raw['step']!r}; "
