@@ -215,3 +215,15 @@ def test_a_hang_is_a_result_and_the_next_case_runs_in_a_fresh_group():
     first, second = run_cases([slow, quick], 2, case_timeout_s=1.0)
     assert first.error.startswith("timeout: no result within 1 s") and not first.ranks
     assert second.error is None and [r.applied for r in second.ranks] == [[False], [False]]
+
+
+@needs_torch
+def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that_part():
+    from fpemu.adapters.torch_ranks import run_cases
+    after = [[False, False, True, False], [False, True, False, False]]  # rank 1 overflows at step 1, after the all-reduce
+    cases = [{"layout": layout, "scaler": scaler, "params": {}, "inject": "grad_after_reduce", "overflow": after,
+              "audit": True} for layout, scaler in (("ddp", "torch"), ("ddp", "torch_sharded"), ("fsdp1", "torch"))]
+    ddp, sharded, fsdp1 = run_cases(cases, 2)
+    assert [r.findings for r in ddp.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
+    assert [r.findings for r in sharded.ranks] == [(), ()]  # the SUM all-reduce keeps them together
+    assert all(r.findings[0] == ("found_inf_not_reduced", 0) for r in fsdp1.ranks)

@@ -16,6 +16,7 @@ fresh one.  torch is imported in the function that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue as queue_errors
@@ -25,6 +26,7 @@ from datetime import timedelta
 from typing import Optional
 
 _HIDDEN, _OUT = 16, 4
+_JOIN_TIMEOUT_S = 180.0  # forking and joining the group: slow on a loaded machine, never a hang of the case
 _SYNC_EVERY, _SYNC_SIZE = 2, 7  # the step-keyed collective: every 2nd update, 7 floats
 
 
@@ -40,6 +42,7 @@ class RankRecord:
     checksums: list
     final_scale: float
     final_params: list
+    findings: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +140,12 @@ def _probe_index(inject: str, rank: int):
     return {"grad_before_reduce": 0, "shard": rank}.get(inject)
 
 
+def _audit(scaler, optimizer):
+    """The loop under fpemu.audit_torch, on every rank (its distributed checks gather across ranks)."""
+    from fpemu.audits import audit_torch
+    return audit_torch(scaler, optimizer)
+
+
 def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     """Drive one case on this rank (every rank runs the same collectives unless the scaler lets them part)."""
     dist = torch.distributed
@@ -151,6 +160,17 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     scaler = _scaler(torch, case["scaler"], case["params"], device)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
     record = RankRecord(rank, [], [], [], [], [], 0.0, [])
+    with _audit(scaler, optimizer) if case.get("audit") else contextlib.nullcontext() as audit:
+        _steps(torch, case, rank, device, probe, wrapped, optimizer, scaler, calls, data, record)
+    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in wrapped.parameters()])
+    findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
+    return dataclasses.replace(record, final_scale=float(scaler._scale.item()), final_params=final.tolist(),
+                               findings=findings)
+
+
+def _steps(torch, case, rank, device, probe, wrapped, optimizer, scaler, calls, data, record) -> None:
+    """The case's training steps, appending to ``record``'s lists."""
+    dist = torch.distributed
     for bad in case["overflow"][rank]:
         x, y = torch.randn(4, 8, generator=data).to(device), torch.randn(4, _OUT, generator=data).to(device)
         probe.poison = _probe_index(case["inject"], rank) if bad else None
@@ -175,8 +195,6 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
         if case.get("step_keyed_collective") and len(calls) > before and len(calls) % _SYNC_EVERY == 0:
             # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
             dist.all_reduce(torch.zeros(_SYNC_SIZE, device=device))
-    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in wrapped.parameters()])
-    return dataclasses.replace(record, final_scale=float(scaler._scale.item()), final_params=final.tolist())
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,
@@ -193,6 +211,8 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
+        dist.barrier()
+        results.put(("ready", -1, rank, None))  # the case clock starts once every rank is in the group
         for index, case in enumerate(cases):
             dist.barrier()
             started = time.perf_counter()
@@ -286,7 +306,7 @@ class _Group:
 
 def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) -> list:
     """Run ``cases`` in one fresh process group until one fails; returns their CaseResults so far."""
-    out, pending = [], {}
+    out, pending, ready = [], {}, set()
     with tempfile.TemporaryDirectory(prefix="fpemu-ranks-") as folder:
         group = _Group(cases, world_size, device, case_timeout_s, folder)
         started = time.perf_counter()
@@ -294,15 +314,20 @@ def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) ->
             while len(out) < len(cases):
                 message = group.next_message()
                 error = None
+                limit = case_timeout_s if len(ready) == world_size else _JOIN_TIMEOUT_S
                 if message is not None and message[0] == "error":
                     error = group.failure((message[2], message[3]))
+                elif message is not None and message[0] == "ready":
+                    ready.add(message[2])
+                    started = time.perf_counter()
                 elif message is not None:
                     pending.setdefault(message[1], {})[message[2]] = message[3]
                 elif group.dead():
                     error = group.failure(None)
-                elif time.perf_counter() - started > case_timeout_s:
-                    error = (f"timeout: no result within {case_timeout_s:g} s (a hang: the ranks wait in "
-                             "different collectives)")
+                elif time.perf_counter() - started > limit:
+                    error = (f"timeout: no result within {limit:g} s (a hang: the ranks wait in different "
+                             "collectives)" if len(ready) == world_size else
+                             f"timeout: the ranks did not join the process group within {limit:g} s")
                 if error is not None:
                     out.append(CaseResult((), error, time.perf_counter() - started))
                     break
@@ -316,12 +341,13 @@ def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) ->
     return out
 
 
-def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: float = 30.0) -> list:
+def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: float = 60.0) -> list:
     """Run every case of one world size; one :class:`CaseResult` per case, in order.
 
     Args:
       cases: dicts with ``layout``, ``scaler``, ``params``, ``inject``, ``overflow`` (per rank, per
-        step) and optionally ``step_keyed_collective``.
+        step) and optionally ``step_keyed_collective`` and ``audit`` (run the loop under
+        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s).
       world_size: the number of ranks (processes).
       device: ``cpu`` (gloo) or ``cuda`` (NCCL, a GPU per rank).
       case_timeout_s: a case with no result by then is a hang: the group is killed and the next

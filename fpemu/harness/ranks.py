@@ -191,13 +191,16 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift)
                    steps_compared=steps)
 
 
+def case_payload(scenario: RanksScenario, case) -> dict:
+    """What a rank needs of a case (plain values: it crosses into the forked ranks)."""
+    return {"layout": case.layout, "scaler": case.scaler, "params": case.params, "inject": case.inject,
+            "overflow": [list(flags) for flags in case.overflow], "step_keyed_collective": scenario.step_keyed_collective}
+
+
 def _run_group(jobs, world_size: int, device: str) -> list:
     """Every case of the group in one process group; one CaseResult per job, in order."""
     from fpemu.adapters import get_adapter
-    payload = [{"layout": case.layout, "scaler": case.scaler, "params": case.params, "inject": case.inject,
-                "overflow": [list(flags) for flags in case.overflow],
-                "step_keyed_collective": scenario.step_keyed_collective}
-               for _, scenario, case, _, _ in jobs]
+    payload = [case_payload(scenario, case) for _, scenario, case, _, _ in jobs]
     return get_adapter(jobs[0][4].name).function()(payload, world_size, device)
 
 
