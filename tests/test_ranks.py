@@ -227,3 +227,24 @@ def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that
     assert [r.findings for r in ddp.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
     assert [r.findings for r in sharded.ranks] == [(), ()]  # the SUM all-reduce keeps them together
     assert all(r.findings[0] == ("found_inf_not_reduced", 0) for r in fsdp1.ranks)
+
+
+def test_model_docstring_examples():
+    import doctest
+    import fpemu.ranks.model
+    result = doctest.testmod(fpemu.ranks.model, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
+    # ChainedOptimizer.prepare_grads (megatron-core 0.16.1) calls each sub-optimizer's prepare_grads, which
+    # updates its own DynamicGradScaler with its own found-inf: drive the real class once per sub-optimizer.
+    from fpemu.adapters import record_scaler
+    params = dict(initial_scale=65536.0, min_scale=1.0, growth_interval=3, hysteresis=2)
+    expert = tuple(step in (2, 3, 7) for step in range(12))
+    traces, _, drift = chained_scales([expert, (False,) * 12], **params)
+    for flags, model in zip((expert, (False,) * 12), traces):
+        real = record_scaler("megatron", list(flags), **params)
+        assert [float(s).hex() for s in real.scales] == [float(s).hex() for s in model.scales]
+    assert not drift.agree and drift.field == "scale"
