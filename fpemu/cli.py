@@ -546,7 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     specs_help = "spec files or folders of *.toml specs"
     from fpemu.adapters import adapters_of_kind
     impl_help = (f"implementations to drive: {', '.join(adapters_of_kind('scaler'))}, and "
-                 f"{', '.join(adapters_of_kind('step'))} for [step] specs (add @cuda for the GPU)")
+                 f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
+                 f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU)")
     exclude_help = "implementations to leave out (a name leaves out every device; name@cuda only that one)"
     skips_help = ("exit 0 even when every job was skipped (a framework, environment or device missing here)"
                   " instead of 1")

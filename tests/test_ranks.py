@@ -173,6 +173,8 @@ def test_fpemu_run_fails_an_undeclared_cross_rank_divergence_naming_step_and_ran
     (specs / "fsdp.toml").write_text(fsdp + "".join(
         f'[ranks.expect_divergence.{inject}]\nstep = 2\nreason = "GradScaler reduces no found-inf"\n'
         for inject in ("grad_before_reduce", "grad_after_reduce")))
+    (specs / "wrong.toml").write_text(UNDECLARED.replace('"ddp"', '"fsdp2"').replace('"loss", ', "") +
+                                      '[ranks.expect_divergence.grad_after_reduce]\nstep = 2\nreason = "r"\n')
     code = main(["run", "--specs", str(specs), "--reports", str(reports), "--quiet"])
     out = capsys.readouterr().out
     assert code == 1
@@ -182,13 +184,15 @@ def test_fpemu_run_fails_an_undeclared_cross_rank_divergence_naming_step_and_ran
     assert "replicas' parameters differ from step 2" in line
     assert "match  undeclared.loss.2ranks / torch_ddp@cpu" in out
     assert "known divergence  fsdp.grad_before_reduce.2ranks / torch_fsdp1@cpu" in out
+    assert ("diverged  wrong.grad_after_reduce.2ranks / torch_fsdp2@cpu [declared a cross-rank divergence at step 2 "
+            "(r); the ranks agree]") in out  # FSDP2's DTensor check MAXes found-inf over the mesh
     verdicts = json.loads((reports / "diff.json").read_text())["verdicts"]
-    assert {v["spec"]: v["status"] for v in verdicts} == {
+    assert {v["spec"]: v["status"] for v in verdicts} == {"wrong.grad_after_reduce.2ranks": "diverged",
         "undeclared.loss.2ranks": "match", "undeclared.grad_after_reduce.2ranks": "diverged",
         "fsdp.grad_before_reduce.2ranks": "known divergence", "fsdp.grad_after_reduce.2ranks": "known divergence"}
     observed = sorted(p.name for p in (reports / "observed" / "ranks").glob("*.json"))
-    assert len(observed) == 8 and "undeclared.grad_after_reduce.2ranks.rank1.torch_ddp-cpu.json" in observed
-    assert ("| [fsdp](#fsdp) (FSDP1 + GradScaler) | 2 | - | **diverge**: rank 0 skips 2, 7, 8; rank 1 skips none; "
+    assert len(observed) == 10 and "undeclared.grad_after_reduce.2ranks.rank1.torch_ddp-cpu.json" in observed
+    assert ("| `fsdp` (FSDP1 + GradScaler) | 2 | - | **diverge**: rank 0 skips 2, 7, 8; rank 1 skips none; "
             "last scales 524288 vs 16384 (known divergence) | - |") in (reports / "ranks.md").read_text()
 
 
@@ -248,3 +252,18 @@ def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
         real = record_scaler("megatron", list(flags), **params)
         assert [float(s).hex() for s in real.scales] == [float(s).hex() for s in model.scales]
     assert not drift.agree and drift.field == "scale"
+
+
+def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):
+    from fpemu.harness.ranks import run_ranks
+    if not no_torch:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is present: the cuda cases would run")
+    outcomes, written = run_ranks([SPECS / "ranks_fsdp2_grad_scaler.toml"], tmp_path / "g", tmp_path / "o",
+                                  requested=["torch_fsdp2@cuda"])
+    assert {o.verdict.status for o in outcomes} == {"skipped"} and len(outcomes) == 8
+    reason = "torch not installed" if no_torch else "CUDA is not available on this machine"
+    assert all(reason in o.verdict.note for o in outcomes) and all(o.verdict.implementation == "torch_fsdp2@cuda"
+                                                                  for o in outcomes)
+    assert len(written) == 4 * 2 + 4 * 4  # the model's traces still, one per rank of each case

@@ -74,12 +74,12 @@ def _model(torch, world_size: int):
 
         @staticmethod
         def forward(ctx, weight, index):
-            ctx.index, ctx.shape = index, weight.shape
+            ctx.index, ctx.shape, ctx.device = index, weight.shape, weight.device
             return weight.sum() * 0.0
 
         @staticmethod
         def backward(ctx, _upstream):
-            grad = torch.zeros(ctx.shape)
+            grad = torch.zeros(ctx.shape, device=ctx.device)
             if ctx.index is not None:
                 grad[ctx.index] = float("inf")
             return grad, None
@@ -146,11 +146,21 @@ def _audit(scaler, optimizer):
     return audit_torch(scaler, optimizer)
 
 
-def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
-    """Drive one case on this rank (every rank runs the same collectives unless the scaler lets them part)."""
-    dist = torch.distributed
-    world = dist.get_world_size()
-    model, probe_type = _model(torch, world)
+@dataclasses.dataclass(frozen=True)
+class _Rig:
+    """One rank's model, its wrapped form, the optimizer (``calls`` counts its real steps), the scaler
+    and this rank's data."""
+
+    probe: object
+    wrapped: object
+    optimizer: object
+    scaler: object
+    calls: list
+    data: object
+
+
+def _rig(torch, case: dict, rank: int, device: str) -> _Rig:
+    model, probe_type = _model(torch, torch.distributed.get_world_size())
     probe = model[0]  # before wrapping: FSDP1's auto-wrap puts its own module in that slot
     wrapped = _wrap(torch, case["layout"], model, probe_type, device)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
@@ -158,43 +168,47 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     real_step = optimizer.step
     optimizer.step = lambda *args, **kwargs: (calls.append(True), real_step(*args, **kwargs))[1]
     scaler = _scaler(torch, case["scaler"], case["params"], device)
-    data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
+    return _Rig(probe, wrapped, optimizer, scaler, calls, torch.Generator().manual_seed(1000 + rank))
+
+
+def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
+    """Drive one case on this rank (every rank runs the same collectives unless the scaler lets them part)."""
+    rig = _rig(torch, case, rank, device)
     record = RankRecord(rank, [], [], [], [], [], 0.0, [])
-    with _audit(scaler, optimizer) if case.get("audit") else contextlib.nullcontext() as audit:
-        _steps(torch, case, rank, device, probe, wrapped, optimizer, scaler, calls, data, record)
-    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in wrapped.parameters()])
+    with _audit(rig.scaler, rig.optimizer) if case.get("audit") else contextlib.nullcontext() as audit:
+        for bad in case["overflow"][rank]:
+            _step(torch, case, rank, device, rig, bad, record)
+    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()])
     findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
-    return dataclasses.replace(record, final_scale=float(scaler._scale.item()), final_params=final.tolist(),
+    return dataclasses.replace(record, final_scale=float(rig.scaler._scale.item()), final_params=final.tolist(),
                                findings=findings)
 
 
-def _steps(torch, case, rank, device, probe, wrapped, optimizer, scaler, calls, data, record) -> None:
-    """The case's training steps, appending to ``record``'s lists."""
-    dist = torch.distributed
-    for bad in case["overflow"][rank]:
-        x, y = torch.randn(4, 8, generator=data).to(device), torch.randn(4, _OUT, generator=data).to(device)
-        probe.poison = _probe_index(case["inject"], rank) if bad else None
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(wrapped(x), y)
-        if bad and case["inject"] == "loss":
-            loss = loss * float("inf")
-        scaled = scaler.scale(loss)
-        record.scales.append(float(scaler._scale.item()))
-        scaled.backward()
-        if bad and case["inject"] == "grad_after_reduce":
-            _poison_after_reduce(wrapped)
-        before = len(calls)
-        scaler.step(optimizer)
-        found = sum(float(v.item()) for v in scaler._found_inf_per_device(optimizer).values())
-        scaler.update()
-        record.found_inf.append(found > 0)
-        record.applied.append(len(calls) > before)
-        record.growth_tracker.append(int(scaler._growth_tracker.item()))
-        local = [_local(p.detach()).reshape(-1).double().cpu() for p in wrapped.parameters()]
-        record.checksums.append(float(torch.cat(local).sum()))
-        if case.get("step_keyed_collective") and len(calls) > before and len(calls) % _SYNC_EVERY == 0:
-            # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
-            dist.all_reduce(torch.zeros(_SYNC_SIZE, device=device))
+def _step(torch, case: dict, rank: int, device: str, rig: _Rig, bad: bool, record: RankRecord) -> None:
+    """One training step, the inf injected where the case says when ``bad``; appends to ``record``."""
+    x, y = torch.randn(4, 8, generator=rig.data).to(device), torch.randn(4, _OUT, generator=rig.data).to(device)
+    rig.probe.poison = _probe_index(case["inject"], rank) if bad else None
+    rig.optimizer.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(rig.wrapped(x), y)
+    if bad and case["inject"] == "loss":
+        loss = loss * float("inf")
+    scaled = rig.scaler.scale(loss)
+    record.scales.append(float(rig.scaler._scale.item()))
+    scaled.backward()
+    if bad and case["inject"] == "grad_after_reduce":
+        _poison_after_reduce(rig.wrapped)
+    before = len(rig.calls)
+    rig.scaler.step(rig.optimizer)
+    found = sum(float(v.item()) for v in rig.scaler._found_inf_per_device(rig.optimizer).values())
+    rig.scaler.update()
+    record.found_inf.append(found > 0)
+    record.applied.append(len(rig.calls) > before)
+    record.growth_tracker.append(int(rig.scaler._growth_tracker.item()))
+    local = [_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()]
+    record.checksums.append(float(torch.cat(local).sum()))
+    if case.get("step_keyed_collective") and len(rig.calls) > before and len(rig.calls) % _SYNC_EVERY == 0:
+        # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
+        torch.distributed.all_reduce(torch.zeros(_SYNC_SIZE, device=device))
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,
@@ -339,6 +353,15 @@ def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) ->
         finally:
             group.close()
     return out
+
+
+def unavailable(world_size: int, device: str) -> Optional[str]:
+    """Why ``world_size`` ranks cannot run on ``device`` here (NCCL needs a GPU per rank), or None."""
+    if device != "cuda":
+        return None
+    import torch
+    count = torch.cuda.device_count()
+    return None if count >= world_size else f"{world_size} ranks need {world_size} GPUs (NCCL); this machine has {count}"
 
 
 def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: float = 60.0) -> list:

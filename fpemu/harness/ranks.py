@@ -26,7 +26,9 @@ from typing import Optional
 import numpy as np
 
 from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.torch_ranks import unavailable  # imports no torch: a GPU count is asked for on cuda only
 from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
+from fpemu.harness.jobs import job_failure, matches, parse_implementation
 from fpemu.harness.run import (REFERENCE, _metadata, _steps, _summary, adapter_versions, implementation_key,
                                package_versions, skip_reason)
 from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, predict
@@ -44,6 +46,7 @@ class CaseOutcome:
       scenario, case, declared: the spec, its fpemu.ranks.RanksCase and its declared RanksDivergence.
       implementation: ``torch_ddp@cpu``, ...
       prediction: fpemu.ranks.RanksPrediction.
+      reference: per rank, the model's Trace.
       observed: per rank, the real run's Trace (empty when it did not run or failed).
       verdict: the case's Verdict.
       drift: replicated layouts: (first step at which the ranks' parameters differ, the largest
@@ -71,7 +74,6 @@ def ranks_scenarios(scenarios) -> list:
 
 def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Implementation]:
     """The layout's adapter on the device ``--impl`` names (cpu by default), or None when not selected."""
-    from fpemu.harness.jobs import matches, parse_implementation
     device = "cpu"
     if requested:
         chosen = [parse_implementation(name) for name in requested]
@@ -227,7 +229,8 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
     groups = {}
     for job in jobs:
         entry = get_adapter(job[4].name).entry  # the torch layouts share one launcher: one group for all
-        groups.setdefault((job[2].world_size, job[4].device, entry, skip_reason(job[4])), []).append(job)
+        reason = skip_reason(job[4]) or unavailable(job[2].world_size, job[4].device)
+        groups.setdefault((job[2].world_size, job[4].device, entry, reason), []).append(job)
     results = {}
     for (world_size, device, _, reason), group in sorted(groups.items(), key=lambda item: item[0][:3]):
         if reason:
@@ -247,7 +250,6 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
         if isinstance(result, str):
             verdict = Verdict(name, implementation_key(impl), SKIPPED, note=result)
         elif isinstance(result, Exception):
-            from fpemu.harness.jobs import job_failure
             verdict = dataclasses.replace(job_failure(scenario, impl, result), spec=name)
         else:
             observed = _observed_traces(scenario, name, case, impl, result)

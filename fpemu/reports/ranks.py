@@ -28,8 +28,12 @@ def _what_happened(outcome) -> str:
     if len(set(skips)) == 1:
         text = f"all skip {', '.join(map(str, skips[0])) or 'none'}"
     else:
-        text = "**diverge**: " + "; ".join(f"rank {r} skips {', '.join(map(str, s)) or 'none'}"
-                                          for r, s in enumerate(skips) if s != skips[0] or r == 0)
+        groups = {}
+        for rank, skipped in enumerate(skips):
+            groups.setdefault(skipped, []).append(rank)
+        text = "**diverge**: " + "; ".join(
+            f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} skip{'s' * (len(ranks) == 1)} "
+            f"{', '.join(map(str, skipped)) or 'none'}" for skipped, ranks in groups.items())
         text += f"; last scales {' vs '.join(sorted({f'{v:g}' for v in finals}, key=float, reverse=True))}"
     return f"{text} ({outcome.verdict.status})"
 
@@ -46,7 +50,7 @@ def _issue_table(outcomes) -> str:
         if key not in cells:
             rows.append((key, o.scenario))
         cells.setdefault(key, {})[o.case.inject] = _what_happened(o)
-    table = [(f"[{scenario.name}](#{scenario.name}) ({_setup(scenario)})", world,
+    table = [(f"`{scenario.name}` ({_setup(scenario)})", world,
               *(cells[(name, world)].get(inject, "-") for inject in INJECTIONS))
              for (name, world), scenario in rows]
     return markdown_table(["spec (setup)", "ranks", *INJECTIONS], table)
