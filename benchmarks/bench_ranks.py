@@ -11,6 +11,7 @@ Writes reports/bench_ranks.md and .json.  Run: python -m benchmarks.bench_ranks
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import platform
 import statistics
@@ -36,12 +37,13 @@ def main(argv=None) -> dict:
     from fpemu.adapters.torch_ranks import run_cases
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         outcomes, _ = run_ranks([SPECS], pathlib.Path(folder) / "golden", pathlib.Path(folder) / "observed")
         total = time.perf_counter() - start
     rows = [{"what": "run_ranks: every [ranks] case, model + real ranks + comparisons", "cases": len(outcomes),
-             "wall_s": total, "failed": sum(o.verdict.failed for o in outcomes)}]
+             "wall_s": total, "failing": sum(o.verdict.failed for o in outcomes)}]
     for world, payload in sorted(_groups().items()):
         start = time.perf_counter()
         results = run_cases(payload, world)
@@ -49,17 +51,19 @@ def main(argv=None) -> dict:
         seconds = [r.seconds for r in results]
         rows.append({"what": f"{world} ranks: one process group for all its cases", "cases": len(payload),
                      "wall_s": wall, "first_case_s": seconds[0], "median_case_s": statistics.median(seconds[1:]),
-                     "max_case_s": max(seconds[1:]), "failed": sum(r.error is not None for r in results)})
-    result = {"rows": rows, "python": platform.python_version()}
+                     "max_case_s": max(seconds[1:]), "crashed": sum(r.error is not None for r in results)})
+    result = {"rows": rows, "python": platform.python_version(), "cpus": os.cpu_count(),
+              "load_average_1min_before": round(load_before, 1)}
     columns = [("what", "what"), ("cases", "cases"), ("wall_s", "wall s"), ("first_case_s", "first case s"),
                ("median_case_s", "median case s (after the first)"), ("max_case_s", "max case s"),
-               ("failed", "cases that crashed or hung")]
+               ("failing", "failing verdicts"), ("crashed", "cases that crashed or hung")]
     notes = ["gloo on the CPU, ranks forked from this process (`fpemu.adapters.torch_ranks.run_cases`), a "
              "`file://` rendezvous, one process group per world size, a barrier between cases.",
              "The step-keyed abort spec crashes its process group on purpose (gloo aborts the collective "
              "mismatch): it is counted under 'crashed or hung', and the cases after it run in a fresh group.",
-             "Figures from one run; on a machine shared with other jobs they vary by several times: re-measure "
-             "on a quiet machine before quoting them."]
+             f"One run on {os.cpu_count()} CPUs with a 1-minute load average of {load_before:.1f} when it started; "
+             "on a machine shared with other jobs the figures vary by several times: re-measure on a quiet "
+             "machine before quoting them."]
     write_report("bench_ranks", "Multi-rank cases on torch.distributed (gloo, CPU)", result, rows, columns, notes)
     return result
 
