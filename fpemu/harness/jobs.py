@@ -304,8 +304,8 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
     ``allow_none``."""
     _check_names(excluded, "--exclude")
-    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)
-            if not matches(implementation_key(impl), excluded)]
+    jobs = [(scenario, impl) for scenario in scenarios if not isinstance(scenario, RanksScenario)  # harness.ranks
+            for impl in implementations_for(scenario, requested) if not matches(implementation_key(impl), excluded)]
     if not jobs and not allow_none:
         named = f"--impl {' '.join(requested)}" if requested else "any implementation"
         if excluded:
