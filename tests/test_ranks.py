@@ -243,6 +243,7 @@ def test_model_docstring_examples():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning")
 def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
     # ChainedOptimizer.prepare_grads (megatron-core 0.16.1) calls each sub-optimizer's prepare_grads, which
     # updates its own DynamicGradScaler with its own found-inf: drive the real class once per sub-optimizer.
