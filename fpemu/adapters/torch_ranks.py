@@ -218,7 +218,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device:
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 2)  # the C++ side's last words (gloo's abort) land here, for the parent to read
     if faulthandler.is_enabled():  # (pytest enables it on a copy of the old stderr): its dumps go here too
-        faulthandler.enable()
+        faulthandler.enable(file=descriptor)  # a descriptor: sys.stderr may be a capture without one
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)  # ranks share the machine's cores
