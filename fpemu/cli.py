@@ -240,7 +240,9 @@ def _cmd_report(args) -> int:
 def _cmd_run(args) -> int:
     from fpemu.compare.diff import JOB_FAILURES, SKIPPED
     from fpemu.harness import diff, write_golden
+    from fpemu.harness.ranks import run_ranks
     from fpemu.reports import write_all
+    from fpemu.reports.ranks import ranks_report
     from fpemu.traces import trace_filename
     from fpemu.fileio import atomic_write
     if not args.specs.exists():
@@ -252,8 +254,11 @@ def _cmd_run(args) -> int:
     golden_dir, observed_dir = reports / "golden", reports / "observed"
     progress = _progress(args)
     fresh = set(write_golden([args.specs], golden_dir, progress))
-    verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress, allow_none=not args.impl,
-                    excluded=args.exclude)
+    ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
+                                     args.exclude, progress)
+    verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
+                    allow_none=not args.impl or bool(ranks), excluded=args.exclude)
+    verdicts += [outcome.verdict for outcome in ranks]
     fresh |= {observed_dir / trace_filename(v.spec, v.implementation) for v in verdicts
               if v.status != SKIPPED and v.status not in JOB_FAILURES}
     for folder in (golden_dir, observed_dir):  # traces of specs that no longer exist would haunt the report
@@ -261,7 +266,9 @@ def _cmd_run(args) -> int:
             stale.unlink()
     diff_file = atomic_write(reports / "diff.json",
                              json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
-    written = write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
+    written = ranks_report(reports, ranks) if ranks else []  # before write_all: its index lists ranks.md
+    written += write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
+    fresh |= set(ranks_written)
     code = _failure_code(verdicts) or _nothing_compared(args, verdicts)
     _emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": sorted(map(str, fresh | set(written))),
                  "exit_code": code},
@@ -575,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fpemu.adapters import adapters_of_kind
     impl_help = (f"implementations to drive: {', '.join(adapters_of_kind('scaler'))}, and "
                  f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
-                 f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs (add @cuda for the GPU)")
+                 f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs, "
+                 f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU)")
     exclude_help = "implementations to leave out (a name leaves out every device; name@cuda only that one)"
     skips_help = ("exit 0 even when every job was skipped (a framework, environment or device missing here)"
                   " instead of 1")

@@ -17,11 +17,12 @@ import importlib
 import importlib.util
 from typing import Optional
 
+from fpemu.ranks import LAYOUTS
 from fpemu.traces.format import OBSERVED_FIELDS
 
-SCALER, STEP, RECIPE = "scaler", "step", "recipe"
+SCALER, STEP, RECIPE, RANKS = "scaler", "step", "recipe", "ranks"
 BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py
-ADAPTER_KINDS = (SCALER, STEP, RECIPE, BLOCKS)
+ADAPTER_KINDS = (SCALER, STEP, RECIPE, RANKS, BLOCKS)
 DEVICES = ("cpu", "cuda")
 
 
@@ -33,13 +34,16 @@ class Adapter:
       name: the adapter's name in specs (``[implementations.NAME]``), ``--impl`` and traces.
       kind: ``"scaler"`` (driven through a scenario's overflow flags, compared with a scaler
         profile), ``"step"`` (runs seed 002's mixed-precision step on a [step] scenario's data),
-        ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes) or
+        ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes),
+        ``"ranks"`` (a data-parallel layout run on several ranks, fpemu.ranks) or
         ``"blocks"`` (a block quantizer taking ``(x, element_format, scale_rule)``, compared with
         :func:`fpemu.block_quantize`; no scenario drives it).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
         params)`` and return a function of one step's arguments; recipe entries take ``(amaxes,
-        params, device)`` and return ``{"amax", "amax_used", "scale", "scale_inv"}`` lists.
+        params, device)`` and return ``{"amax", "amax_used", "scale", "scale_inv"}`` lists; ranks
+        entries take ``(cases, world_size, device)`` and return a CaseResult per case
+        (fpemu.adapters.torch_ranks).
       packages: the distributions it imports (their versions go into every trace it records).
       modules: the top-level modules it imports, checked before it runs.
       devices: where it can run.
@@ -162,6 +166,9 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("megatron_constant", SCALER, "fpemu.adapters.megatron_scaler:record_megatron_constant",
             ("megatron-core", "torch"), ("megatron", "torch"), devices=DEVICES, profile="megatron_constant",
             verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),
+    # Multi-rank runs (fpemu.ranks): one row per layout; the entry forks the ranks of a batch of cases.
+    *(Adapter(layout.adapter, RANKS, "fpemu.adapters.torch_ranks:run_cases", ("torch",), ("torch",),
+              devices=DEVICES, verified=_TORCH_VERIFIED) for layout in LAYOUTS.values()),
     Adapter("jax_step", STEP, "fpemu.adapters.jax_step:step_function", ("jax", "jaxlib"), ("jax",),
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
     Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),

@@ -37,6 +37,12 @@ FIXES = {
         "range.",
     "scale_not_carried":
         "Return the new loss-scale state from the train step and pass it into the next step.",
+    "found_inf_not_reduced":
+        "Use ShardedGradScaler (it all-reduces found-inf over its process group), or all-reduce found-inf with "
+        "MAX over every rank that shares the parameters before scaler.update().",
+    "ranks_disagree":
+        "Reduce found-inf across every rank that shares parameters (ShardedGradScaler, or FSDP2's DTensor "
+        "gradients) and find the rank-local source of the non-finite gradient.",
     "update_on_nonfinite_grads":
         "Apply the update only where the gradients are finite (jmp.select_tree(grads_finite, new, old) or "
         "optax.apply_if_finite).",

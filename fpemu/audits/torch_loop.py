@@ -31,6 +31,7 @@ import math
 import sys
 from typing import Optional
 
+from fpemu.audits.distributed import rank_check
 from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
 from fpemu.formats import range_stats
 
@@ -157,6 +158,7 @@ class TorchLoopAudit:
         self._grad_stats: Optional[dict] = None  # format -> RangeStats of the first update's gradients
         self._devices: set = set()  # device types of the parameters, where autocast is looked for
         self._undo: list = []
+        self._ranks = None
         self._state = "new"
 
     # --- results -------------------------------------------------------------------
@@ -229,6 +231,8 @@ class TorchLoopAudit:
                     self._undo.append(hook.remove)
             self._undo.append(log.optimizer.register_step_post_hook(self._on_update).remove)
         self._devices = {p.device.type for p in trainable}
+        self._ranks = rank_check(self._scaler, trainable)  # None on one rank (fpemu.audits.distributed)
+        self._findings.extend(self._ranks.start() if self._ranks else [])
         self._undo.append(torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward).remove)
         if self._scaler is not None:
             scaler = self._scaler
@@ -329,6 +333,8 @@ class TorchLoopAudit:
         finally:
             log.stepping = False
         self._finish_attempt(log, completed=log.update_ran)
+        if self._ranks is not None:
+            self._findings.extend(self._ranks.after_attempt(log.attempts - 1, log.update_ran))
         return result
 
     def _unscale(self, real, optimizer) -> None:

@@ -18,8 +18,7 @@ from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
-from fpemu.specs import ScalerScenario, StepScenario, load_specs, parse_spec
-from fpemu.specs.recipes import RecipeScenario
+from fpemu.specs import RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs, parse_spec
 from fpemu.traces import read_trace, trace_filename, write_trace
 
 Progress = Callable[[int, int, str], None]
@@ -111,7 +110,7 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
 
 def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
     """Write the reference trace of every spec into ``out_dir``; returns the paths written."""
-    scenarios = load_specs(spec_paths)
+    scenarios = [s for s in load_specs(spec_paths) if not isinstance(s, RanksScenario)]  # fpemu.harness.ranks
     written = []
     for index, scenario in enumerate(scenarios, 1):
         written.append(write_trace(reference_trace(scenario), pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)))
@@ -307,8 +306,8 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
     ``allow_none``."""
     _check_names(excluded, "--exclude")
-    jobs = [(scenario, impl) for scenario in scenarios for impl in implementations_for(scenario, requested)
-            if not matches(implementation_key(impl), excluded)]
+    jobs = [(scenario, impl) for scenario in scenarios if not isinstance(scenario, RanksScenario)  # harness.ranks
+            for impl in implementations_for(scenario, requested) if not matches(implementation_key(impl), excluded)]
     if not jobs and not allow_none:
         named = f"--impl {' '.join(requested)}" if requested else "any implementation"
         if excluded:

@@ -3,7 +3,8 @@
 from fpemu.specs.loader import SpecError, find_specs, load_spec, load_specs, parse_spec
 from fpemu.specs.scenario import Implementation, OverflowSource, ScalerScenario, StepScenario, StepSource
 from fpemu.specs.recipes import AmaxSource, RecipeScenario
+from fpemu.specs._ranks import RanksDivergence, RanksScenario
 
 __all__ = ["SpecError", "find_specs", "load_spec", "load_specs", "parse_spec", "Implementation",
            "OverflowSource", "ScalerScenario", "StepScenario", "StepSource",
-           "AmaxSource", "RecipeScenario"]
+           "AmaxSource", "RecipeScenario", "RanksScenario", "RanksDivergence"]

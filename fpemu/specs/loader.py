@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import math
 import pathlib
 import re
@@ -42,7 +43,7 @@ from fpemu.scalers.profiles import PROFILES, get_profile
 from fpemu.steps.semantics import get_semantics
 from fpemu.steps.step import checked_compute
 from fpemu.traces.format import EXACT_FIELDS, OBSERVED_FIELDS, ULP_FIELDS, fields_recorded_by
-from fpemu.specs.recipes import RecipeScenario, parse_recipe_spec
+from fpemu.specs.recipes import RecipeScenario
 from fpemu.specs.scenario import (OVERFLOW_SOURCES, ExpectedDivergence, Implementation, OverflowSource,
                                   ScalerScenario, StepScenario, StepSource)
 
@@ -50,7 +51,10 @@ MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step",
-              "recipe", "amax"}  # [recipe] and [amax]: fpemu.specs.recipes
+              "recipe", "amax", "ranks"}  # [recipe] and [amax]: fpemu.specs.recipes; [ranks]: fpemu.specs._ranks
+# Scenario kinds beyond scaler and step specs: the top-level table that marks one -> its parser
+# ("module:function", taking (checker, raw TOML, text, path)).
+SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec", "recipe": "fpemu.specs.recipes:parse_recipe_spec"}
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
@@ -315,6 +319,10 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path}: not valid TOML: {error}") from None
     check.table(raw, "", _TOP_KEYS)
+    for key, parser in SCENARIO_KINDS.items():
+        if key in raw:
+            module, _, function = parser.partition(":")
+            return getattr(importlib.import_module(module), function)(check, raw, text, path)
     if "step" in raw:
         if not isinstance(raw["step"], dict):
             check.fail("step", f"expected a [step] table (the step scenario's settings), got {raw['step']!r}; "
@@ -322,8 +330,6 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
         if "steps" not in raw:
             check.fail("steps", "missing required key")
         return _parse_step_spec(check, raw, text, path)
-    if "recipe" in raw:
-        return parse_recipe_spec(check, raw, text, path)
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
             check.attempt(check.fail, required, "missing required key")

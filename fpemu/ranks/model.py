@@ -1,0 +1,359 @@
+"""The reference model of loss scaling across ranks: who sees an overflow, how found-inf is reduced.
+
+A multi-rank step has two collectives that matter to a loss scaler: the gradient reduction
+(DDP's all-reduce, FSDP's reduce-scatter) and the found-inf reduction (none, a MAX or a SUM,
+over some group).  Where an inf enters relative to the first, and whether the second exists,
+decide which ranks skip.  The model:
+
+1. ``visible_overflow``: per rank and step, whether the rank's own (reduced or sharded) gradients
+   hold a non-finite value, from the layout (:data:`LAYOUTS`), the injection point
+   (:data:`INJECTIONS`) and which ranks overflowed;
+2. ``found_inf``: that flag after the scaler's found-inf reduction (:data:`FOUND_INF_REDUCTIONS`);
+3. each rank's trajectory: :func:`fpemu.simulate_scaler` on its found-inf sequence (measured on
+   torch 2.13: when ranks agree, each equals simulate_scaler on the any-rank overflow sequence);
+4. :func:`cross_rank_verdict`: the first step at which ranks' scales or skips differ.
+
+numpy only (the core); the real runs are in :mod:`fpemu.adapters.torch_ranks`.
+
+Example:
+  >>> case = RanksCase(world_size=2, layout="ddp", scaler="torch", inject="grad_after_reduce",
+  ...                  overflow=((False,) * 3, (False, False, True)), params={"growth_interval": 3})
+  >>> prediction = predict(case)
+  >>> [t.skipped for t in prediction.traces], prediction.verdict.step, prediction.verdict.skipped
+  ([[], [2]], 2, (1,))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from fpemu.scalers import ScalerTrace, simulate_scaler
+
+EVERY, FIRST_SHARD, OWN_SHARD = "every element", "element 0", "own shard"
+MAX, SUM = "max", "sum"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A data-parallel layout: what each rank holds of the gradient after the reduction.
+
+    Attributes:
+      name: its name in specs (``[ranks] layout``).
+      sharded: each rank keeps only its shard of the reduced gradient (reduce-scatter), not all of it.
+      dtensor: gradients are DTensors, whose found-inf check reduces over their mesh itself.
+      adapter: the fpemu.adapters.ADAPTERS row that runs it for real.
+      wraps: what that run wraps the model in.
+    """
+
+    name: str
+    sharded: bool
+    dtensor: bool
+    adapter: str
+    wraps: str
+
+
+LAYOUTS = {layout.name: layout for layout in [
+    Layout("ddp", False, False, "torch_ddp", "torch.nn.parallel.DistributedDataParallel (gradients all-reduced in backward)"),
+    Layout("fsdp1", True, False, "torch_fsdp1", "torch.distributed.fsdp.FullyShardedDataParallel (reduce-scatter; a FlatParameter "
+                                 "shard per rank; the probe wrapped as its own unit)"),
+    Layout("fsdp2", True, True, "torch_fsdp2", "torch.distributed.fsdp.fully_shard (DTensor gradients sharded on dim 0)"),
+]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """Where an overflowing rank's non-finite value enters its step.
+
+    Attributes:
+      name: its name in specs (``[ranks] inject``).
+      reduced: the value enters before the gradient reduction, so the reduction carries it.
+      lands_on: which gradient elements it makes non-finite: every element (an inf loss), element
+        0 of the probe parameter (in rank 0's shard under FSDP), or the probe element in the
+        overflowing rank's own shard.
+      how: what the real run does.
+    """
+
+    name: str
+    reduced: bool
+    lands_on: str
+    how: str
+    needs_shards: bool = False
+
+
+INJECTIONS = {injection.name: injection for injection in [
+    Injection("loss", True, EVERY, "the rank's loss is multiplied by inf before backward"),
+    Injection("grad_before_reduce", True, FIRST_SHARD,
+              "the probe's backward writes inf into its gradient element 0 (rank 0's shard), before the reduction"),
+    Injection("shard", True, OWN_SHARD,
+              "the probe's backward writes inf into the gradient element of the rank's own shard, before the "
+              "reduction", needs_shards=True),
+    Injection("grad_after_reduce", False, EVERY,
+              "element 0 of the rank's local gradient (full under DDP, its shard under FSDP) is set to inf "
+              "after the reduction, before scaler.step"),
+]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaler:
+    """A loss scaler usable across ranks: its profile (one rank's state machine) and what it is."""
+
+    name: str
+    profile: str
+    real: str
+
+
+SCALERS = {scaler.name: scaler for scaler in [
+    Scaler("torch", "torch", "torch.amp.GradScaler"),
+    Scaler("torch_sharded", "torch_sharded", "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"),
+]}
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundInfReduction:
+    """How one framework's scaler reduces found-inf across ranks (read in the installed source).
+
+    Attributes:
+      framework: the scaler or optimizer (``torch``, ``torch_sharded``, ``deepspeed_zero1_2``, ...).
+      layouts: the layouts the row holds for (``*`` for any).
+      ops: the collectives in order, each (op, group): MAX, or SUM (a SUM of 0/1 flags cannot
+        overflow; a check that sums the gradients themselves can, see ``check``).
+      when: where it runs relative to the gradient reduction.
+      check: how a rank decides its own found-inf before any reduction.
+      versions: the versions read, and how others differ.
+      source: file and function.
+    """
+
+    framework: str
+    layouts: tuple
+    ops: tuple
+    when: str
+    check: str
+    versions: str
+    source: str
+
+
+_AMP_CHECK = "_amp_foreach_non_finite_check_and_unscale_ (elementwise isfinite) on the local gradients"
+FOUND_INF_REDUCTIONS = (
+    FoundInfReduction("torch", ("ddp", "fsdp1"), (), "none: GradScaler runs no collective", _AMP_CHECK,
+                      "torch 2.13.0", "torch/amp/grad_scaler.py: GradScaler._unscale_grads_"),
+    FoundInfReduction("torch", ("fsdp2",), ((MAX, "the first gradient's mesh, its non-Replicate dims"),),
+                      "inside unscale_, after the reduce-scatter: the DTensor dispatch of the check",
+                      _AMP_CHECK + ", on each DTensor's local shard",
+                      "torch 2.13.0 (added by PR #132816, 'GradScaler for DTensor')",
+                      "torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler (Partial('max'), full_tensor)"),
+    FoundInfReduction("torch_sharded", ("ddp", "fsdp1"), ((SUM, "process_group (default: the world)"),),
+                      "in unscale_, after the gradient reduction; the CPU update tests found_inf >= 1.0",
+                      _AMP_CHECK, "torch 2.13.0 (PR #115710 made the copy wait for the async all-reduce)",
+                      "torch/distributed/fsdp/sharded_grad_scaler.py: ShardedGradScaler.unscale_"),
+    FoundInfReduction("torch_sharded", ("fsdp2",), ((MAX, "the first gradient's mesh (DTensor dispatch)"),
+                                                    (SUM, "process_group (default: the world)")),
+                      "in unscale_, after the reduce-scatter: found-inf is reduced twice (torch warns that it "
+                      "is implicitly replicated)", _AMP_CHECK, "torch 2.13.0",
+                      "torch/distributed/tensor/_dispatch.py and fsdp/sharded_grad_scaler.py"),
+    FoundInfReduction("deepspeed_zero1_2", ("*",), ((MAX, "dp_process_group"), (MAX, "model_parallel_group")),
+                      "after the gradient reduction, on the rank's partition of the averaged gradients",
+                      "0.19.8: has_inf_or_nan (amax/amin of each gradient); 0.17.0: elementwise isnan or isinf, then max",
+                      "deepspeed 0.19.8 and 0.17.0",
+                      "deepspeed/runtime/zero/stage_1_and_2.py: DeepSpeedZeroOptimizer.has_overflow"),
+    FoundInfReduction("deepspeed_fp16", ("*",),
+                      ((MAX, "expert-parallel group (MoE); world if zero_reduce_scatter; DP then MP with an mpu "
+                             "when backward all-reduce is off; else MP, or none"),),
+                      "after the gradient all-reduce; plain data parallelism relies on identical gradients",
+                      "0.17.0: float(x.float().sum()) is non-finite, which finite float32 gradients whose sum "
+                      "overflows also are ([3e38, 3e38]); 0.19.8: amax/amin, no such false overflow",
+                      "deepspeed 0.19.8 and 0.17.0", "deepspeed/runtime/utils.py: CheckOverflow.has_overflow"),
+    FoundInfReduction("megatron", ("*",), ((MAX, "get_grad_stats_parallel_group(): model-parallel for the "
+                                                 "ordinary optimizer, DP x MP for the distributed one"),),
+                      "after the gradient reduction, on the main (fp32) gradients; a ChainedOptimizer ORs its "
+                      "sub-optimizers' flags to skip, but each updates its own grad scaler with its own flag",
+                      _AMP_CHECK.replace("local gradients", "main gradients"), "megatron-core 0.16.1",
+                      "megatron/core/optimizer/optimizer.py: _unscale_main_grads_and_check_for_nan, "
+                      "ChainedOptimizer.prepare_grads"),
+)
+
+
+def found_inf_reduction(scaler: str, layout: str) -> FoundInfReduction:
+    """The :data:`FOUND_INF_REDUCTIONS` row of ``scaler`` on ``layout``.
+
+    Example:
+      >>> [op for op, _ in found_inf_reduction("torch_sharded", "fsdp2").ops]
+      ['max', 'sum']
+    """
+    for row in FOUND_INF_REDUCTIONS:
+        if row.framework == scaler and (layout in row.layouts or "*" in row.layouts):
+            return row
+    raise ValueError(f"no found-inf reduction known for scaler {scaler!r} on layout {layout!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RanksCase:
+    """One multi-rank run: a layout, a scaler, an injection point and each rank's overflow flags.
+
+    Attributes:
+      world_size: the number of ranks.
+      layout, scaler, inject: keys of :data:`LAYOUTS`, :data:`SCALERS`, :data:`INJECTIONS`.
+      overflow: per rank, per step, whether the rank overflows at that step.
+      params: the scaler's parameters (its profile's names).
+    """
+
+    world_size: int
+    layout: str
+    scaler: str
+    inject: str
+    overflow: tuple
+    params: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.overflow[0])
+
+
+def visible_overflow(case: RanksCase) -> np.ndarray:
+    """(world_size, steps) bools: whether each rank's own gradients hold a non-finite value after
+    the gradient reduction, before any found-inf reduction.
+
+    Example:
+      >>> case = RanksCase(2, "fsdp1", "torch", "grad_before_reduce", ((False,), (True,)))
+      >>> visible_overflow(case).tolist()   # the shard owner sees the other rank's inf
+      [[True], [False]]
+    """
+    layout, injection = LAYOUTS[case.layout], INJECTIONS[case.inject]
+    bad = np.array(case.overflow, dtype=bool)
+    anyone = bad.any(axis=0)
+    if not injection.reduced:
+        return bad
+    if not layout.sharded or injection.lands_on == EVERY:
+        return np.broadcast_to(anyone, bad.shape).copy()
+    if injection.lands_on == FIRST_SHARD:
+        seen = np.zeros_like(bad)
+        seen[0] = anyone
+        return seen
+    return bad
+
+
+def reduce_found_inf(visible: np.ndarray, reduction: FoundInfReduction) -> np.ndarray:
+    """Each rank's found-inf after the reduction's collectives (every group here is the world)."""
+    flags = visible.astype(np.float32)
+    for op, _group in reduction.ops:
+        # A SUM of 0/1 flags is at most world_size; the scalers test it as >= 1 (sharded) or > 0.
+        combined = flags.max(axis=0) if op == MAX else flags.sum(axis=0, dtype=np.float32)
+        flags = np.broadcast_to(combined, flags.shape).copy()
+    return flags > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossRankVerdict:
+    """Whether ranks agree, and where they first do not.
+
+    Attributes:
+      agree: every rank used the same scale and skipped the same steps.
+      step: the first step at which two ranks' scale or skip differ (None when they agree).
+      field: ``applied`` or ``scale`` at that step.
+      skipped, applied: at that step, the ranks that skipped the update and those that ran it.
+      scales: at that step, each rank's scale.
+    """
+
+    agree: bool
+    step: Optional[int] = None
+    field: Optional[str] = None
+    skipped: tuple = ()
+    applied: tuple = ()
+    scales: tuple = ()
+
+    def describe(self) -> str:
+        """One line: 'ranks agree' or where and how they part."""
+        if self.agree:
+            return "ranks agree: every rank used the same scales and skipped the same steps"
+        scales = ", ".join(f"rank {r} {s:g}" for r, s in enumerate(self.scales))
+        if self.field == "applied":
+            return (f"ranks disagree from step {self.step}: rank{'s' * (len(self.skipped) > 1)} "
+                    f"{', '.join(map(str, self.skipped))} skipped the update, rank{'s' * (len(self.applied) > 1)} "
+                    f"{', '.join(map(str, self.applied))} applied it (scales {scales})")
+        return f"ranks disagree from step {self.step}: their scales differ ({scales})"
+
+
+def cross_rank_verdict(scales, applied) -> CrossRankVerdict:
+    """Compare ranks with rank 0, step by step, on the scale used (bit for bit) and the skip.
+
+    Args:
+      scales: per rank, the scale used at each step.
+      applied: per rank, whether each step's update ran.
+
+    Returns:
+      The :class:`CrossRankVerdict`; a skip that differs is named before a scale that differs at the
+      same step.
+
+    Example:
+      >>> cross_rank_verdict([[4.0, 4.0], [4.0, 4.0]], [[True, True], [True, False]]).describe()
+      'ranks disagree from step 1: rank 1 skipped the update, rank 0 applied it (scales rank 0 4, rank 1 4)'
+    """
+    steps = min(len(s) for s in scales)
+    for step in range(steps):
+        at = [bool(a[step]) for a in applied]
+        used = [float(s[step]) for s in scales]
+        for field, values in (("applied", at), ("scale", [v.hex() for v in used])):
+            if len(set(values)) > 1:
+                return CrossRankVerdict(False, step, field,
+                                        tuple(r for r, ok in enumerate(at) if not ok),
+                                        tuple(r for r, ok in enumerate(at) if ok), tuple(used))
+    return CrossRankVerdict(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RanksPrediction:
+    """What the model says a case does.
+
+    Attributes:
+      visible: (ranks, steps) each rank's own non-finite gradients (before found-inf reduction).
+      found_inf: (ranks, steps) each rank's found-inf after the reduction (its scaler's input).
+      traces: per rank, :func:`fpemu.simulate_scaler` on its found-inf.
+      verdict: the cross-rank verdict of those traces.
+      reduction: the found-inf reduction row the prediction used.
+    """
+
+    visible: np.ndarray
+    found_inf: np.ndarray
+    traces: tuple
+    verdict: CrossRankVerdict
+    reduction: FoundInfReduction
+
+
+def predict(case: RanksCase) -> RanksPrediction:
+    """Per rank the scale, skips and growth counter, and whether ranks agree (see the module doc)."""
+    reduction = found_inf_reduction(case.scaler, case.layout)
+    visible = visible_overflow(case)
+    found = reduce_found_inf(visible, reduction)
+    profile = SCALERS[case.scaler].profile
+    traces = tuple(simulate_scaler(flags, profile, **case.params) for flags in found)
+    verdict = cross_rank_verdict([t.scales for t in traces], [t.applied for t in traces])
+    return RanksPrediction(visible, found, traces, verdict, reduction)
+
+
+def chained_scales(flags_per_optimizer, profile: str = "megatron", **params) -> tuple:
+    """Megatron's ChainedOptimizer: the chain skips when any sub-optimizer found an inf, but each
+    sub-optimizer updates its own grad scaler with its own flag (megatron-core 0.16.1,
+    ChainedOptimizer.prepare_grads), so their scales drift apart when only some overflow.
+
+    Args:
+      flags_per_optimizer: per sub-optimizer, its found-inf at each step (after its own group's MAX).
+      profile: the scalers' profile; params: its parameters.
+
+    Returns:
+      (per sub-optimizer ScalerTrace, the chain's applied flags, the CrossRankVerdict between the
+      sub-optimizers' scales: ``get_loss_scale()`` returns only the first one's).
+
+    Example:
+      >>> traces, applied, drift = chained_scales([[False, False], [True, False]], initial_scale=8.0,
+      ...                                         min_scale=1.0, growth_interval=4, hysteresis=1)
+      >>> [t.final_scale for t in traces], applied.tolist(), drift.step, drift.field
+      ([8.0, 4.0], [False, True], 1, 'scale')
+    """
+    flags = np.array(flags_per_optimizer, dtype=bool)
+    traces = tuple(simulate_scaler(row, profile, **params) for row in flags)
+    chain_applied = ~flags.any(axis=0)
+    drift = cross_rank_verdict([t.scales for t in traces], [chain_applied] * len(traces))
+    return traces, chain_applied, drift
+

@@ -1,0 +1,272 @@
+"""Loss scaling across ranks: the model (numpy), [ranks] specs, and real torch.distributed ranks over gloo.
+
+The default suite runs the model, the spec checks and one 2-rank `fpemu run` (one process group,
+5 cases).  FPEMU_TEST_ENVS=1 adds every shipped [ranks] spec at 2 and 4 ranks, the real ranks
+against the model on every case, and the launcher's timeout path.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+import fpemu
+from fpemu.cli import main
+from fpemu.ranks import RanksCase, chained_scales, cross_rank_verdict, predict, reduce_found_inf
+from fpemu.ranks.model import MAX, SUM, FoundInfReduction
+from fpemu.specs import RanksScenario, SpecError, load_specs, parse_spec
+
+SPECS = pathlib.Path(__file__).resolve().parent.parent / "specs"
+BAD_AT = (2, 7, 8)
+FLAGS = tuple(step in BAD_AT for step in range(12))
+PARAMS = {"init_scale": 65536.0, "growth_interval": 3}
+
+no_torch = importlib.util.find_spec("torch") is None
+needs_torch = pytest.mark.skipif(no_torch, reason="torch not installed")
+stage2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
+                            reason="every [ranks] spec at 2 and 4 ranks, and a 45 s hang: set FPEMU_TEST_ENVS=1")
+
+
+def _case(layout, scaler, inject, world_size=2):
+    overflow = tuple(FLAGS if rank == 1 else (False,) * 12 for rank in range(world_size))
+    return RanksCase(world_size, layout, scaler, inject, overflow, dict(PARAMS))
+
+
+# --- the model ---------------------------------------------------------------------------
+
+# The issue's table, as the model predicts it: per rank, the skipped steps.
+@pytest.mark.parametrize("layout,scaler,inject,skips", [
+    ("ddp", "torch", "loss", [BAD_AT, BAD_AT]),
+    ("ddp", "torch", "grad_before_reduce", [BAD_AT, BAD_AT]),
+    ("ddp", "torch", "grad_after_reduce", [(), BAD_AT]),
+    ("fsdp1", "torch", "grad_before_reduce", [BAD_AT, ()]),  # the shard owner skips, not the rank that overflowed
+    ("fsdp1", "torch", "shard", [(), BAD_AT]),
+    ("fsdp1", "torch_sharded", "grad_before_reduce", [BAD_AT, BAD_AT]),
+    ("fsdp1", "torch_sharded", "grad_after_reduce", [BAD_AT, BAD_AT]),
+    ("fsdp2", "torch", "grad_after_reduce", [BAD_AT, BAD_AT]),
+    ("fsdp2", "torch_sharded", "shard", [BAD_AT, BAD_AT]),
+])
+def test_model_predicts_the_issue_table(layout, scaler, inject, skips):
+    prediction = predict(_case(layout, scaler, inject))
+    assert [tuple(t.skipped) for t in prediction.traces] == [tuple(s) for s in skips]
+    assert prediction.verdict.agree == (skips[0] == skips[1])
+    any_rank = fpemu.simulate_scaler(FLAGS, "torch" if scaler == "torch" else "torch_sharded", **PARAMS)
+    for trace, skipped in zip(prediction.traces, skips):  # agreeing ranks follow the any-rank sequence
+        if skipped:
+            assert trace.scales == any_rank.scales and trace.final_scale == any_rank.final_scale
+
+
+def test_ddp_after_reduce_scales_part_as_measured():
+    prediction = predict(_case("ddp", "torch", "grad_after_reduce"))
+    assert [t.scales[-1] for t in prediction.traces] == [524288.0, 16384.0]
+    assert prediction.verdict.describe().startswith("ranks disagree from step 2: rank 1 skipped the update, rank 0")
+
+
+def test_four_ranks_shard_owner_and_sum_reduction():
+    owner = predict(_case("fsdp1", "torch", "grad_before_reduce", world_size=4))
+    assert (owner.verdict.step, owner.verdict.skipped, owner.verdict.applied) == (2, (0,), (1, 2, 3))
+    summed = reduce_found_inf(np.array([[True], [True], [False], [True]]),
+                              FoundInfReduction("x", ("*",), ((SUM, "world"),), "", "", "", ""))
+    assert summed.ravel().tolist() == [True] * 4
+    maxed = reduce_found_inf(np.array([[False], [False]]), FoundInfReduction("x", ("*",), ((MAX, "w"),), "", "", "", ""))
+    assert maxed.ravel().tolist() == [False, False]
+
+
+def test_cross_rank_verdict_names_a_scale_that_differs_without_a_skip():
+    verdict = cross_rank_verdict([[8.0, 8.0], [8.0, 16.0]], [[True, True], [True, True]])
+    assert (verdict.step, verdict.field) == (1, "scale")
+    assert cross_rank_verdict([[8.0], [8.0]], [[False], [False]]).agree
+
+
+def test_megatron_chained_optimizers_scales_drift():
+    traces, applied, drift = chained_scales([FLAGS, (False,) * 12], initial_scale=65536.0, min_scale=1.0,
+                                            growth_interval=3, hysteresis=1)
+    assert applied.tolist() == [not f for f in FLAGS]  # the chain skips whenever one sub-optimizer overflowed
+    assert traces[0].final_scale != traces[1].final_scale
+    assert (drift.step, drift.field) == (3, "scale")  # the expert optimizer backed off; the dense one did not
+
+
+# --- specs -------------------------------------------------------------------------------
+
+RANKS_SPEC = """
+description = "t"
+steps = 4
+[ranks]
+layout = "fsdp1"
+scaler = "torch"
+world_sizes = [2, 4]
+inject = ["grad_before_reduce", "shard"]
+[ranks.overflow.1]
+source = "explicit"
+sequence = [false, true, false, false]
+[ranks.expect_divergence.shard]
+step = 1
+reason = "own shard"
+"""
+
+
+def test_ranks_spec_builds_a_case_per_world_size_and_injection():
+    scenario = parse_spec(RANKS_SPEC, "r.toml")
+    assert isinstance(scenario, RanksScenario) and scenario.adapter == "torch_fsdp1"
+    names = [name for name, _, _ in scenario.cases()]
+    assert names == ["r.grad_before_reduce.2ranks", "r.shard.2ranks", "r.grad_before_reduce.4ranks", "r.shard.4ranks"]
+    _, case, declared = scenario.cases()[3]
+    assert case.overflow[1] == (False, True, False, False) and case.overflow[3] == (False,) * 4
+    assert declared.step == 1 and declared.ends == "completes"
+
+
+@pytest.mark.parametrize("change,words", [
+    (('layout = "fsdp1"', 'layout = "ddp"'), "ranks.inject: 'shard' needs a sharded layout"),
+    (("[ranks.overflow.1]", "[ranks.overflow.2]"), "ranks.overflow.2: expected a rank 0..1"),
+    (('scaler = "torch"', 'scaler = "apex"'), "ranks.scaler: expected one of torch, torch_sharded"),
+    (("world_sizes = [2, 4]", "world_sizes = [1]"), r"ranks.world_sizes\[0\]: expected an integer >= 2"),
+    (('inject = ["grad_before_reduce", "shard"]', 'inject = ["grad_before_reduce"]'),
+     "ranks.expect_divergence.shard: unknown key"),
+    (("step = 1\n", ""), "ranks.expect_divergence.shard.step: missing required key"),
+    (("sequence = [false, true, false, false]", "sequence = [true]"), "ranks.overflow.1.sequence: expected steps=4"),
+    (('reason = "own shard"', 'reason = "own shard"\nends = "crash"'), "ends: expected one of completes, abort"),
+    (("[ranks]", "[scaler]\nprofile = \"torch\"\n[ranks]"), "scaler: a \\[ranks\\] spec says"),
+])
+def test_ranks_spec_errors_name_the_key(change, words):
+    with pytest.raises(SpecError, match=f"r.toml: .*{words}"):
+        parse_spec(RANKS_SPEC.replace(*change), "r.toml")
+
+
+def test_shipped_ranks_specs_cover_the_issue_table():
+    scenarios = [s for s in load_specs([SPECS]) if isinstance(s, RanksScenario)]
+    setups = {(s.layout, s.scaler) for s in scenarios}
+    assert {("ddp", "torch"), ("fsdp1", "torch"), ("fsdp1", "torch_sharded"), ("fsdp2", "torch"),
+            ("fsdp2", "torch_sharded")} <= setups
+    for scenario in scenarios:  # every declared divergence is one the model predicts
+        for name, case, declared in scenario.cases():
+            verdict = predict(case).verdict
+            assert (None if verdict.agree else verdict.step) == (declared.step if declared else None), name
+
+
+# --- real ranks --------------------------------------------------------------------------
+
+UNDECLARED = """
+description = "DDP + GradScaler, inf after the all-reduce, no divergence declared"
+steps = 12
+[ranks]
+layout = "ddp"
+scaler = "torch"
+world_sizes = [2]
+inject = ["loss", "grad_after_reduce"]
+params = { init_scale = 65536.0, growth_interval = 3 }
+[ranks.overflow.1]
+source = "explicit"
+sequence = [false, false, true, false, false, false, false, true, true, false, false, false]
+"""
+
+
+@needs_torch
+def test_fpemu_run_fails_an_undeclared_cross_rank_divergence_naming_step_and_ranks(tmp_path, capsys):
+    specs, reports = tmp_path / "specs", tmp_path / "reports"
+    specs.mkdir()
+    (specs / "undeclared.toml").write_text(UNDECLARED)
+    fsdp = UNDECLARED.replace('"ddp"', '"fsdp1"').replace('"loss", ', '"grad_before_reduce", ')
+    (specs / "fsdp.toml").write_text(fsdp + "".join(
+        f'[ranks.expect_divergence.{inject}]\nstep = 2\nreason = "GradScaler reduces no found-inf"\n'
+        for inject in ("grad_before_reduce", "grad_after_reduce")))
+    (specs / "wrong.toml").write_text(UNDECLARED.replace('"ddp"', '"fsdp2"').replace('"loss", ', "") +
+                                      '[ranks.expect_divergence.grad_after_reduce]\nstep = 2\nreason = "r"\n')
+    code = main(["run", "--specs", str(specs), "--reports", str(reports), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1
+    line = next(l for l in out.splitlines() if "undeclared.grad_after_reduce.2ranks" in l)
+    assert line.split()[0] == "diverged"
+    assert "undeclared cross-rank divergence: ranks disagree from step 2: rank 1 skipped the update, rank 0 applied" in line
+    assert "replicas' parameters differ from step 2" in line
+    assert "match  undeclared.loss.2ranks / torch_ddp@cpu" in out
+    assert "known divergence  fsdp.grad_before_reduce.2ranks / torch_fsdp1@cpu" in out
+    assert ("diverged  wrong.grad_after_reduce.2ranks / torch_fsdp2@cpu [declared a cross-rank divergence at step 2 "
+            "(r); the ranks agree]") in out  # FSDP2's DTensor check MAXes found-inf over the mesh
+    verdicts = json.loads((reports / "diff.json").read_text())["verdicts"]
+    assert {v["spec"]: v["status"] for v in verdicts} == {"wrong.grad_after_reduce.2ranks": "diverged",
+        "undeclared.loss.2ranks": "match", "undeclared.grad_after_reduce.2ranks": "diverged",
+        "fsdp.grad_before_reduce.2ranks": "known divergence", "fsdp.grad_after_reduce.2ranks": "known divergence"}
+    observed = sorted(p.name for p in (reports / "observed" / "ranks").glob("*.json"))
+    assert len(observed) == 10 and "undeclared.grad_after_reduce.2ranks.rank1.torch_ddp-cpu.json" in observed
+    assert ("| `fsdp` (FSDP1 + GradScaler) | 2 | - | **diverge**: rank 0 skips 2, 7, 8; rank 1 skips none; "
+            "last scales 524288 vs 16384 (known divergence) | - |") in (reports / "ranks.md").read_text()
+
+
+@needs_torch
+@stage2
+def test_real_ranks_equal_the_model_on_every_shipped_case(tmp_path):
+    from fpemu.harness.ranks import run_ranks
+    outcomes, _ = run_ranks([SPECS], tmp_path / "golden", tmp_path / "observed")
+    assert len(outcomes) >= 40
+    for outcome in outcomes:
+        assert outcome.verdict.status in ("match", "known divergence"), (outcome.name, outcome.verdict.note)
+        if outcome.observed:  # every rank equals the model bit for bit, even where ranks part
+            for real, model in zip(outcome.observed, outcome.prediction.traces):
+                assert [float(v).hex() for v in real.column("scale")] == [float(v).hex() for v in model.scales]
+                assert real.column("applied") == model.applied.tolist()
+
+
+@needs_torch
+@stage2
+def test_a_hang_is_a_result_and_the_next_case_runs_in_a_fresh_group():
+    from fpemu.adapters.torch_ranks import run_cases
+    # A case that cannot finish in time stands for a hang; the timeout leaves room for a fresh group's first
+    # case (its lazy initialisation took up to 21 s here under a load average of 12).
+    slow = {"layout": "fsdp1", "scaler": "torch", "params": {}, "inject": "loss", "overflow": [[False] * 10**6] * 2}
+    quick = {"layout": "ddp", "scaler": "torch", "params": {}, "inject": "loss", "overflow": [[True], [False]]}
+    first, second = run_cases([slow, quick], 2, case_timeout_s=45.0)
+    assert first.error.startswith("timeout: no result within 45 s") and not first.ranks
+    assert second.error is None and [r.applied for r in second.ranks] == [[False], [False]]
+
+
+@needs_torch
+def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that_part():
+    from fpemu.adapters.torch_ranks import run_cases
+    after = [[False, False, True, False], [False, True, False, False]]  # rank 1 overflows at step 1, after the all-reduce
+    cases = [{"layout": layout, "scaler": scaler, "params": {}, "inject": "grad_after_reduce", "overflow": after,
+              "audit": True} for layout, scaler in (("ddp", "torch"), ("ddp", "torch_sharded"), ("fsdp1", "torch"))]
+    ddp, sharded, fsdp1 = run_cases(cases, 2)
+    assert [r.findings for r in ddp.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
+    assert [r.findings for r in sharded.ranks] == [(), ()]  # the SUM all-reduce keeps them together
+    assert all(r.findings[0] == ("found_inf_not_reduced", 0) for r in fsdp1.ranks)
+
+
+def test_model_docstring_examples():
+    import doctest
+    import fpemu.ranks.model
+    result = doctest.testmod(fpemu.ranks.model, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning")
+def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
+    # ChainedOptimizer.prepare_grads (megatron-core 0.16.1) calls each sub-optimizer's prepare_grads, which
+    # updates its own DynamicGradScaler with its own found-inf: drive the real class once per sub-optimizer.
+    from fpemu.adapters import record_scaler
+    params = dict(initial_scale=65536.0, min_scale=1.0, growth_interval=3, hysteresis=2)
+    expert = tuple(step in (2, 3, 7) for step in range(12))
+    traces, _, drift = chained_scales([expert, (False,) * 12], **params)
+    for flags, model in zip((expert, (False,) * 12), traces):
+        real = record_scaler("megatron", list(flags), **params)
+        assert [float(s).hex() for s in real.scales] == [float(s).hex() for s in model.scales]
+    assert not drift.agree and drift.field == "scale"
+
+
+def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):
+    from fpemu.harness.ranks import run_ranks
+    if not no_torch:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is present: the cuda cases would run")
+    outcomes, written = run_ranks([SPECS / "ranks_fsdp2_grad_scaler.toml"], tmp_path / "g", tmp_path / "o",
+                                  requested=["torch_fsdp2@cuda"])
+    assert {o.verdict.status for o in outcomes} == {"skipped"} and len(outcomes) == 8
+    reason = "torch not installed" if no_torch else "CUDA is not available on this machine"
+    assert all(reason in o.verdict.note for o in outcomes) and all(o.verdict.implementation == "torch_fsdp2@cuda"
+                                                                  for o in outcomes)
+    assert len(written) == 4 * 2 + 4 * 4  # the model's traces still, one per rank of each case
