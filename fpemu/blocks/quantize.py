@@ -169,7 +169,7 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
     dequantized values are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = _block_amax(blocks, np.maximum if rule.amax_nan == "propagate" else np.fmax)
+        amax = _block_amax(blocks, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
         # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
@@ -180,20 +180,23 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     return codes, scales, elements, values, None
 
 
-def _block_amax(blocks: np.ndarray, maximum) -> np.ndarray:
-    """max |x| per block (last axis): ``maximum`` (np.maximum propagates NaN as torch.amax, np.fmax
-    leaves it out as fmaxf) folds the block in halves, SIMD-wide passes instead of a reduction
-    along a short axis."""
-    width = blocks.shape[-1]
-    folded = np.abs(blocks)
-    while width > 1:
-        half = width // 2
-        odd = folded[..., 2 * half:]                                 # the last one of an odd width
-        folded = maximum(folded[..., :half], folded[..., half:2 * half])
-        if odd.shape[-1]:
-            folded[..., :1] = maximum(folded[..., :1], odd)
-        width = half
-    return folded[..., 0]
+def _block_amax(blocks: np.ndarray, nan: str) -> np.ndarray:
+    """max |x| per block (last axis), NaN as rule.amax_nan says: ``"propagate"`` (a NaN in the block
+    makes amax NaN, as torch.amax) or ``"ignore"`` (fmaxf: NaN is left out, NaN only for all-NaN blocks).
+
+    The magnitudes' bit patterns order as their values, NaN above inf, so an integer max of
+    the bits with the sign cleared is the amax, NaN included, in one reduction (twice the speed of
+    float max, which branches on NaN).  Blocks with NaN under ``"ignore"`` are rare: those are redone
+    with np.fmax.
+    """
+    uint = np.dtype(f"uint{8 * blocks.dtype.itemsize}").type
+    magnitude_bits = np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
+    amax = magnitude_bits.max(axis=-1).view(blocks.dtype)
+    if nan == "ignore":
+        with_nan = np.isnan(amax)
+        if with_nan.any():
+            amax[with_nan] = np.fmax.reduce(np.abs(blocks[with_nan]), axis=-1)
+    return amax
 
 
 def _e8m0_values(codes: np.ndarray) -> np.ndarray:
