@@ -169,32 +169,94 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
     dequantized values are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = _block_amax(blocks, rule.amax_nan)
+        magnitude = _magnitude_bits(blocks)
+        peak = magnitude.max(axis=-1)
+        amax = _block_amax(blocks, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
-        # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
-        may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
-        scaled = _APPLY[rule.application](blocks, codes, elem, rule)
-        elements, rounded = _element_codes(scaled, elem, rule, may_hold_nan)
-        np.multiply(rounded, scales[..., None], out=values, casting="same_kind")
+        if blocks.dtype == _F32 and rule.rounding == "nearest_even":
+            elements = _shifted_elements(blocks, magnitude, peak, codes, scales, elem, rule, values)
+        else:
+            # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
+            may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
+            elements = _scaled_elements(blocks, codes, scales, elem, rule, values, may_hold_nan)
     return codes, scales, elements, values, None
 
 
-def _block_amax(blocks: np.ndarray, nan: str) -> np.ndarray:
-    """max |x| per block (last axis), NaN as rule.amax_nan says: ``"propagate"`` (a NaN in the block
-    makes amax NaN, as torch.amax) or ``"ignore"`` (fmaxf: NaN is left out, NaN only for all-NaN blocks).
+def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, values: np.ndarray,
+                     may_hold_nan: bool = True) -> np.ndarray:
+    """The rule's own arithmetic: x scaled as the rule applies its scale, rounded to elem with
+    saturation, encoded, and multiplied back by the scale into ``values``; the element codes."""
+    scaled = _APPLY[rule.application](blocks, codes, elem, rule)
+    elements, rounded = _element_codes(scaled, elem, rule, may_hold_nan)
+    np.multiply(rounded, scales[..., None], out=values, casting="same_kind")
+    return elements
 
-    The magnitudes' bit patterns order as their values, NaN above inf, so an integer max of
-    the bits with the sign cleared is the amax, NaN included, in one reduction (twice the speed of
-    float max, which branches on NaN).  Blocks with NaN under ``"ignore"`` are rare: those are redone
-    with np.fmax.
+
+def _shifted_elements(blocks, magnitude, peak, codes, scales, elem: Format, rule: ScaleRule,
+                      values: np.ndarray) -> np.ndarray:
+    """:func:`_scaled_elements` for float32 blocks and nearest even, in integer arithmetic.
+
+    For a scale 2**X with every quantity a float32 normal, each rule's scaling (x / 2**X,
+    x * 2**-X) is exact and only subtracts X from the exponent field, and so the scaling back
+    adds it.  Rounding y = x / 2**X to elem is then rounding y's bits at elem's last mantissa bit
+    (half an ulp less one plus the kept last bit, carried into the exponent), saturating at max
+    finite's bits, and the element code is those bits shifted down less the exponent offset: a
+    dozen integer passes.  Blocks with a NaN or inf, or a scale code
+    outside [1 - emin, 253] (torchao's 2**-126 clamp, byte 0's rules, NaN), and elements with y
+    below elem's min normal (elem's subnormals and zero, float32's subnormals) are left to
+    :func:`_scaled_elements`: for them y's bits are made to wrap past 2**31, then one unsigned
+    compare finds both.
     """
+    m, uint = elem.mantissa_bits, np.uint32
+    drop = 23 - m
+    min_normal_bits, max_bits = (int(_F32(v).view(uint)) for v in (elem.min_normal, elem.max_finite))
+    fast_block = (peak < uint(0x7F800000)) & (codes >= 1 - elem.emin) & (codes <= 253)
+    shift = (codes.astype(np.int64) - _E8M0_BIAS) << 23                # X in the exponent field
+    # (repeated along the blocks: two plain passes then cost less than two broadcasting ones)
+    shift = np.repeat(np.where(fast_block, shift, 0x7FFFFFFF).astype(uint), blocks.shape[1]).reshape(blocks.shape)
+    y = np.subtract(magnitude, shift)                                  # |y|'s bits
+    slow = np.subtract(y, uint(min_normal_bits))
+    slow = np.greater_equal(slow, uint(2**31 - min_normal_bits), out=np.empty(y.shape, bool))
+    rounded = np.right_shift(y, uint(drop))
+    np.bitwise_and(rounded, uint(1), out=rounded)
+    np.add(rounded, y, out=rounded)
+    np.add(rounded, uint((1 << (drop - 1)) - 1), out=rounded)
+    np.bitwise_and(rounded, uint(0xFFFFFFFF ^ ((1 << drop) - 1)), out=rounded)
+    np.minimum(rounded, uint(max_bits), out=rounded)
+    sign = np.bitwise_and(blocks.view(uint), uint(0x80000000))
+    np.add(rounded, shift, out=y)                                      # back to x's binade
+    np.bitwise_or(y, sign, out=values.view(uint))
+    np.right_shift(rounded, uint(drop), out=rounded)
+    np.subtract(rounded, uint((_E8M0_BIAS - elem.bias) << m), out=rounded)
+    elements = rounded.astype(np.uint8)
+    np.right_shift(sign, uint(32 - elem.bits), out=sign)               # to the code's sign bit
+    elements |= sign.astype(np.uint8)
+    if slow.any():
+        block, at = np.divmod(np.flatnonzero(slow), slow.shape[1])     # (2-D nonzero is 30x slower)
+        slow_values = np.empty((len(block), 1), _F32)
+        elements[block, at] = _scaled_elements(blocks[block, at][:, None], codes[block], scales[block], elem,
+                                               rule, slow_values)[:, 0]
+        values[block, at] = slow_values[:, 0]
+    return elements
+
+
+def _magnitude_bits(blocks: np.ndarray) -> np.ndarray:
+    """|x|'s bit patterns (the sign bit cleared): they order as the magnitudes, NaN above inf."""
     uint = np.dtype(f"uint{8 * blocks.dtype.itemsize}").type
-    magnitude_bits = np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
-    amax = magnitude_bits.max(axis=-1).view(blocks.dtype)
+    return np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
+
+
+def _block_amax(blocks: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
+    """max |x| per block (last axis) from ``peak``, the integer max of its :func:`_magnitude_bits`
+    (one reduction, twice the speed of a float max, which branches on NaN), NaN as rule.amax_nan says:
+    ``"propagate"`` (a NaN in the block makes amax NaN, as torch.amax) or ``"ignore"`` (fmaxf: NaN is
+    left out, NaN only for all-NaN blocks; those rare blocks with NaN are redone with np.fmax)."""
+    amax = peak.view(blocks.dtype)
     if nan == "ignore":
         with_nan = np.isnan(amax)
         if with_nan.any():
+            amax = amax.copy()
             amax[with_nan] = np.fmax.reduce(np.abs(blocks[with_nan]), axis=-1)
     return amax
 
