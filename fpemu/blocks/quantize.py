@@ -171,7 +171,7 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         magnitude = _magnitude_bits(blocks)
         peak = magnitude.max(axis=-1)
-        amax = _block_amax(blocks, peak, rule.amax_nan)
+        amax = _block_amax(blocks, magnitude, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
         if blocks.dtype == _F32 and rule.rounding == "nearest_even":
@@ -247,17 +247,21 @@ def _magnitude_bits(blocks: np.ndarray) -> np.ndarray:
     return np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
 
 
-def _block_amax(blocks: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
+def _block_amax(blocks: np.ndarray, magnitude: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
     """max |x| per block (last axis) from ``peak``, the integer max of its :func:`_magnitude_bits`
     (one reduction, twice the speed of a float max, which branches on NaN), NaN as rule.amax_nan says:
     ``"propagate"`` (a NaN in the block makes amax NaN, as torch.amax) or ``"ignore"`` (fmaxf: NaN is
-    left out, NaN only for all-NaN blocks; those rare blocks with NaN are redone with np.fmax)."""
+    left out, NaN only for all-NaN blocks; the rare blocks with NaN are redone with NaN's bits set to
+    0: numpy 2.4's np.fmax.reduce is no fmaxf fold, it can skip values next to a NaN)."""
     amax = peak.view(blocks.dtype)
     if nan == "ignore":
         with_nan = np.isnan(amax)
         if with_nan.any():
+            bits = magnitude[with_nan]
+            is_nan = bits > np.array(np.inf, blocks.dtype).view(bits.dtype)
+            bits[is_nan] = 0
             amax = amax.copy()
-            amax[with_nan] = np.fmax.reduce(np.abs(blocks[with_nan]), axis=-1)
+            amax[with_nan] = np.where(is_nan.all(axis=-1), np.nan, bits.max(axis=-1).view(blocks.dtype))
     return amax
 
 
