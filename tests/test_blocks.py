@@ -91,6 +91,7 @@ def test_chunked_arithmetic_gives_the_one_pass_result(rule, monkeypatch):
     x = probe_blocks("wide", "fp4_e2m1fn", rows=40, block_size=32, seed=4)
     whole = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
     monkeypatch.setattr(implementation, "_CHUNK_VALUES", 96)  # 3 blocks of 32 per chunk, a partial last one
+    monkeypatch.setattr(implementation, "_ELEMENT_VALUES", 64)  # integer path: 2 blocks per pass, then 1
     chunked = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
     for field in ("scale_codes", "scales", "element_codes", "values"):
         a, b = getattr(whole, field), getattr(chunked, field)
