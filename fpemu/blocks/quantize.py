@@ -193,7 +193,7 @@ def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, value
     return elements
 
 
-# Values per pass of the integer element path: its four scratch arrays stay in L2 (measured best of 8K..256K).
+# Values per pass of the integer element path: its scratch arrays stay in L2 (measured best of 8K..256K).
 _ELEMENT_VALUES = 1 << 16
 
 
@@ -203,58 +203,57 @@ def _shifted_elements(blocks, magnitude, peak, codes, scales, elem: Format, rule
 
     For a scale 2**X with every quantity a float32 normal, each rule's scaling (x / 2**X,
     x * 2**-X) is exact and only subtracts X from the exponent field, and so the scaling back
-    adds it.  Rounding y = x / 2**X to elem is then rounding y's bits at elem's last mantissa bit
-    (half an ulp less one plus the kept last bit, carried into the exponent), saturating at max
-    finite's bits, and the element code is those bits shifted down less the exponent offset: a
-    dozen integer passes.  The bits are taken less min normal's (a multiple of 2**23: the same
-    rounding), so that blocks with a NaN or inf or a scale code outside [1 - emin, 253]
-    (torchao's 2**-126 clamp, byte 0's rules, NaN), whose bits are pushed past 2**31, and
-    elements with y below elem's min normal (elem's subnormals and zero, float32's subnormals),
-    whose bits wrap, are found by one unsigned compare; they are left to :func:`_scaled_elements`.
+    adds it: rounding y = x / 2**X to elem at its last mantissa bit (half an ulp less one plus the
+    kept last bit, carried into the exponent) is rounding x's own bits there, the dequantized value
+    is x's rounded bits, and the element code is them shifted down less a per-block offset.  A
+    dozen integer passes, one along the blocks.  Elements whose code falls outside elem's normal
+    codes (y rounds below min normal: elem's subnormals, zero, float32's subnormals; or beyond max,
+    to saturate) and the blocks with a NaN or inf or a scale code outside [1 - emin, 253]
+    (torchao's 2**-126 clamp, byte 0's rules, NaN; their offset makes every code wrap) are found
+    by one unsigned compare and left to :func:`_scaled_elements`.
     """
     m, uint = elem.mantissa_bits, np.uint32
     drop = 23 - m
-    min_normal_bits, max_bits = (int(_F32(v).view(uint)) for v in (elem.min_normal, elem.max_finite))
+    lowest = 1 << m                                                    # min normal's code
     fast_block = (peak < uint(0x7F800000)) & (codes >= 1 - elem.emin) & (codes <= 253)
-    exponent_shift = (codes.astype(np.int64) - _E8M0_BIAS) << 23          # X in the exponent field
-    offsets = (np.where(fast_block, exponent_shift, 2**31) + min_normal_bits).astype(uint)
+    # code = (rounded bits >> drop) - ((X + 127 - bias) << m), X = scale code - 127
+    offsets = ((codes.astype(np.int64) - elem.bias) << m) + lowest
+    offsets = np.where(fast_block, offsets, 2**31).astype(uint)        # code - lowest = q - offset
+    span = uint(elem.max_finite_code - lowest)
     elements = np.empty(blocks.shape, np.uint8)
     width = blocks.shape[1]
     step = max(1, _ELEMENT_VALUES // width)
     size = min(step, len(blocks)) * width
-    saturation = np.full(size, max_bits - min_normal_bits, uint)        # (minimum is slower against a scalar)
-    y, low, sign, slow = np.empty(size, uint), np.empty(size, uint), np.empty(size, uint), np.empty(size, bool)
-    slow_at = []
+    rounded, low, sign, off = np.empty(size, uint), np.empty(size, uint), np.empty(size, uint), np.empty(size, bool)
+    off_at = []
     for start in range(0, len(blocks), step):
         rows = slice(start, start + step)
         k = min(step, len(blocks) - start) * width
-        a, b, g, z = y[:k], low[:k], sign[:k], slow[:k]
-        o = offsets[rows, None]                                        # one offset per block, along it
-        np.subtract(magnitude[rows], o, out=a.reshape(-1, width))      # |y|'s bits less min normal's
-        np.greater_equal(a, uint(2**31 - min_normal_bits), out=z)
-        if z.any():
-            slow_at.append(np.flatnonzero(z) + start * width)
-        np.minimum(a, saturation[:k], out=a)                           # saturates (rounding max gives max)
-        np.right_shift(a, uint(drop), out=b)
+        a, b, g, z = rounded[:k], low[:k], sign[:k], off[:k]
+        bits = magnitude[rows].reshape(-1)
+        np.right_shift(bits, uint(drop), out=b)
         np.bitwise_and(b, uint(1), out=b)
-        np.add(a, b, out=a)
-        np.add(a, uint((1 << (drop - 1)) - 1), out=a)
-        np.bitwise_and(a, uint(0xFFFFFFFF ^ ((1 << drop) - 1)), out=a)
+        np.add(bits, b, out=a)
+        np.add(a, uint((1 << (drop - 1)) - 1), out=a)                  # rounded at bit drop, low bits junk
         np.bitwise_and(blocks[rows].view(uint), uint(0x80000000), out=g.reshape(-1, width))
         out = values[rows].view(uint)
-        np.add(a.reshape(-1, width), o, out=out)                       # back to x's binade
+        np.bitwise_and(a.reshape(-1, width), uint(0xFFFFFFFF ^ ((1 << drop) - 1)), out=out)
         np.bitwise_or(out, g.reshape(-1, width), out=out)
         np.right_shift(a, uint(drop), out=a)
-        np.add(a, uint((elem.emin + elem.bias) << m), out=a)           # the code: min normal's is 1 << m
+        np.subtract(a.reshape(-1, width), offsets[rows, None], out=a.reshape(-1, width))
+        np.greater(a, span, out=z)                                     # below min normal, above max, wrapped
+        if z.any():
+            off_at.append(np.flatnonzero(z) + start * width)
+        np.add(a, uint(lowest), out=a)
         np.right_shift(g, uint(32 - elem.bits), out=g)                 # to the code's sign bit
         np.bitwise_or(a, g, out=a)
         elements[rows] = a.reshape(-1, width)
-    if slow_at:
-        block, at = np.divmod(np.concatenate(slow_at), width)
-        slow_values = np.empty((len(block), 1), _F32)
+    if off_at:
+        block, at = np.divmod(np.concatenate(off_at), width)
+        own_values = np.empty((len(block), 1), _F32)
         elements[block, at] = _scaled_elements(blocks[block, at][:, None], codes[block], scales[block], elem,
-                                               rule, slow_values)[:, 0]
-        values[block, at] = slow_values[:, 0]
+                                               rule, own_values)[:, 0]
+        values[block, at] = own_values[:, 0]
     return elements
 
 
