@@ -170,7 +170,7 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     dequantized values are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         magnitude = _magnitude_bits(blocks)
-        peak = magnitude.max(axis=-1)
+        peak = _block_peak(magnitude)
         amax = _block_amax(blocks, magnitude, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
@@ -261,6 +261,21 @@ def _magnitude_bits(blocks: np.ndarray) -> np.ndarray:
     """|x|'s bit patterns (the sign bit cleared): they order as the magnitudes, NaN above inf."""
     uint = np.dtype(f"uint{8 * blocks.dtype.itemsize}").type
     return np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
+
+
+def _block_peak(magnitude: np.ndarray) -> np.ndarray:
+    """The integer max of each block's (last axis) magnitude bits.  A power-of-two block is folded
+    in neighbouring pairs along the flat array, one long strided pass per halving: twice the speed of
+    numpy's reduction along a short axis, which loops per block (an integer max is exact in any order).
+    """
+    width = magnitude.shape[-1]
+    if width & (width - 1) or not magnitude.flags.c_contiguous:
+        return magnitude.max(axis=-1)
+    folded = magnitude.reshape(-1)
+    while width > 1:
+        folded = np.maximum(folded[0::2], folded[1::2])
+        width //= 2
+    return folded.reshape(magnitude.shape[:-1])
 
 
 def _block_amax(blocks: np.ndarray, magnitude: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
@@ -387,7 +402,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, value
     """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = np.abs(blocks).max(axis=-1)
+        amax = _block_peak(_magnitude_bits(blocks)).view(blocks.dtype)  # (NaN if the block holds one)
         block_scale = amax / _F32(elem.max_finite)
         tensor_scale = None
         if rule.levels == 2:
