@@ -91,8 +91,54 @@ def test_chunked_arithmetic_gives_the_one_pass_result(rule, monkeypatch):
     x = probe_blocks("wide", "fp4_e2m1fn", rows=40, block_size=32, seed=4)
     whole = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
     monkeypatch.setattr(implementation, "_CHUNK_VALUES", 96)  # 3 blocks of 32 per chunk, a partial last one
+    monkeypatch.setattr(implementation, "_ELEMENT_VALUES", 64)  # integer path: 2 blocks per pass, then 1
     chunked = block_quantize(x, "fp4_e2m1fn", scale_rule=rule)
     for field in ("scale_codes", "scales", "element_codes", "values"):
         a, b = getattr(whole, field), getattr(chunked, field)
         assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), field
     assert whole.tensor_scale == chunked.tensor_scale
+
+
+def _integer_path_inputs() -> dict:
+    rng = np.random.default_rng(11)
+    shape = (256, 32)
+    return {
+        # every class of float32: subnormals, inf, quiet and signalling NaNs, in random blocks
+        "bit patterns": rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        # one scale per block across float32's whole exponent range (byte 0, 254, clamps)
+        "all scales": (rng.standard_normal(shape) * np.exp2(rng.integers(-149, 127, (shape[0], 1)))).astype(np.float32),
+        # 4 bits of mantissa: ties of every element format, max finite's neighbours
+        "ties": (np.exp2(rng.integers(-30, 30, shape)) * (1 + rng.integers(0, 16, shape) / 16)).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("rule", [name for name, r in SCALE_RULES.items()
+                                  if r.scale_format == "e8m0" and r.rounding == "nearest_even"])
+def test_integer_element_path_gives_the_rules_own_arithmetic(rule):
+    import fpemu.blocks.quantize as implementation
+    rule = SCALE_RULES[rule]
+    for elem in rule.elements:
+        fmt = fpemu.get_format(elem)
+        for kind, x in _integer_path_inputs().items():
+            with np.errstate(all="ignore"):
+                magnitude = implementation._magnitude_bits(x)
+                peak = implementation._block_peak(magnitude)
+                codes = implementation._EXPONENT_RULES[rule.exponent](
+                    implementation._block_amax(x, magnitude, peak, rule.amax_nan), fmt).astype(np.uint8)
+                scales = implementation._e8m0_values(codes)
+                fast, own = np.empty_like(x), np.empty_like(x)
+                fast_codes = implementation._shifted_elements(x, magnitude, peak, codes, scales, fmt, rule, fast)
+                own_codes = implementation._scaled_elements(x, codes, scales, fmt, rule, own)
+            assert np.array_equal(fast_codes, own_codes), (rule.name, elem, kind)
+            assert np.array_equal(fast.view(np.uint32), own.view(np.uint32)), (rule.name, elem, kind)
+
+
+def test_amax_ignoring_nan_takes_the_largest_other_value_even_next_to_a_signalling_nan():
+    # numpy 2.4's np.fmax.reduce returns 4.27e33 for this block (it skips 9.14e35 next to the sNaN)
+    import fpemu.blocks.quantize as implementation
+    x = _integer_path_inputs()["bit patterns"]
+    with np.errstate(all="ignore"):
+        magnitude = implementation._magnitude_bits(x)
+        amax = implementation._block_amax(x, magnitude, magnitude.max(axis=-1), "ignore")
+        expected = [np.abs(row[~np.isnan(row)]).max() for row in x]
+    assert np.array_equal(amax, np.array(expected, np.float32))

@@ -365,7 +365,7 @@ def _scratch_buffers(dtype: np.dtype) -> tuple:
 
 
 class _Plan(NamedTuple):
-    """What :func:`_round_fast` needs of one (source type, format, modes) case, made once per call."""
+    """What :func:`_round_fast` needs of one (source type, format, modes) case (immutable, cached)."""
     ftype: type
     uint: type
     sint: type
@@ -409,8 +409,12 @@ class _Plan(NamedTuple):
     clamp_row: Optional[np.ndarray]
 
 
+@functools.lru_cache(maxsize=64)
 def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
-    """The constants of :func:`_round_fast` for source type ``dtype``, ``fmt`` and the modes."""
+    """The constants of :func:`_round_fast` for source type ``dtype``, ``fmt`` and the modes.
+
+    Made once per case (cached): making it costs more than rounding a few hundred values.
+    """
     ftype = dtype.type
     source = _SOURCES[dtype]
     uint = source.uint
