@@ -11,12 +11,13 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
+from fpemu.recorders import record_torch
 
 __version__ = "0.1.0"
 
 __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats", "decode",
            "encode", "format_names", "PROFILES", "ScalerTrace", "dynamic_loss_scale", "get_profile",
            "simulate_scaler", "step_overflowed", "unscale", "AuditResult", "Finding", "LoopAccounting",
-           "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
+           "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "record_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
            "__version__"]

@@ -15,6 +15,11 @@ unchanged while it watches, for the duration of the block:
   a reference kept elsewhere (a local variable, a closure, a container) is not seen;
 * autocast, through a global module forward pre-hook.
 
+Other tools watch through the same instrumentation: an observer added with ``watch`` is told
+of each scaled loss, each first unscale_ of an attempt (the gradients still scaled), each finished
+attempt and each ``scaler.update`` (``fpemu.record_torch`` records the run this way), and
+``paused()`` hides an extra pass (the recorder's float32 shadow pass) from every hook.
+
 Everything is restored on exit.  The wrappers pass the loop's own arguments to the real
 calls, and every measurement works on copies, so the loop computes what it computes
 unaudited.  Reading the scale costs a device sync per backward pass: an audit is for a
@@ -24,6 +29,7 @@ optimizer's update attempt.  torch is imported on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -157,6 +163,8 @@ class TorchLoopAudit:
         self._grad_stats: Optional[dict] = None  # format -> RangeStats of the first update's gradients
         self._devices: set = set()  # device types of the parameters, where autocast is looked for
         self._undo: list = []
+        self._observers: list = []
+        self._paused = 0  # > 0 while an observer's own pass runs: every hook lets it through unseen
         self._state = "new"
 
     # --- results -------------------------------------------------------------------
@@ -181,6 +189,30 @@ class TorchLoopAudit:
 
     def summary(self) -> str:
         return self.result.summary()
+
+    # --- observers ------------------------------------------------------------------
+
+    def watch(self, observer) -> None:
+        """Tell ``observer`` what the loop does, through the methods it has of ``scaled(outputs)``,
+        ``before_unscale(log)``, ``attempt_finished(log, completed)`` and ``updated()``."""
+        if self._state != "new":
+            raise RuntimeError("add observers before the audit starts")
+        self._observers.append(observer)
+
+    def _notify(self, event: str, *args) -> None:
+        for observer in self._observers:
+            handler = getattr(observer, event, None)
+            if handler is not None:
+                handler(*args)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hooks and wrappers let everything inside the block through without recording it."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     # --- instrumenting ---------------------------------------------------------------
 
@@ -235,6 +267,10 @@ class TorchLoopAudit:
             unscale, step = scaler.unscale_, scaler.step
             self._set(scaler, "unscale_", lambda optimizer: self._unscale(unscale, optimizer))
             self._set(scaler, "step", lambda optimizer, *a, **k: self._scaler_step(step, optimizer, *a, **k))
+            if self._observers:
+                scale, update = scaler.scale, scaler.update
+                self._set(scaler, "scale", lambda outputs: self._scaled(scale, outputs))
+                self._set(scaler, "update", lambda *a, **k: self._updated(update, *a, **k))
         for index, scheduler in enumerate(self._schedulers):
             real = scheduler.step
             self._set(scheduler, "step",
@@ -263,6 +299,7 @@ class TorchLoopAudit:
         self._findings.append(make_finding(kind, step, call, effect, detail))
 
     def _finish_attempt(self, log: _OptimizerLog, completed: bool) -> None:
+        self._notify("attempt_finished", log, completed)
         log.attempts += 1
         log.completed += int(completed)
         log.start_window()
@@ -270,10 +307,13 @@ class TorchLoopAudit:
     # --- hooks and wrappers --------------------------------------------------------
 
     def _count_backward(self, _grads) -> None:
-        self._backward_passes += 1
+        if not self._paused:
+            self._backward_passes += 1
 
     def _on_backward(self, log: _OptimizerLog, _grads) -> None:
         """Runs before this backward pass adds into the optimizer's .grad tensors."""
+        if self._paused:
+            return
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
@@ -302,6 +342,8 @@ class TorchLoopAudit:
 
     def _on_forward(self, _module, _args) -> None:
         torch = _torch()
+        if self._paused:
+            return
         for device in self._devices:
             if torch.is_autocast_enabled(device):
                 self._autocast.setdefault(torch.get_autocast_dtype(device), self._logs[0].attempts)
@@ -342,6 +384,7 @@ class TorchLoopAudit:
             self._check_manual_unscale(log, call)
         if len(set(log.window)) > 1:
             self._record_scale_change(log, call)
+        self._notify("before_unscale", log)
         real(optimizer)
         log.scaled, log.unscaled, log.unscaled_in = False, True, log.attempts
         log.start_window()
@@ -400,6 +443,15 @@ class TorchLoopAudit:
                   f"{len(log.window)} accumulated microbatches were scaled by {list(log.window)} and "
                   f"unscaled once by {scale:g}: they weigh {list(weights)} instead of 1 each, and the "
                   f"gradient is off by {error:.1%} of its norm")
+
+    def _scaled(self, real, outputs):
+        self._notify("scaled", outputs)
+        return real(outputs)
+
+    def _updated(self, real, *args, **kwargs):
+        result = real(*args, **kwargs)
+        self._notify("updated")
+        return result
 
     def _scheduler_step(self, real, index: int, *args, **kwargs):
         result = real(*args, **kwargs)
