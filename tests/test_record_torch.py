@@ -205,3 +205,15 @@ def test_the_audit_still_reports_while_recording():
         scaler.update()
     assert [f.kind for f in rec.audit.findings] == ["clip_before_unscale"]
     assert rec.steps[0].grad_stats["param_groups[0]"].max_abs == pytest.approx(1.6, rel=1e-6)  # 400 clipped to norm 2
+
+
+def test_large_gradients_are_measured_in_pieces_with_the_same_result(monkeypatch):
+    from fpemu.recorders import torch_run
+    edges = torch_run._class_bounds(torch, "fp16", "cpu")
+    grad = torch.randn(10_001) * 1e-5
+    grad[[3, 5000, 9999]] = torch.tensor([math.nan, math.inf, 0.0])
+    whole = torch_run._tensor_measures(torch, grad, edges)
+    monkeypatch.setattr(torch_run, "CHUNK", 1000)
+    pieces = torch_run._tensor_measures(torch, grad, edges)
+    assert all(torch.equal(a, b) for a, b in zip(whole, pieces))
+    assert whole[0].tolist()[2:] == [1, 1]  # one beyond the range (the inf), one NaN

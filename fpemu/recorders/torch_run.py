@@ -6,9 +6,9 @@ same wrappers and hooks ``audit_torch`` uses; ``rec.audit`` holds its findings) 
 step record per update attempt:
 
 * when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
-  scale: each parameter's gradient is measured there, on its own device, one tensor at a time
-  (a few temporaries the size of that tensor; nothing is copied to the host but a handful of
-  numbers per group), against the compute format's rounding thresholds;
+  scale: each parameter's gradient is measured there, on its own device, one tensor (and at most
+  ``CHUNK`` elements) at a time, so the temporaries stay under ~40 MiB whatever the model;
+  nothing is copied to the host but a handful of numbers per group;
 * the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
   returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
   (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
@@ -40,6 +40,9 @@ from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, S
                                    recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
+# Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
+# stay under ~40 MiB whatever the model (about 10 bytes per element measured).
+CHUNK = 1 << 22
 
 
 def _group_names(groups, model, optimizer) -> tuple:
@@ -81,11 +84,19 @@ def _class_bounds(torch, fmt, device):
 
 
 def _tensor_measures(torch, grad, edges):
-    """([zero, subnormal, beyond, nan] counts, [max_abs, min_nonzero]) of one gradient, on its device."""
-    magnitude = grad.detach().abs()
+    """([zero, subnormal, beyond, nan] counts, [max_abs, min_nonzero]) of one gradient, on its device,
+    CHUNK elements at a time."""
+    pieces = [_piece_measures(torch, piece, edges) for piece in grad.detach().reshape(-1).split(CHUNK)]
+    if len(pieces) == 1:
+        return pieces[0]
+    extremes = torch.stack([e for _, e in pieces])
+    return torch.stack([c for c, _ in pieces]).sum(0), torch.stack([extremes[:, 0].amax(), extremes[:, 1].amin()])
+
+
+def _piece_measures(torch, piece, edges):
+    magnitude = piece.abs()
     if magnitude.dtype != torch.float32:  # the edges are float32 numbers; wider grads compare in float32
         magnitude = magnitude.float()
-    magnitude = magnitude.reshape(-1)
     classes = torch.bincount(torch.bucketize(magnitude, edges, out_int32=True), minlength=4)
     nan = torch.isnan(magnitude).sum()
     counts = torch.stack([classes[0], classes[1], classes[3] - nan, nan])  # NaN lands in the top bucket
@@ -97,10 +108,13 @@ def _tensor_measures(torch, grad, edges):
 
 def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
     """[underflow, subnormal] counts: nonzero in the float32 pass, zero / subnormal in the run."""
-    nonzero = (shadow_grad != 0).reshape(-1)
-    run = (run_grad.detach().float() * factor).abs().reshape(-1)
-    classes = torch.bucketize(run, edges[:2], out_int32=True)  # 0 zero, 1 subnormal, 2 normal or more
-    return torch.stack([(nonzero & (run == 0)).sum(), (nonzero & (classes == 1)).sum()])
+    counts = []
+    for shadow, run in zip(shadow_grad.reshape(-1).split(CHUNK), run_grad.detach().reshape(-1).split(CHUNK)):
+        nonzero = shadow != 0
+        run = (run.float() * factor).abs()
+        classes = torch.bucketize(run, edges[:2], out_int32=True)  # 0 zero, 1 subnormal, 2 normal or more
+        counts.append(torch.stack([(nonzero & (run == 0)).sum(), (nonzero & (classes == 1)).sum()]))
+    return torch.stack(counts).sum(0)
 
 
 @dataclasses.dataclass
