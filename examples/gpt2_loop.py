@@ -14,7 +14,7 @@ import warnings
 import torch
 
 
-def make_model(layers: int = 4, width: int = 128, heads: int = 4, vocab: int = 1024, context: int = 64, seed: int = 0):
+def make_model(layers: int = 4, width: int = 64, heads: int = 4, vocab: int = 1024, context: int = 64, seed: int = 0):
     """A GPT-2 language model with random weights; dropout off so a float32 shadow pass sees the same network."""
     import transformers
     transformers.logging.set_verbosity_error()
@@ -55,7 +55,7 @@ def train(model, optimizer, scheduler, scaler, data, *, clip=1.0, recorder=None)
 
 
 def record(path, *, steps=40, batch=8, length=32, shadow_every=10, init_scale=2.0 ** 16, growth_interval=2000,
-           layers=4, width=128, statistics=True, name="gpt2_fp16"):
+           layers=4, width=64, statistics=True, name="gpt2_fp16"):
     """Train the GPT-2 under fpemu.record_torch and return the recorder (its trace is written to ``path``)."""
     import fpemu
     model = make_model(layers=layers, width=width)

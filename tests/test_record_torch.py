@@ -208,12 +208,24 @@ def test_the_audit_still_reports_while_recording():
 
 
 def test_large_gradients_are_measured_in_pieces_with_the_same_result(monkeypatch):
+    model = torch.nn.Linear(100, 100)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+
+    def record(chunk):
+        monkeypatch.setattr(torch_run, "CHUNK", chunk)
+        with fpemu.record_torch(scaler, optimizer, model) as rec:
+            scaler.scale(torch.ones(()))  # the scaler's first scale() creates its scale
+            model.weight.grad = torch.randn(100, 100, generator=torch.Generator().manual_seed(0)) * 1e-5
+            model.weight.grad[3, [0, 50, 99]] = torch.tensor([math.nan, math.inf, 0.0])
+            model.bias.grad = None
+            scaler.step(optimizer)
+            scaler.update()
+        return rec.steps[0].grad_stats
+
     from fpemu.recorders import torch_run
-    edges = torch_run._class_bounds(torch, "fp16", "cpu")
-    grad = torch.randn(10_001) * 1e-5
-    grad[[3, 5000, 9999]] = torch.tensor([math.nan, math.inf, 0.0])
-    whole = torch_run._tensor_measures(torch, grad, edges)
-    monkeypatch.setattr(torch_run, "CHUNK", 1000)
-    pieces = torch_run._tensor_measures(torch, grad, edges)
-    assert all(torch.equal(a, b) for a, b in zip(whole, pieces))
-    assert whole[0].tolist()[2:] == [1, 1]  # one beyond the range (the inf), one NaN
+    whole, pieces = record(1 << 22), record(1000)
+    assert whole == pieces
+    weight = whole["weight"]
+    assert (weight.overflow, weight.nan) == (1 / 10_000, 1 / 10_000) and weight.max_abs == math.inf
+    assert whole["bias"].zero == 1.0 and whole["bias"].elements == 100

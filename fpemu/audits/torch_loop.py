@@ -336,6 +336,8 @@ class TorchLoopAudit:
     def _finish_attempt(self, log: _OptimizerLog, completed: bool) -> None:
         self._notify("attempt_finished", log, completed)
         log.scales.append(self._scale())
+        if self._first_scale is None:  # gradients set by hand: no backward pass read the scale
+            self._first_scale = log.scales[-1]
         if not completed:
             log.skipped.append(log.attempts)
         log.clip_check = log.before_update = None

@@ -83,27 +83,54 @@ def _class_bounds(torch, fmt, device):
     return edges.to(device)
 
 
-def _tensor_measures(torch, grad, edges):
-    """([zero, subnormal, beyond, nan] counts, [max_abs, min_nonzero]) of one gradient, on its device,
-    CHUNK elements at a time."""
-    pieces = [_piece_measures(torch, piece, edges) for piece in grad.detach().reshape(-1).split(CHUNK)]
-    if len(pieces) == 1:
-        return pieces[0]
-    extremes = torch.stack([e for _, e in pieces])
-    return torch.stack([c for c, _ in pieces]).sum(0), torch.stack([extremes[:, 0].amax(), extremes[:, 1].amin()])
+def _pieces(grad):
+    """A gradient as flat pieces of at most CHUNK elements."""
+    return grad.detach().reshape(-1).split(CHUNK)
 
 
-def _piece_measures(torch, piece, edges):
+def _piece_measures(torch, piece, edges) -> tuple:
+    """(class counts [zero, subnormal, normal, beyond-or-NaN], max_abs, min_nonzero) of one piece, on its
+    device, in seven tensor operations: max_abs is NaN where the piece holds a NaN (see _nan_measures),
+    min_nonzero ignores NaN (it is not > 0)."""
     magnitude = piece.abs()
     if magnitude.dtype != torch.float32:  # the edges are float32 numbers; wider grads compare in float32
         magnitude = magnitude.float()
     classes = torch.bincount(torch.bucketize(magnitude, edges, out_int32=True), minlength=4)
-    nan = torch.isnan(magnitude).sum()
-    counts = torch.stack([classes[0], classes[1], classes[3] - nan, nan])  # NaN lands in the top bucket
-    magnitude.nan_to_num_(nan=0.0, posinf=math.inf)
-    largest = magnitude.amax()
-    smallest = magnitude.masked_fill_(magnitude == 0, math.inf).amin()
-    return counts, torch.stack([largest, smallest])
+    smallest = torch.where(magnitude > 0, magnitude, math.inf).amin()
+    return classes, magnitude.amax(), smallest
+
+
+def _nan_measures(torch, piece) -> tuple:
+    """(NaN count, max_abs ignoring NaN) of a piece whose max_abs came out NaN (one sync; rare)."""
+    magnitude = piece.abs().float()
+    nan = int(torch.isnan(magnitude).sum())
+    return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
+
+
+def _to_host(tensors) -> list:
+    """The values of 0-d or 1-d tensors, one transfer per device."""
+    torch = _torch()
+    by_device: dict = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    values = [None] * len(tensors)
+    for indices in by_device.values():
+        for index, value in zip(indices, torch.stack([tensors[i].to(torch.float64) for i in indices]).tolist()):
+            values[index] = value
+    return values
+
+
+def _group_stats(elements: int, measured: list) -> GroupStats:
+    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces; elements without a
+    gradient count as zeros."""
+    present = sum(sum(counts) for counts, *_ in measured)
+    zero = elements - present + sum(counts[0] for counts, *_ in measured)
+    subnormal = sum(counts[1] for counts, *_ in measured)
+    nan = sum(n for *_, n in measured)
+    beyond = sum(counts[3] for counts, *_ in measured) - nan  # NaN lands in the top bucket
+    return GroupStats.from_counts(elements, int(zero), int(subnormal), int(beyond), int(nan),
+                                  max((m for _, m, _, _ in measured), default=0.0),
+                                  min((m for _, _, m, _ in measured), default=math.inf))
 
 
 def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
@@ -263,30 +290,21 @@ class TorchRecorder:
         return self._edges
 
     def _measure(self) -> dict:
-        """GroupStats of every group at the gradients' current values (one device sync for all)."""
+        """GroupStats of every group at the gradients' current values (one transfer per device)."""
         torch = _torch()
-        rows, sizes = [], []
-        for group, members in self._groups:
-            measured = [_tensor_measures(torch, p.grad, self._bounds(p.grad.device))
-                        for p in members if p.grad is not None]
-            sizes.append((group, sum(p.numel() for p in members)))
-            if not measured:
-                rows.append(None)
-                continue
-            counts = torch.stack([c for c, _ in measured]).sum(0)
-            extremes = torch.stack([e for _, e in measured])
-            rows.append((counts.cpu(), extremes[:, 0].amax().cpu(), extremes[:, 1].amin().cpu()))
-        stats = {}
-        for (group, elements), row in zip(sizes, rows):
-            if row is None:  # no gradient at all: every element counts as zero
-                stats[group] = GroupStats.from_counts(elements, elements, 0, 0, 0, 0.0, math.inf)
-                continue
-            counts, largest, smallest = row
-            zero, sub, beyond, nan = counts.tolist()
-            present = sum(p.numel() for p in dict(self._groups)[group] if p.grad is not None)
-            stats[group] = GroupStats.from_counts(elements, zero + elements - present, sub, beyond, nan,
-                                                  float(largest), float(smallest))
-        return stats
+        pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
+                  for piece in _pieces(p.grad)]
+        measured = [_piece_measures(torch, piece, self._bounds(piece.device)) for _, piece in pieces]
+        counts = _to_host([m[0] for m in measured])
+        extremes = _to_host([torch.stack([m[1], m[2]]) for m in measured]) if measured else []
+        by_group = {group: [] for group, _ in self._groups}
+        for (group, piece), piece_counts, (largest, smallest) in zip(pieces, counts, extremes):
+            nan = 0
+            if math.isnan(largest):
+                nan, largest = _nan_measures(torch, piece)
+            by_group[group].append(([int(c) for c in piece_counts], largest, smallest, nan))
+        return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
+                for group, members in self._groups}
 
     def _found_inf(self, completed: bool) -> bool:
         """The scaler's found-inf for the optimizer in this attempt (else: the update did not run)."""
