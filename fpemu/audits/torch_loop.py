@@ -97,6 +97,8 @@ class _OptimizerLog:
     carried_norm: Optional[float] = None
     # id(param) -> the norm of its .grad as the last backward pass left it (a 0-d float64 tensor)
     accumulated_norms: dict = dataclasses.field(default_factory=dict)
+    # id(param) -> (id of its .grad, the grad's version counter) as the last backward pass left it
+    left_as: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
     # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
@@ -375,6 +377,7 @@ class TorchLoopAudit:
         torch = _torch()
         # kept on the device: read only if an unscale_ follows, so no sync per parameter here
         log.accumulated_norms[id(param)] = torch.linalg.vector_norm(param.grad.detach(), dtype=torch.float64)
+        log.left_as[id(param)] = (id(param.grad), param.grad._version)
         if log.carried_norm is not None:
             self._report_carried(log, log.carried_norm)
             log.carried_norm = None
@@ -480,7 +483,10 @@ class TorchLoopAudit:
         """Gradients already divided by the scale since the backward pass left them: unscale_ is
         about to divide them again."""
         scale = self._scale()
-        pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in log.params() if p.grad is not None]
+        with_grads = [p for p in log.params() if p.grad is not None]
+        if any(log.left_as.get(id(p)) == (id(p.grad), p.grad._version) for p in with_grads):
+            return  # a gradient as the backward left it: not all were divided (and nothing is read here)
+        pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in with_grads]
         pairs = [(float(norm), grad) for norm, grad in pairs if norm is not None]
         pairs = [(after_backward, grad) for after_backward, grad in pairs if after_backward]
         if scale == 1.0 or not pairs:
