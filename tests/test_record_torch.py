@@ -229,3 +229,11 @@ def test_large_gradients_are_measured_in_pieces_with_the_same_result(monkeypatch
     weight = whole["weight"]
     assert (weight.overflow, weight.nan) == (1 / 10_000, 1 / 10_000) and weight.max_abs == math.inf
     assert whole["bias"].zero == 1.0 and whole["bias"].elements == 100
+
+
+def test_docstring_examples():
+    import doctest
+
+    from fpemu.recorders import torch_run
+    result = doctest.testmod(torch_run, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -86,3 +86,11 @@ def test_thresholds_classify_exactly_as_the_cast_rounds(fmt):
         assert cast(zero_at_most) == 0 and cast(np.nextafter(np.float32(zero_at_most), np.float32(1))) > 0
         assert cast(normal_from) == float(info.smallest_normal) and cast(below(normal_from)) < float(info.smallest_normal)
         assert math.isinf(cast(overflow_from)) and cast(below(overflow_from)) == float(info.max)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import fpemu.traces.recorded
+    result = doctest.testmod(fpemu.traces.recorded, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
