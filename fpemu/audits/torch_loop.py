@@ -39,7 +39,7 @@ import sys
 from typing import Optional
 
 from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
-from fpemu.formats import range_stats
+from fpemu.formats import RangeStats, range_stats
 
 # clipping function -> the name of its limit argument
 _CLIPS = {"clip_grad_norm_": "max_norm", "clip_grad_value_": "clip_value"}
@@ -73,6 +73,19 @@ def _flat(tensors):
     if not tensors:
         return torch.zeros(0, dtype=torch.float64)
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
+
+
+def _range_stats_per_tensor(params, fmt) -> RangeStats:
+    """range_stats of all the parameters' gradients together (no gradient: zeros), read one tensor at a
+    time, so the host holds one gradient's copy at most."""
+    parts = [range_stats(p.grad.detach().float().reshape(-1).cpu().numpy(), fmt) for p in params if p.grad is not None]
+    missing = sum(p.numel() for p in params if p.grad is None)
+    counts = {name: sum(getattr(part, name) for part in parts) for name in ("total", "zeros", "underflow",
+                                                                            "subnormal", "overflow", "nan")}
+    counts["total"] += missing
+    counts["zeros"] += missing
+    return RangeStats(fmt, 1.0, max_abs=max((part.max_abs for part in parts), default=0.0),
+                      min_nonzero_abs=min((part.min_nonzero_abs for part in parts), default=math.inf), **counts)
 
 
 def _norm(tensors) -> float:
@@ -424,8 +437,7 @@ class TorchLoopAudit:
         found_inf = getattr(optimizer, "found_inf", None)
         ran = found_inf is None or float(found_inf) == 0
         if self._autocast and self._grad_stats is None and ran:
-            grads = _flat(log.grads()).float().numpy()
-            self._grad_stats = {fmt: range_stats(grads, fmt) for fmt in ("fp16", "bf16")}
+            self._grad_stats = {fmt: _range_stats_per_tensor(log.params(), fmt) for fmt in ("fp16", "bf16")}
         if log.stepping:
             log.update_ran = ran
         else:
