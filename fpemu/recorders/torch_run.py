@@ -89,33 +89,33 @@ def _pieces(grad):
 
 
 def _piece_measures(torch, piece, edges) -> tuple:
-    """(class counts [zero, subnormal, normal, beyond-or-NaN], max_abs, min_nonzero) of one piece, on its
-    device, in seven tensor operations: max_abs is NaN where the piece holds a NaN (see _nan_measures),
-    min_nonzero ignores NaN (it is not > 0)."""
+    """(class counts [zero, subnormal, normal, beyond-or-NaN], [min_nonzero, max_abs]) of one piece, on its
+    device, in eight tensor operations.  NaN is not > 0, so min_nonzero ignores it; max_abs does not,
+    so a piece with anything in the top class is measured again by _top_class_measures (rare: an
+    overflow)."""
     magnitude = piece.abs()
     if magnitude.dtype != torch.float32:  # the edges are float32 numbers; wider grads compare in float32
         magnitude = magnitude.float()
     classes = torch.bincount(torch.bucketize(magnitude, edges, out_int32=True), minlength=4)
-    smallest = torch.where(magnitude > 0, magnitude, math.inf).amin()
-    return classes, magnitude.amax(), smallest
+    return classes, torch.stack([torch.where(magnitude > 0, magnitude, math.inf).amin(), magnitude.amax()])
 
 
-def _nan_measures(torch, piece) -> tuple:
-    """(NaN count, max_abs ignoring NaN) of a piece whose max_abs came out NaN (one sync; rare)."""
+def _top_class_measures(torch, piece) -> tuple:
+    """(NaN count, max_abs ignoring NaN) of a piece holding values beyond the range or NaN (one sync)."""
     magnitude = piece.abs().float()
     nan = int(torch.isnan(magnitude).sum())
     return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
 
 
 def _to_host(tensors) -> list:
-    """The values of 0-d or 1-d tensors, one transfer per device."""
+    """The values of equally shaped tensors of one dtype, stacked: one transfer per device."""
     torch = _torch()
     by_device: dict = {}
     for index, tensor in enumerate(tensors):
         by_device.setdefault(tensor.device, []).append(index)
     values = [None] * len(tensors)
     for indices in by_device.values():
-        for index, value in zip(indices, torch.stack([tensors[i].to(torch.float64) for i in indices]).tolist()):
+        for index, value in zip(indices, torch.stack([tensors[i] for i in indices]).tolist()):
             values[index] = value
     return values
 
@@ -295,13 +295,13 @@ class TorchRecorder:
         pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
                   for piece in _pieces(p.grad)]
         measured = [_piece_measures(torch, piece, self._bounds(piece.device)) for _, piece in pieces]
-        counts = _to_host([m[0] for m in measured])
-        extremes = _to_host([torch.stack([m[1], m[2]]) for m in measured]) if measured else []
+        counts = _to_host([classes for classes, _ in measured])
+        extremes = _to_host([extreme for _, extreme in measured])
         by_group = {group: [] for group, _ in self._groups}
-        for (group, piece), piece_counts, (largest, smallest) in zip(pieces, counts, extremes):
+        for (group, piece), piece_counts, (smallest, largest) in zip(pieces, counts, extremes):
             nan = 0
-            if math.isnan(largest):
-                nan, largest = _nan_measures(torch, piece)
+            if piece_counts[3]:
+                nan, largest = _top_class_measures(torch, piece)
             by_group[group].append(([int(c) for c in piece_counts], largest, smallest, nan))
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
