@@ -27,8 +27,9 @@ CHANGES = {"own parameters": {}, "growth_interval 40": {"growth_interval": 40},
            "growth_interval 3": {"growth_interval": 3}, "init_scale 2^16": {"init_scale": 2.0 ** 16}}
 
 
-def _agreement(replayed, real_steps) -> dict:
-    """How the replayed scaler trace agrees with a real recorded run, step by step."""
+def _agreement(replayed, real) -> dict:
+    """How the replayed scaler trace agrees with a real recorded run (a TorchRecorder), step by step."""
+    real_steps = real.steps
     scales = [step.scale for step in real_steps]
     overflows = [step.overflow for step in real_steps]
     same_scale = [a.hex() == b.hex() for a, b in zip(replayed.trace.scales, scales)]
@@ -38,7 +39,7 @@ def _agreement(replayed, real_steps) -> dict:
             "first_scale_divergence": first, "first_estimate": replayed.first_estimate,
             "skipped_replay": len(replayed.trace.skipped), "skipped_real": sum(overflows),
             "final_scale_replay": replayed.trace.final_scale,
-            "final_scale_real": real_steps[-1].scale if real_steps else None, **replayed.counts()}
+            "final_scale_real": real.trace.summary["final_scale"], **replayed.counts()}
 
 
 def main(argv=None) -> dict:
@@ -59,7 +60,7 @@ def main(argv=None) -> dict:
             params = {**base.trace.metadata["params"], **change}
             replayed = replay(base.trace, "torch", **params)
             real = base if not change else run(label.replace(" ", "_").replace("^", ""), change)
-            row = {"change": label, **_agreement(replayed, real.steps)}
+            row = {"change": label, **_agreement(replayed, real)}
             print(row, flush=True)
             rows.append(row)
     result = {"base": BASE, "steps": args.steps, "rows": rows}
