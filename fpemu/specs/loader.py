@@ -315,7 +315,8 @@ def _scaler(check: _Checker, raw) -> tuple:
 def _check_overflow_fits(check: _Checker, overflow: OverflowSource, steps, profile, params) -> None:
     if (overflow.kind in ("model", "recorded") and profile is not None
             and get_profile(profile).rules(**params).pass_after_consecutive is not None):
-        check.fail("overflow.source", f"a {overflow.kind} source needs a scaler that skips every non-finite step; "
+        driven_by = "model-driven" if overflow.kind == "model" else "recorded"
+        check.fail("overflow.source", f"a {driven_by} source needs a scaler that skips every non-finite step; "
                                       f"{profile} lets some through")
     if overflow.kind == "explicit" and steps is not None and len(overflow.sequence) != steps:
         check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
