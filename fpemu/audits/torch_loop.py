@@ -453,14 +453,17 @@ class TorchLoopAudit:
         correct = _counterfactual_update(log.optimizer, before, state, correct_grads)
         finding = self._findings[index]
         this_order, right_order = _norm(made), _norm(correct)
-        shrink = right_order / this_order if this_order else float("inf")
+        shrink = right_order / this_order if this_order else (1.0 if not right_order else float("inf"))
         effect = {**finding.effect, "update_norm_this_order": this_order, "update_norm_correct_order": right_order,
                   "shrink": shrink}
+        optimizer = type(log.optimizer).__name__
+        update = (f"{optimizer} made an update of norm {this_order:.4g} instead of {right_order:.4g} "
+                  f"({shrink:.4g}x too small)" if right_order else
+                  f"{optimizer}'s update is 0 in either order this step (learning rate "
+                  f"{float(log.optimizer.param_groups[0]['lr']):g})")
         self._findings[index] = dataclasses.replace(finding, effect=effect, detail=(
             f"clipped gradients still multiplied by the scale {effect['scale']:g}: the clipped gradient's norm is "
-            f"{effect['grad_norm_this_order']:.4g} instead of {effect['grad_norm_correct_order']:.4g}, and "
-            f"{type(log.optimizer).__name__} made an update of norm {this_order:.4g} instead of "
-            f"{right_order:.4g} ({shrink:.4g}x too small)"))
+            f"{effect['grad_norm_this_order']:.4g} instead of {effect['grad_norm_correct_order']:.4g}, and {update}"))
 
     def _scaler_step(self, real, optimizer, *args, **kwargs):
         log = self._log_for(optimizer)
