@@ -138,3 +138,18 @@ def test_an_overflowed_microbatch_is_not_off_by_nan_percent():
     (finding,) = audit.result.of_kind("scale_changed_in_accumulation")
     assert "nan" not in finding.detail and "a microbatch overflowed" in finding.detail
     assert "relative_gradient_error" not in finding.effect and finding.effect["weights"] == (2.0, 1.0)
+
+
+def test_clip_before_unscale_with_no_update_in_either_order():
+    """A warmup's first learning rate is 0: neither order moves the weights, and the finding says so."""
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([weight], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=100.0)
+    with audit_torch(scaler, optimizer) as audit:
+        scaler.scale((weight * torch.tensor([3.0, 4.0])).sum()).backward()
+        torch.nn.utils.clip_grad_norm_([weight], max_norm=2.0)
+        scaler.step(optimizer)
+        scaler.update()
+    (finding,) = audit.findings
+    assert finding.effect["shrink"] == 1.0 and finding.effect["update_norm_this_order"] == 0.0
+    assert "update is 0 in either order this step (learning rate 0)" in finding.detail
