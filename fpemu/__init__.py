@@ -13,13 +13,14 @@ from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_st
 from fpemu.blocks import SCALE_RULES, BlockQuantized, block_quantize
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
+from fpemu.recorders import record_torch
 
 __version__ = "0.1.0"
 
 __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats", "decode",
            "encode", "format_names", "PROFILES", "ScalerTrace", "dynamic_loss_scale", "get_profile",
            "simulate_scaler", "step_overflowed", "unscale", "AuditResult", "Finding", "LoopAccounting",
-           "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
+           "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "record_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
            "RECIPES", "CurrentScaling", "DelayedScaling", "TorchaoScaling", "simulate_recipe",  # fp8 scaling recipes
            "block_quantize", "BlockQuantized", "SCALE_RULES",  # block-scaled formats

@@ -21,6 +21,9 @@ FIXES = {
     "backward_after_unscale":
         "Run every backward pass of the step before scaler.unscale_(optimizer); unscale once, just before "
         "clipping and scaler.step(optimizer).",
+    "gradients_carried_across_steps":
+        "Zero the gradients after every scaler.step(optimizer), or accumulate microbatches without stepping "
+        "and call scaler.step and scaler.update only at the accumulation boundary.",
     "scale_changed_in_accumulation":
         "Keep one scale through the accumulated microbatches: call scaler.update() (and step every optimizer "
         "that shares the scaler) only at effective-batch boundaries.",
@@ -110,7 +113,7 @@ class LoopAccounting:
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
-    """Findings of one audited loop and its accounting.
+    """Findings of one audited loop, its accounting, and which attempts were skipped at which scale.
 
     Example:
       >>> result = AuditResult((), LoopAccounting(attempts=100, completed_updates=90, skipped_updates=10))
@@ -121,6 +124,8 @@ class AuditResult:
 
     findings: tuple
     accounting: LoopAccounting
+    skipped_steps: tuple = ()  # the attempts whose update was skipped (torch: the first optimizer's)
+    scales: tuple = ()  # the loss scale at each attempt, where the audit reads it
 
     @property
     def kinds(self) -> set:

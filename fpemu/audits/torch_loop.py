@@ -15,6 +15,11 @@ unchanged while it watches, for the duration of the block:
   a reference kept elsewhere (a local variable, a closure, a container) is not seen;
 * autocast, through a global module forward pre-hook.
 
+Other tools watch through the same instrumentation: an observer added with ``watch`` is told
+of each scaled loss, each first unscale_ of an attempt (the gradients still scaled), each finished
+attempt and each ``scaler.update`` (``fpemu.record_torch`` records the run this way), and
+``paused()`` hides an extra pass (the recorder's float32 shadow pass) from every hook.
+
 Everything is restored on exit.  The wrappers pass the loop's own arguments to the real
 calls, and every measurement works on copies, so the loop computes what it computes
 unaudited.  Reading the scale costs a device sync per backward pass: an audit is for a
@@ -24,6 +29,8 @@ optimizer's update attempt.  torch is imported on first use.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -33,7 +40,7 @@ from typing import Optional
 
 from fpemu.audits.distributed import rank_check
 from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
-from fpemu.formats import range_stats
+from fpemu.formats import RangeStats, range_stats
 
 # clipping function -> the name of its limit argument
 _CLIPS = {"clip_grad_norm_": "max_norm", "clip_grad_value_": "clip_value"}
@@ -69,6 +76,19 @@ def _flat(tensors):
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
 
 
+def _range_stats_per_tensor(params, fmt) -> RangeStats:
+    """range_stats of all the parameters' gradients together (no gradient: zeros), read one tensor at a
+    time, so the host holds one gradient's copy at most."""
+    parts = [range_stats(p.grad.detach().float().reshape(-1).cpu().numpy(), fmt) for p in params if p.grad is not None]
+    missing = sum(p.numel() for p in params if p.grad is None)
+    counts = {name: sum(getattr(part, name) for part in parts) for name in ("total", "zeros", "underflow",
+                                                                            "subnormal", "overflow", "nan")}
+    counts["total"] += missing
+    counts["zeros"] += missing
+    return RangeStats(fmt, 1.0, max_abs=max((part.max_abs for part in parts), default=0.0),
+                      min_nonzero_abs=min((part.min_nonzero_abs for part in parts), default=math.inf), **counts)
+
+
 def _norm(tensors) -> float:
     """Euclidean norm of all the tensors' values together, in float64."""
     return float(_torch().linalg.vector_norm(_flat(tensors)))
@@ -87,8 +107,12 @@ class _OptimizerLog:
     unscaled: bool = False  # unscale_ ran since the last backward pass
     unscaled_in: int = -1  # the update attempt in which unscale_ last ran
     adds_to_unscaled: bool = False  # the running backward pass adds into gradients unscaled this attempt
+    # ... into gradients an earlier attempt unscaled and stepped with, never zeroed: their norm
+    carried_norm: Optional[float] = None
     # id(param) -> the norm of its .grad as the last backward pass left it (a 0-d float64 tensor)
     accumulated_norms: dict = dataclasses.field(default_factory=dict)
+    # id(param) -> (id of its .grad, the grad's version counter) as the last backward pass left it
+    left_as: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
     # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
@@ -97,6 +121,12 @@ class _OptimizerLog:
     snapshots: list = dataclasses.field(default_factory=list)
     attempts_at_scheduler_step: int = 0
     completed_at_scheduler_step: int = 0
+    # a clip before unscale_ in this attempt: (its finding's index, id(param) -> the correctly clipped
+    # gradient), and (parameters, optimizer state) just before the real update, to measure the update
+    clip_check: Optional[tuple] = None
+    before_update: Optional[list] = None
+    scales: list = dataclasses.field(default_factory=list)  # the scale of each attempt
+    skipped: list = dataclasses.field(default_factory=list)  # the attempts whose update did not run
 
     @property
     def name(self) -> str:
@@ -122,6 +152,28 @@ def _as_list(value, name: str, check, expected: str) -> list:
             where = f"{name}[{index}]" if isinstance(value, (list, tuple)) else name
             raise TypeError(f"{where} must be {expected}, got {type(item).__name__}")
     return items
+
+
+def _counterfactual_update(optimizer, before: list, state: dict, grads: dict) -> list:
+    """The update ``optimizer`` would have made from parameters ``before`` and its ``state_dict``
+    ``state`` (both from before its step) with ``grads`` (id(param) -> gradient; the others keep
+    their own): a twin of the optimizer steps copies of the parameters."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    copies = iter([old.clone() for old in before])
+    groups = []
+    for group in optimizer.param_groups:
+        members = []
+        for param in group["params"]:
+            twin = next(copies)
+            grad = grads.get(id(param), param.grad)
+            twin.grad = None if grad is None else grad.detach().clone()
+            members.append(twin)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": members})
+    twin_optimizer = type(optimizer)(groups)
+    twin_optimizer.load_state_dict(state)
+    twin_optimizer.step()
+    stepped = [p for group in twin_optimizer.param_groups for p in group["params"]]
+    return [new.detach() - old for new, old, _ in zip(stepped, before, params)]
 
 
 class TorchLoopAudit:
@@ -159,6 +211,8 @@ class TorchLoopAudit:
         self._devices: set = set()  # device types of the parameters, where autocast is looked for
         self._undo: list = []
         self._ranks = None
+        self._observers: list = []
+        self._paused = 0  # > 0 while an observer's own pass runs: every hook lets it through unseen
         self._state = "new"
 
     # --- results -------------------------------------------------------------------
@@ -179,10 +233,37 @@ class TorchLoopAudit:
 
     @property
     def result(self) -> AuditResult:
-        return AuditResult(self.findings, self.accounting)
+        """Findings, accounting, and the first optimizer's skipped attempts and scale at each attempt."""
+        first = self._logs[0]
+        return AuditResult(self.findings, self.accounting, skipped_steps=tuple(first.skipped),
+                           scales=tuple(first.scales))
 
     def summary(self) -> str:
         return self.result.summary()
+
+    # --- observers ------------------------------------------------------------------
+
+    def watch(self, observer) -> None:
+        """Tell ``observer`` what the loop does, through the methods it has of ``scaled(outputs)``,
+        ``before_unscale(log)``, ``attempt_finished(log, completed)`` and ``updated()``."""
+        if self._state != "new":
+            raise RuntimeError("add observers before the audit starts")
+        self._observers.append(observer)
+
+    def _notify(self, event: str, *args) -> None:
+        for observer in self._observers:
+            handler = getattr(observer, event, None)
+            if handler is not None:
+                handler(*args)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hooks and wrappers let everything inside the block through without recording it."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     # --- instrumenting ---------------------------------------------------------------
 
@@ -229,6 +310,7 @@ class TorchLoopAudit:
                 for param in params:
                     hook = param.register_post_accumulate_grad_hook(functools.partial(self._on_accumulated, log))
                     self._undo.append(hook.remove)
+            self._undo.append(log.optimizer.register_step_pre_hook(self._before_update).remove)
             self._undo.append(log.optimizer.register_step_post_hook(self._on_update).remove)
         self._devices = {p.device.type for p in trainable}
         self._ranks = rank_check(self._scaler, trainable)  # None on one rank (fpemu.audits.distributed)
@@ -239,6 +321,10 @@ class TorchLoopAudit:
             unscale, step = scaler.unscale_, scaler.step
             self._set(scaler, "unscale_", lambda optimizer: self._unscale(unscale, optimizer))
             self._set(scaler, "step", lambda optimizer, *a, **k: self._scaler_step(step, optimizer, *a, **k))
+            if self._observers:
+                scale, update = scaler.scale, scaler.update
+                self._set(scaler, "scale", lambda outputs: self._scaled(scale, outputs))
+                self._set(scaler, "update", lambda *a, **k: self._updated(update, *a, **k))
         for index, scheduler in enumerate(self._schedulers):
             real = scheduler.step
             self._set(scheduler, "step",
@@ -267,6 +353,13 @@ class TorchLoopAudit:
         self._findings.append(make_finding(kind, step, call, effect, detail))
 
     def _finish_attempt(self, log: _OptimizerLog, completed: bool) -> None:
+        self._notify("attempt_finished", log, completed)
+        log.scales.append(self._scale())
+        if self._first_scale is None:  # gradients set by hand: no backward pass read the scale
+            self._first_scale = log.scales[-1]
+        if not completed:
+            log.skipped.append(log.attempts)
+        log.clip_check = log.before_update = None
         log.attempts += 1
         log.completed += int(completed)
         log.start_window()
@@ -274,17 +367,23 @@ class TorchLoopAudit:
     # --- hooks and wrappers --------------------------------------------------------
 
     def _count_backward(self, _grads) -> None:
-        self._backward_passes += 1
+        if not self._paused:
+            self._backward_passes += 1
 
     def _on_backward(self, log: _OptimizerLog, _grads) -> None:
         """Runs before this backward pass adds into the optimizer's .grad tensors."""
+        if self._paused:
+            return
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
         # Adding into gradients unscaled in this attempt (a skipped step's zero_grad clears them;
         # autograd.grad adds nothing): confirmed when the pass really accumulates.
-        log.adds_to_unscaled = (log.unscaled and log.unscaled_in == log.attempts and self._scaling
-                                and any(bool(grad.any()) for grad in log.grads()))
+        holds_unscaled = log.unscaled and self._scaling and any(
+            p.grad is not None and bool(p.grad.any()) for p in log.params())
+        log.adds_to_unscaled = holds_unscaled and log.unscaled_in == log.attempts
+        if holds_unscaled and log.unscaled_in < log.attempts:
+            log.carried_norm = _norm([p.grad for p in log.params() if p.grad is not None])
         if log.window and scale != log.window[-1]:
             log.snapshots.append((len(log.window), _flat(log.grads())))
         log.window.append(scale)
@@ -295,6 +394,10 @@ class TorchLoopAudit:
         torch = _torch()
         # kept on the device: read only if an unscale_ follows, so no sync per parameter here
         log.accumulated_norms[id(param)] = torch.linalg.vector_norm(param.grad.detach(), dtype=torch.float64)
+        log.left_as[id(param)] = (id(param.grad), param.grad._version)
+        if log.carried_norm is not None:
+            self._report_carried(log, log.carried_norm)
+            log.carried_norm = None
         if log.adds_to_unscaled:
             log.adds_to_unscaled = False
             scale = self._scale()
@@ -304,24 +407,67 @@ class TorchLoopAudit:
                       f"already unscaled, and scaler.step will neither unscale them nor check them for "
                       f"inf/NaN: they count {scale:g}x too much")
 
+    def _report_carried(self, log: _OptimizerLog, carried: float) -> None:
+        """A backward pass adds scaled gradients to ones the last attempt unscaled and stepped with."""
+        scale = self._scale()
+        self._add("gradients_carried_across_steps", log.attempts,
+                  f"backward after scaler.step({log.name}) without zero_grad",
+                  {"scale": scale, "carried_weight": 1 / scale, "carried_grad_norm": carried},
+                  f"this backward pass adds gradients multiplied by the scale {scale:g} to the gradients "
+                  f"of attempt {log.unscaled_in}, which scaler.step already unscaled and applied; the next "
+                  f"unscale_ divides both by {scale:g}, so the update mixes g_old / {scale:g} + g_new and "
+                  f"applies g_old a second time")
+
     def _on_forward(self, _module, _args) -> None:
         torch = _torch()
+        if self._paused:
+            return
         for device in self._devices:
             if torch.is_autocast_enabled(device):
                 self._autocast.setdefault(torch.get_autocast_dtype(device), self._logs[0].attempts)
 
+    def _before_update(self, optimizer, _args, _kwargs) -> None:
+        """Step pre-hook: after a clip before unscale_, keep the parameters as they are now."""
+        log = self._log_for(optimizer)
+        if log.clip_check is not None:
+            log.before_update = ([p.detach().clone() for p in log.params()],
+                                 copy.deepcopy(optimizer.state_dict()))
+
     def _on_update(self, optimizer, _args, _kwargs) -> None:
         """Step post-hook: the optimizer's real update ran (unless a fused optimizer found infs)."""
         log = self._log_for(optimizer)
+        if log.before_update is not None:
+            self._measure_clip_update(log)
         found_inf = getattr(optimizer, "found_inf", None)
         ran = found_inf is None or float(found_inf) == 0
         if self._autocast and self._grad_stats is None and ran:
-            grads = _flat(log.grads()).float().numpy()
-            self._grad_stats = {fmt: range_stats(grads, fmt) for fmt in ("fp16", "bf16")}
+            self._grad_stats = {fmt: _range_stats_per_tensor(log.params(), fmt) for fmt in ("fp16", "bf16")}
         if log.stepping:
             log.update_ran = ran
         else:
             self._finish_attempt(log, completed=True)
+
+    def _measure_clip_update(self, log: _OptimizerLog) -> None:
+        """Amend the clip finding with the update the optimizer made and the one the correct order
+        makes: the same optimizer, from the same state, stepped on the correctly clipped gradients.
+        Under Adam-like optimizers the two differ far less than the gradients do."""
+        index, correct_grads = log.clip_check
+        (before, state), log.before_update, log.clip_check = log.before_update, None, None
+        made = [p.detach() - old for p, old in zip(log.params(), before)]
+        correct = _counterfactual_update(log.optimizer, before, state, correct_grads)
+        finding = self._findings[index]
+        this_order, right_order = _norm(made), _norm(correct)
+        shrink = right_order / this_order if this_order else (1.0 if not right_order else float("inf"))
+        effect = {**finding.effect, "update_norm_this_order": this_order, "update_norm_correct_order": right_order,
+                  "shrink": shrink}
+        optimizer = type(log.optimizer).__name__
+        update = (f"{optimizer} made an update of norm {this_order:.4g} instead of {right_order:.4g} "
+                  f"({shrink:.4g}x too small)" if right_order else
+                  f"{optimizer}'s update is 0 in either order this step (learning rate "
+                  f"{float(log.optimizer.param_groups[0]['lr']):g})")
+        self._findings[index] = dataclasses.replace(finding, effect=effect, detail=(
+            f"clipped gradients still multiplied by the scale {effect['scale']:g}: the clipped gradient's norm is "
+            f"{effect['grad_norm_this_order']:.4g} instead of {effect['grad_norm_correct_order']:.4g}, and {update}"))
 
     def _scaler_step(self, real, optimizer, *args, **kwargs):
         log = self._log_for(optimizer)
@@ -348,6 +494,7 @@ class TorchLoopAudit:
             self._check_manual_unscale(log, call)
         if len(set(log.window)) > 1:
             self._record_scale_change(log, call)
+        self._notify("before_unscale", log)
         real(optimizer)
         log.scaled, log.unscaled, log.unscaled_in = False, True, log.attempts
         log.start_window()
@@ -357,7 +504,10 @@ class TorchLoopAudit:
         """Gradients already divided by the scale since the backward pass left them: unscale_ is
         about to divide them again."""
         scale = self._scale()
-        pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in log.params() if p.grad is not None]
+        with_grads = [p for p in log.params() if p.grad is not None]
+        if any(log.left_as.get(id(p)) == (id(p.grad), p.grad._version) for p in with_grads):
+            return  # a gradient as the backward left it: not all were divided (and nothing is read here)
+        pairs = [(log.accumulated_norms.get(id(p)), p.grad) for p in with_grads]
         pairs = [(float(norm), grad) for norm, grad in pairs if norm is not None]
         pairs = [(after_backward, grad) for after_backward, grad in pairs if after_backward]
         if scale == 1.0 or not pairs:
@@ -396,16 +546,29 @@ class TorchLoopAudit:
         cumulative = [_torch().zeros_like(total)] + [snapshot for _, snapshot in log.snapshots] + [total]
         intended = sum((cumulative[r + 1] - cumulative[r]) / log.window[bounds[r]]  # each run at its own scale
                        for r in range(len(bounds) - 1))
-        actual = total / scale
-        reference = float(intended.norm())
-        error = float((actual - intended).norm()) / reference if reference else float("inf")
         weights = tuple(s / scale for s in log.window)
-        self._add("scale_changed_in_accumulation", log.attempts, call,
-                  {"scales": tuple(log.window), "unscale_scale": scale, "weights": weights,
-                   "relative_gradient_error": error},
-                  f"{len(log.window)} accumulated microbatches were scaled by {list(log.window)} and "
-                  f"unscaled once by {scale:g}: they weigh {list(weights)} instead of 1 each, and the "
-                  f"gradient is off by {error:.1%} of its norm")
+        effect = {"scales": tuple(log.window), "unscale_scale": scale, "weights": weights}
+        detail = (f"{len(log.window)} accumulated microbatches were scaled by {list(log.window)} and "
+                  f"unscaled once by {scale:g}: they weigh {list(weights)} instead of 1 each")
+        if bool(_torch().isfinite(total).all()):
+            actual = total / scale
+            reference = float(intended.norm())
+            effect["relative_gradient_error"] = error = (float((actual - intended).norm()) / reference
+                                                         if reference else float("inf"))
+            detail += f", and the gradient is off by {error:.1%} of its norm"
+        else:  # an overflowed microbatch: the error of an inf/NaN gradient has no size
+            detail += ("; a microbatch overflowed, so the gradients hold inf/NaN and scaler.step skips "
+                       "this update (the misweighting hits the updates that do run)")
+        self._add("scale_changed_in_accumulation", log.attempts, call, effect, detail)
+
+    def _scaled(self, real, outputs):
+        self._notify("scaled", outputs)
+        return real(outputs)
+
+    def _updated(self, real, *args, **kwargs):
+        result = real(*args, **kwargs)
+        self._notify("updated")
+        return result
 
     def _scheduler_step(self, real, index: int, *args, **kwargs):
         result = real(*args, **kwargs)
@@ -455,10 +618,15 @@ class TorchLoopAudit:
             call = f"torch.nn.utils.{name}({limit_name}={limit:g})"
             self._add("clip_before_unscale", owners[0].attempts, call,
                       {"scale": scale, "limit": limit, "true_grad_norm": true_norm,
-                       "update_norm_correct_order": correct, "update_norm_this_order": this_order,
-                       "shrink": shrink},
-                      f"clipped gradients still multiplied by the scale {scale:g}: the update's norm is "
-                      f"{this_order:.4g} instead of {correct:.4g} ({shrink:.4g}x too small)")
+                       "grad_norm_correct_order": correct, "grad_norm_this_order": this_order,
+                       "grad_shrink": shrink},
+                      f"clipped gradients still multiplied by the scale {scale:g}: the clipped gradient's norm "
+                      f"is {this_order:.4g} instead of {correct:.4g} ({shrink:.4g}x too small; the update was "
+                      f"skipped, so its size was not measured)")
+            # measured when the optimizer steps (the finding's text above stands if it never does)
+            owners[0].clip_check = (len(self._findings) - 1, {id(p): s.grad for p, s in
+                                                               zip([p for p in params if p.grad is not None],
+                                                                   stand_ins)})
             return result
 
         return clip
@@ -530,8 +698,10 @@ def audit_torch(scaler, optimizers, scheduler=None, *, batch_size: Optional[int]
       >>> finding = audit.findings[0]
       >>> finding.kind, finding.step, finding.call
       ('clip_before_unscale', 0, 'torch.nn.utils.clip_grad_norm_(max_norm=2)')
-      >>> [round(finding.effect[k], 6) for k in ("update_norm_correct_order", "update_norm_this_order")]
+      >>> [round(finding.effect[k], 6) for k in ("grad_norm_correct_order", "grad_norm_this_order")]
       [2.0, 0.02]
+      >>> [round(finding.effect[k], 6) for k in ("update_norm_correct_order", "update_norm_this_order")]  # SGD, lr 0.1
+      [0.2, 0.002]
     """
     return TorchLoopAudit(scaler, optimizers, scheduler, batch_size=batch_size)
 

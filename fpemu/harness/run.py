@@ -66,6 +66,13 @@ def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, prof
 
 def scenario_flags(scenario: ScalerScenario):
     """The overflow flags of every step, and the model's per-step records when a model decides them."""
+    if scenario.overflow.kind == "recorded":
+        from fpemu.scalers.replay import replay
+        from fpemu.traces import read_trace
+        source = scenario.overflow
+        replayed = replay(read_trace(source.trace), scenario.profile, compute=source.compute, steps=scenario.steps,
+                          **scenario.params)
+        return np.array(replayed.flags, dtype=bool), None
     if scenario.overflow.kind != "model":
         return scenario.overflow.flags(scenario.steps), None
     from fpemu.steps import train_trace

@@ -11,7 +11,7 @@ A spec (one scenario per file)::
     params = { init_scale = 16.0, growth_interval = 3 }
 
     [overflow]
-    source = "explicit"                   # explicit | bernoulli | bursts | periodic | model
+    source = "explicit"                   # explicit | bernoulli | bursts | periodic | model | recorded
     sequence = [false, false, false, true]
 
     [record]
@@ -62,6 +62,7 @@ _SOURCE_KEYS = {
     "bursts": {"rate", "seed", "length"},
     "periodic": {"period", "offset", "length"},
     "model": {"model", "seed", "compute", "lr", "target_scale"},
+    "recorded": {"trace", "compute"},  # a recorded run's gradients, replayed (fpemu.scalers.replay)
 }
 
 
@@ -152,7 +153,24 @@ def _overflow_source(check: _Checker, raw) -> OverflowSource:
         fields["compute"] = check.choice(raw.get("compute", "fp16"), "overflow.compute", MODEL_COMPUTE)
         fields["lr"] = check.number(raw.get("lr", 0.05), "overflow.lr", 1e-12, 1e6)
         fields["target_scale"] = check.number(raw.get("target_scale", 1e-3), "overflow.target_scale", 1e-30, 1e30)
+    if kind == "recorded":
+        fields.update(_recorded_source(check, raw))
     return OverflowSource(**fields)
+
+
+def _recorded_source(check: _Checker, raw) -> dict:
+    """The trace file (relative to the spec's folder) and the replay's format (default: the run's)."""
+    from fpemu.traces import read_trace
+    from fpemu.traces.recorded import recorded_steps, recorder_settings
+    trace_path = pathlib.Path(check.path).parent / check.string(raw.get("trace"), "overflow.trace")
+    try:
+        trace = read_trace(trace_path)
+        verdicts = tuple(step.overflow for step in recorded_steps(trace, str(trace_path)))
+        recorded_format = recorder_settings(trace, str(trace_path)).compute_format
+    except FpemuInputError as error:
+        check.fail("overflow.trace", str(error))
+    compute = check.choice(raw.get("compute", recorded_format), "overflow.compute", MODEL_COMPUTE)
+    return {"trace": str(trace_path), "compute": compute, "sequence": verdicts}
 
 
 def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
@@ -301,12 +319,16 @@ def _scaler(check: _Checker, raw) -> tuple:
 
 
 def _check_overflow_fits(check: _Checker, overflow: OverflowSource, steps, profile, params) -> None:
-    if (overflow.kind == "model" and profile is not None
+    if (overflow.kind in ("model", "recorded") and profile is not None
             and get_profile(profile).rules(**params).pass_after_consecutive is not None):
-        check.fail("overflow.source", f"a model-driven source needs a scaler that skips every non-finite step; "
+        driven_by = "model-driven" if overflow.kind == "model" else "recorded"
+        check.fail("overflow.source", f"a {driven_by} source needs a scaler that skips every non-finite step; "
                                       f"{profile} lets some through")
     if overflow.kind == "explicit" and steps is not None and len(overflow.sequence) != steps:
         check.fail("overflow.sequence", f"expected steps={steps} flags, got {len(overflow.sequence)}")
+    if overflow.kind == "recorded" and steps is not None and len(overflow.sequence) < steps:
+        check.fail("steps", f"the recorded run {overflow.trace} has {len(overflow.sequence)} attempts, "
+                            f"fewer than steps={steps}")
 
 
 def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenario | RecipeScenario:

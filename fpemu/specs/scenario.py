@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-OVERFLOW_SOURCES = ("explicit", "bernoulli", "bursts", "periodic", "model")
+OVERFLOW_SOURCES = ("explicit", "bernoulli", "bursts", "periodic", "model", "recorded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,9 @@ class OverflowSource:
       model: ``linear`` or ``mlp`` for ``model``; compute: the emulated compute format;
         lr and target_scale: the model's learning rate and the size of its targets (and
         so of its gradients).
+      trace: ``recorded``: the recorded run's trace file, whose gradients are replayed (see
+        fpemu.scalers.replay); compute is then the format the replay decides overflows in, and
+        sequence the run's own overflow verdicts.
     """
 
     kind: str
@@ -44,6 +47,7 @@ class OverflowSource:
     compute: str = "fp16"
     lr: float = 0.05
     target_scale: float = 1e-3
+    trace: str = ""
 
     def flags(self, steps: int) -> np.ndarray:
         """The overflow flag of each of ``steps`` steps (not for ``model``, which needs the scaler)."""
@@ -58,7 +62,7 @@ class OverflowSource:
         elif self.kind == "periodic":
             starts = np.arange(self.offset, steps, self.period)
         else:
-            raise ValueError(f"overflow source {self.kind!r} is decided by the model, not by a flag list")
+            raise ValueError(f"overflow source {self.kind!r} is decided by the scaler's scale, not by a flag list")
         for start in starts:
             flags[start:start + self.length] = True
         return flags

@@ -1,0 +1,402 @@
+"""Record a real torch mixed-precision training loop as a trace (see fpemu.traces.recorded).
+
+``with record_torch(scaler, optimizer, model, scheduler, path="run.json") as rec:`` runs the
+user's loop unchanged.  It watches through :class:`fpemu.audits.torch_loop.TorchLoopAudit` (the
+same wrappers and hooks ``audit_torch`` uses; ``rec.audit`` holds its findings) and writes one
+step record per update attempt:
+
+* when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
+  scale: each parameter's gradient is measured there, on its own device, one tensor (and at most
+  ``CHUNK`` elements) at a time, so the temporaries stay under ~40 MiB whatever the model;
+  nothing is copied to the host but a handful of numbers per group;
+* the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
+  returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
+  (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
+  each gradient as the backward pass left it (before any clipping), divided by the scale.
+
+True underflow needs what the run lost, so it needs a second pass: ``rec.shadow(loss_fn)``, called
+after the backward pass, reruns ``loss_fn()`` with autocast off (float32) on every
+``shadow_every``-th attempt, takes its gradients with ``torch.autograd.grad`` (the run's ``.grad``
+are untouched and the audit does not see the pass) and counts, element by element, the values
+nonzero in float32 that the run holds as zero or as a compute-format subnormal.  It costs one
+float32 forward and backward and a few elementwise passes per sampled attempt, so about
+``1/shadow_every`` of a float32 step per step; dropout draws other masks in the shadow pass
+(record with dropout off, or read the shares as a bound).
+
+torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+from fpemu.audits.torch_loop import TorchLoopAudit, _torch
+from fpemu.errors import FpemuInputError
+from fpemu.formats import get_format
+from fpemu.traces import write_trace
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, format_thresholds,
+                                   recorded_metadata, recorded_trace)
+
+GROUPINGS = ("module", "parameter")
+# Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
+# stay under ~40 MiB whatever the model (about 10 bytes per element measured).
+CHUNK = 1 << 22
+
+
+def _group_names(groups, model, optimizer) -> tuple:
+    """(the grouping's name for the trace, [(group name, [params])] in optimizer order).
+
+    Parameters are named as the model names them; without a model (or for a parameter the model
+    lacks) by their place in the optimizer, ``param_groups[g][i]``, and "module" groups them by
+    the optimizer's parameter group.
+    """
+    if not (callable(groups) or groups in GROUPINGS):
+        raise ValueError(f"groups must be one of {', '.join(GROUPINGS)} or a function (name, parameter) -> "
+                         f"group name, got {groups!r}")
+    names = {} if model is None else {id(param): name for name, param in model.named_parameters()}
+    grouped: dict = {}
+    for index, group in enumerate(optimizer.param_groups):
+        for position, param in enumerate(p for p in group["params"] if p.requires_grad):
+            name = names.get(id(param), f"param_groups[{index}][{position}]")
+            if callable(groups):
+                group_name = groups(name, param)
+            elif groups == "parameter":
+                group_name = name
+            else:
+                group_name = name.rpartition(".")[0] or name if id(param) in names else f"param_groups[{index}]"
+            if not isinstance(group_name, str):
+                raise TypeError(f"groups({name!r}, ...) must return a str, got {type(group_name).__name__}")
+            grouped.setdefault(group_name, []).append(param)
+    label = groups if isinstance(groups, str) else getattr(groups, "__name__", type(groups).__name__)
+    return label, list(grouped.items())
+
+
+def _class_bounds(torch, fmt, device):
+    """Bucket edges for torch.bucketize: 0 zero, 1 subnormal, 2 normal, 3 beyond the range (or NaN)."""
+    zero_at_most, normal_from, overflow_from = format_thresholds(fmt)
+    edges = torch.tensor([zero_at_most, normal_from, overflow_from], dtype=torch.float32)
+    # bucketize puts x in i where edge[i-1] < x <= edge[i]: the two upper edges are strict, so step
+    # them down one float32 value (exact: they are float32 numbers)
+    edges[1:] = torch.nextafter(edges[1:], torch.zeros(2))
+    return edges.to(device)
+
+
+def _pieces(grad):
+    """A gradient as flat pieces of at most CHUNK elements."""
+    return grad.detach().reshape(-1).split(CHUNK)
+
+
+def _piece_measures(torch, piece, edges) -> tuple:
+    """(class counts [zero, subnormal, normal, beyond-or-NaN], [min_nonzero, max_abs]) of one piece, on its
+    device, in eight tensor operations.  NaN is not > 0, so min_nonzero ignores it; max_abs does not,
+    so a piece with anything in the top class is measured again by _top_class_measures (rare: an
+    overflow)."""
+    magnitude = piece.abs()
+    if magnitude.dtype != torch.float32:  # the edges are float32 numbers; wider grads compare in float32
+        magnitude = magnitude.float()
+    classes = torch.bincount(torch.bucketize(magnitude, edges, out_int32=True), minlength=4)
+    return classes, torch.stack([torch.where(magnitude > 0, magnitude, math.inf).amin(), magnitude.amax()])
+
+
+def _top_class_measures(torch, piece) -> tuple:
+    """(NaN count, max_abs ignoring NaN) of a piece holding values beyond the range or NaN (one sync)."""
+    magnitude = piece.abs().float()
+    nan = int(torch.isnan(magnitude).sum())
+    return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
+
+
+def _to_host(tensors) -> list:
+    """The values of equally shaped tensors of one dtype, stacked: one transfer per device."""
+    torch = _torch()
+    by_device: dict = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    values = [None] * len(tensors)
+    for indices in by_device.values():
+        for index, value in zip(indices, torch.stack([tensors[i] for i in indices]).tolist()):
+            values[index] = value
+    return values
+
+
+def _group_stats(elements: int, measured: list) -> GroupStats:
+    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces; elements without a
+    gradient count as zeros."""
+    present = sum(sum(counts) for counts, *_ in measured)
+    zero = elements - present + sum(counts[0] for counts, *_ in measured)
+    subnormal = sum(counts[1] for counts, *_ in measured)
+    nan = sum(n for *_, n in measured)
+    beyond = sum(counts[3] for counts, *_ in measured) - nan  # NaN lands in the top bucket
+    return GroupStats.from_counts(elements, int(zero), int(subnormal), int(beyond), int(nan),
+                                  max((m for _, m, _, _ in measured), default=0.0),
+                                  min((m for _, _, m, _ in measured), default=math.inf))
+
+
+def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
+    """[underflow, subnormal] counts: nonzero in the float32 pass, zero / subnormal in the run."""
+    counts = []
+    for shadow, run in zip(shadow_grad.reshape(-1).split(CHUNK), run_grad.detach().reshape(-1).split(CHUNK)):
+        nonzero = shadow != 0
+        run = (run.float() * factor).abs()
+        classes = torch.bucketize(run, edges[:2], out_int32=True)  # 0 zero, 1 subnormal, 2 normal or more
+        counts.append(torch.stack([(nonzero & (run == 0)).sum(), (nonzero & (classes == 1)).sum()]))
+    return torch.stack(counts).sum(0)
+
+
+@dataclasses.dataclass
+class _OpenStep:
+    """An attempt whose scaler.update has not run yet."""
+    step: RecordedStep
+
+
+class TorchRecorder:
+    """Records one run of a torch training loop as a trace.  Use :func:`record_torch` to create one.
+
+    After the ``with`` block, :attr:`trace` is the recorded trace (written to ``path`` if given),
+    :attr:`steps` its :class:`~fpemu.traces.recorded.RecordedStep` s and :attr:`audit` the audit
+    that watched the run (its findings come for free).
+    """
+
+    def __init__(self, scaler, optimizer, model=None, scheduler=None, *, groups="module", shadow_every: int = 0,
+                 compute_format: Optional[str] = None, path=None, name: str = "recorded_run",
+                 batch_size: Optional[int] = None, statistics: bool = True):
+        torch = _torch()
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be one torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        if compute_format is not None:
+            get_format(compute_format)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        self.audit = TorchLoopAudit(scaler, optimizer, scheduler, batch_size=batch_size)
+        self.audit.watch(self)
+        self._scaler, self._optimizer, self._path, self._name = scaler, optimizer, path, name
+        self._grouping, self._groups = _group_names(groups, model, optimizer)
+        self._shadow_every, self._statistics = shadow_every, bool(statistics)
+        self._compute_format = compute_format
+        RecorderSettings(self._grouping, shadow_every, compute_format or "fp16", self._statistics)  # checks them
+        self._edges = None
+        self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
+        self._grad_stats: Optional[dict] = None
+        self._shadow: Optional[dict] = None
+        self._open: Optional[_OpenStep] = None
+        self.steps: list = []
+        self.trace = None
+
+    # --- the context ------------------------------------------------------------------
+
+    def __enter__(self) -> "TorchRecorder":
+        self.audit.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.audit.__exit__(*exc_info)
+        self._close_open()
+        self.trace = self._build_trace()
+        if self._path is not None and exc_info[0] is None:
+            write_trace(self.trace, self._path)
+
+    # --- what the audit reports ----------------------------------------------------------
+
+    def scaled(self, outputs) -> None:
+        torch = _torch()
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            loss = outputs.detach().float().reshape(())
+            self._loss = loss if self._loss is None else self._loss + loss
+
+    def before_unscale(self, log) -> None:
+        if self._statistics and self._grad_stats is None:
+            self._grad_stats = self._measure()
+
+    def attempt_finished(self, log, completed: bool) -> None:
+        self._close_open()
+        if self._statistics and self._grad_stats is None:  # no unscale_ ran (a disabled scaler, no scaler)
+            self._grad_stats = self._measure()
+        scale = self.audit._scale()
+        loss, self._loss = self._loss, None
+        step = RecordedStep(
+            step=log.attempts, scale=scale, overflow=self._found_inf(completed), applied=bool(completed),
+            loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
+            lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
+            shadow=self._shadow)
+        self._grad_stats = self._shadow = None
+        self._open = _OpenStep(step)
+        if not self.audit._scaling:
+            self._close_open()
+
+    def updated(self) -> None:
+        self._close_open()
+
+    # --- the shadow pass -------------------------------------------------------------------
+
+    @property
+    def shadow_due(self) -> bool:
+        """Whether :meth:`shadow` would run a pass in the current attempt."""
+        attempt = self.audit._logs[0].attempts
+        return bool(self._shadow_every) and attempt % self._shadow_every == 0 and self._shadow is None
+
+    def shadow(self, loss_fn: Callable) -> Optional[float]:
+        """On a sampled attempt, rerun ``loss_fn()`` in float32 and count what the run's gradients lost.
+
+        Call it after the attempt's backward pass(es) and before ``scaler.step``; on other attempts it
+        returns at once.
+
+        Args:
+          loss_fn: computes the loss of the batch the run just used, e.g. ``lambda: model(x, labels=y).loss``
+            (the float32 loss, unscaled: the shadow pass never scales).
+
+        Returns:
+          The float32 loss of the shadow pass, or None where the attempt is not sampled.
+        """
+        if not self.shadow_due:
+            return None
+        torch = _torch()
+        params = [param for _, members in self._groups for param in members]
+        device_type = params[0].device.type
+        with self.audit.paused(), torch.autocast(device_type, enabled=False):
+            loss = loss_fn()
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        log = self.audit._logs[0]
+        factor = 1.0 if log.scaled else self.audit._scale()  # compare at the attempt's scale
+        edges = self._bounds(params[0].device)
+        shadow_of = dict(zip(map(id, params), grads))
+        shadow, results = {}, []
+        for group, members in self._groups:
+            counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor, edges)
+                      for p in members if shadow_of[id(p)] is not None and p.grad is not None]
+            results.append((group, sum(p.numel() for p in members),
+                            torch.stack(counts).sum(0) if counts else None))
+        for group, elements, counts in results:
+            under, sub = counts.tolist() if counts is not None else (0, 0)
+            shadow[group] = ShadowStats(under / elements if elements else 0.0, sub / elements if elements else 0.0)
+        self._shadow = shadow
+        return float(loss.detach())
+
+    # --- measuring -------------------------------------------------------------------------
+
+    def _format(self) -> str:
+        """The compute format: as given, else the autocast dtype the run used, else fp16."""
+        if self._compute_format is None:
+            torch = _torch()
+            used = next(iter(self.audit._autocast), None)
+            self._compute_format = {torch.bfloat16: "bf16"}.get(used, "fp16")
+        return self._compute_format
+
+    def _bounds(self, device):
+        if self._edges is None or self._edges.device != device:
+            self._edges = _class_bounds(_torch(), self._format(), device)
+        return self._edges
+
+    def _measure(self) -> dict:
+        """GroupStats of every group at the gradients' current values (one transfer per device)."""
+        torch = _torch()
+        pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
+                  for piece in _pieces(p.grad)]
+        measured = [_piece_measures(torch, piece, self._bounds(piece.device)) for _, piece in pieces]
+        counts = _to_host([classes for classes, _ in measured])
+        extremes = _to_host([extreme for _, extreme in measured])
+        by_group = {group: [] for group, _ in self._groups}
+        for (group, piece), piece_counts, (smallest, largest) in zip(pieces, counts, extremes):
+            nan = 0
+            if piece_counts[3]:
+                nan, largest = _top_class_measures(torch, piece)
+            by_group[group].append(([int(c) for c in piece_counts], largest, smallest, nan))
+        return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
+                for group, members in self._groups}
+
+    def _found_inf(self, completed: bool) -> bool:
+        """The scaler's found-inf for the optimizer in this attempt (else: the update did not run)."""
+        if not self.audit._scaling:
+            return False
+        state = self._scaler._per_optimizer_states.get(id(self._optimizer), {})
+        found = state.get("found_inf_per_device")
+        if not found:
+            return not completed
+        return any(float(value) != 0 for value in found.values())
+
+    def _grad_norm(self, log, scale: float) -> Optional[float]:
+        """The unscaled norm of the gradients as the last backward pass left them."""
+        torch = _torch()
+        norms = [log.accumulated_norms[id(p)] for _, members in self._groups for p in members
+                 if p.grad is not None and id(p) in log.accumulated_norms]
+        if not norms:
+            return None
+        return float(torch.linalg.vector_norm(torch.stack([n.cpu() for n in norms]))) / scale
+
+    # --- the trace -------------------------------------------------------------------------
+
+    def _close_open(self) -> None:
+        """File the open attempt with the growth tracker as the scaler holds it now."""
+        if self._open is None:
+            return
+        step = self._open.step
+        if self.audit._scaling:
+            step = dataclasses.replace(step, growth_counter=int(self._scaler._get_growth_tracker()))
+        self.steps.append(step)
+        self._open = None
+
+    def _build_trace(self):
+        from fpemu.adapters.torch_amp import _read_back
+        from fpemu.harness.run import package_versions
+        scaler = self._scaler
+        scaling = self.audit._scaling
+        params = _read_back(scaler) if scaling else {}
+        device = next((p.device.type for _, members in self._groups for p in members), "cpu")
+        settings = RecorderSettings(self._grouping, self._shadow_every, self._format(), self._statistics)
+        metadata = recorded_metadata(
+            framework="torch", name=self._name, device=device, profile="torch" if scaling else "none",
+            params=params, packages=package_versions(("torch", "numpy")), settings=settings)
+        accounting = self.audit.accounting
+        return recorded_trace(metadata, self.steps, final_scale=self.audit._scale(), examples=accounting.examples,
+                              scheduler_steps=accounting.scheduler_steps or 0)
+
+
+def record_torch(scaler, optimizer, model=None, scheduler=None, *, groups="module", shadow_every: int = 0,
+                 compute_format: Optional[str] = None, path=None, name: str = "recorded_run",
+                 batch_size: Optional[int] = None, statistics: bool = True) -> TorchRecorder:
+    """Record a torch mixed-precision training loop, unchanged, as a trace.
+
+    Args:
+      scaler: the loop's ``torch.amp.GradScaler`` (or None without loss scaling).
+      optimizer: the loop's optimizer (one).
+      model: the model, to name gradient groups after its modules; None names them by the
+        optimizer's parameter groups.
+      scheduler: the loop's LR scheduler (or a list of them), to count its steps.
+      groups: ``"module"`` (default: one group per module that owns parameters), ``"parameter"``,
+        or a function ``(parameter name, parameter) -> group name``.
+      shadow_every: run the float32 shadow pass of :meth:`TorchRecorder.shadow` every this many
+        attempts (0: never).
+      compute_format: the fpemu format the statistics round to; None: the autocast dtype the run
+        uses (fp16 if none).
+      path: write the trace there on a clean exit (atomically); None keeps it in ``rec.trace``.
+      name: the run's name (the trace's ``spec.name``).
+      batch_size: examples per backward pass, to count examples; None leaves them uncounted.
+      statistics: False records only the scaler and loop fields (no per-group statistics).
+
+    Returns:
+      A :class:`TorchRecorder`, a context manager around the loop.
+
+    Example:
+      >>> import torch
+      >>> model = torch.nn.Linear(2, 1)
+      >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+      >>> scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+      >>> with record_torch(scaler, optimizer, model) as rec:
+      ...     for _ in range(2):
+      ...         optimizer.zero_grad()
+      ...         scaler.scale(model(torch.ones(1, 2)).pow(2).sum()).backward()
+      ...         scaler.step(optimizer)
+      ...         scaler.update()
+      >>> [(s.step, s.scale, s.applied, s.growth_counter) for s in rec.steps]
+      [(0, 1024.0, True, 1), (1, 1024.0, True, 2)]
+      >>> sorted(rec.steps[0].grad_stats), rec.steps[0].grad_stats["bias"].elements
+      (['bias', 'weight'], 1)
+    """
+    return TorchRecorder(scaler, optimizer, model, scheduler, groups=groups, shadow_every=shadow_every,
+                         compute_format=compute_format, path=path, name=name, batch_size=batch_size,
+                         statistics=statistics)
+
+
+__all__ = ["TorchRecorder", "record_torch"]

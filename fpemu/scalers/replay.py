@@ -1,0 +1,133 @@
+"""Replay a recorded run's gradients through any loss scaler profile, format or parameters.
+
+A recorded trace (fpemu.traces.recorded) keeps, per attempt, the scale it ran at, whether the
+scaler found inf/NaN, and each group's largest stored gradient magnitude at that scale.  Replay
+runs a profile's rules step by step and decides each step's overflow at the scale the replayed
+scaler holds then, from what the run showed at its own scale:
+
+* ``recorded``: the same scale and format as the run: the run's own verdict;
+* ``implied``: a larger scale than one that overflowed, or a smaller one than one that did not
+  (multiplying by a power of two moves every value alike);
+* ``estimated``: otherwise, from the largest gradient magnitude: unscaled (``max_abs / scale``),
+  times the replayed scale, it overflows where it reaches the format's overflow threshold.  A step
+  whose gradients held inf/NaN has no finite maximum; the nearest finite step's stands in.
+
+What replay cannot know: a different scale (or a skipped update the run made, or not) changes the
+weights and so every later gradient; the run's parameter gradients stand in for all the values
+the backward pass rounds (activation gradients can overflow first).  So a replay is exact while it
+stays on the recorded trajectory (under the run's own profile and parameters it reproduces the
+scale trajectory bit for bit) and an estimate after; ``ReplayResult.decisions`` says which is which.
+
+Imports only numpy and the core (no framework).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+
+from fpemu.formats import get_format
+from fpemu.scalers.profiles import get_profile
+from fpemu.scalers.simulate import ScalerTrace, run_rules
+from fpemu.traces.recorded import format_thresholds, recorded_steps, recorder_settings
+
+DECISIONS = ("recorded", "implied", "estimated")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    """A replayed run.
+
+    Attributes:
+      trace: the profile's :class:`~fpemu.scalers.ScalerTrace` over the replayed overflow flags.
+      decisions: per step, how its overflow was decided: one of ``DECISIONS``.
+      compute: the format the replay decided overflows in.
+    """
+
+    trace: ScalerTrace
+    decisions: tuple
+    compute: str
+
+    @property
+    def flags(self) -> list:
+        return self.trace.overflow.tolist()
+
+    @property
+    def first_estimate(self) -> Optional[int]:
+        """The first step decided by estimate (from there on the replay is no longer the run), or None."""
+        return next((i for i, kind in enumerate(self.decisions) if kind == "estimated"), None)
+
+    def counts(self) -> dict:
+        return {kind: self.decisions.count(kind) for kind in DECISIONS}
+
+
+def _unscaled_maxima(steps) -> list:
+    """Per step, the largest unscaled gradient magnitude; a non-finite step takes its nearest finite
+    neighbour's (the earlier one on a tie), None where no step is finite or statistics are absent."""
+    own = [step.max_abs() / step.scale if step.grad_stats and step.scale and math.isfinite(step.max_abs())
+           and not step.overflow else None for step in steps]
+    finite = [i for i, value in enumerate(own) if value is not None]
+    if not finite:
+        return own
+    return [value if value is not None else own[min(finite, key=lambda j: (abs(j - i), j))]
+            for i, value in enumerate(own)]
+
+
+def _decide(step, maximum: Optional[float], scale: float, same_format: bool, overflow_from: float) -> tuple:
+    """(overflow, decision) of one recorded step replayed at ``scale``."""
+    if same_format:
+        if scale == step.scale:
+            return step.overflow, "recorded"
+        if step.overflow and scale > step.scale:
+            return True, "implied"
+        if not step.overflow and scale < step.scale:
+            return False, "implied"
+    if maximum is None:  # nothing finite to scale: keep the run's verdict
+        return step.overflow, "estimated"
+    return maximum * scale >= overflow_from, "estimated"
+
+
+def replay(trace, profile: str, *, compute: Optional[str] = None, steps: Optional[int] = None,
+           **params) -> ReplayResult:
+    """Replay a recorded trace's gradients through ``profile`` with ``params``.
+
+    Args:
+      trace: a recorded :class:`~fpemu.traces.Trace`.
+      profile: an fpemu profile name (``torch``, ``flax``, ``deepspeed``...).
+      compute: the format overflows are decided in; None: the format the run was recorded in.
+      steps: replay the first this many attempts; None: all of them.
+      **params: the profile's own parameters (the others take its defaults).
+
+    Returns:
+      A :class:`ReplayResult`.
+
+    Example::
+
+        run = read_trace("runs/gpt2.json")
+        same = replay(run, run.metadata["profile"], **run.metadata["params"])   # the run itself
+        flax = replay(run, "flax", growth_interval=40)                          # what flax would have done
+    """
+    recorded = recorded_steps(trace)
+    recorded = recorded if steps is None else recorded[:steps]
+    recorded_format = recorder_settings(trace).compute_format
+    compute = get_format(compute or recorded_format).name
+    same_format = get_format(recorded_format) == get_format(compute)
+    overflow_from = format_thresholds(compute)[2]
+    chosen = get_profile(profile)
+    rules = chosen.rules(**params)
+    state, flags, decisions = rules.init(), [], []
+    for step, maximum in zip(recorded, _unscaled_maxima(recorded)):
+        overflow, decision = _decide(step, maximum, state.scale, same_format, overflow_from)
+        flags.append(overflow)
+        decisions.append(decision)
+        state = rules.update(state, overflow).state
+        if state.stopped:
+            break
+    result = run_rules(rules, np.array(flags, dtype=bool), chosen.name, {**chosen.defaults, **params})
+    return ReplayResult(result, tuple(decisions[:result.attempts]), compute)
+
+
+__all__ = ["DECISIONS", "ReplayResult", "replay"]

@@ -1,0 +1,101 @@
+"""Replay (fpemu.scalers.replay and the spec source `recorded`) of a tiny real GPT-2 run recorded with
+fpemu.record_torch: under the run's own scaler it reproduces the recorded trajectory bit for bit (through
+`fpemu golden` and `fpemu compare` too); under other parameters it is exact while it stays on the recorded
+trajectory, as a real rerun shows; bad specs name the key."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from fpemu.cli import main  # noqa: E402
+from fpemu.scalers.replay import replay  # noqa: E402
+from fpemu.specs import load_spec  # noqa: E402
+from fpemu.specs.loader import SpecError  # noqa: E402
+from fpemu.traces import read_trace  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+import gpt2_loop  # noqa: E402
+
+STEPS = 10
+BASE = {"init_scale": 2.0 ** 22, "growth_interval": 2}
+TINY = dict(layers=2, width=32, batch=2, length=8, shadow_every=0)
+
+
+def record(path, **params):
+    return gpt2_loop.record(path, steps=STEPS, name=path.stem, **TINY, **{**BASE, **params})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("replay")
+    return folder, record(folder / "base.json"), record(folder / "slower.json", growth_interval=3)
+
+
+def test_replay_under_its_own_scaler_is_the_run_bit_for_bit(runs):
+    _, base, _ = runs
+    trace = read_trace(base._path)
+    assert any(step.overflow for step in base.steps) and not all(step.overflow for step in base.steps)
+    same = replay(trace, trace.metadata["profile"], **trace.metadata["params"])
+    assert [s.hex() for s in same.trace.scales] == [step.scale.hex() for step in base.steps]
+    assert same.flags == [step.overflow for step in base.steps]
+    assert same.trace.growth_counter.tolist() == [step.growth_counter for step in base.steps]
+    assert same.counts() == {"recorded": STEPS, "implied": 0, "estimated": 0} and same.first_estimate is None
+
+
+def test_replay_holds_while_on_the_recorded_trajectory(runs):
+    _, base, slower = runs
+    params = {**read_trace(base._path).metadata["params"], "growth_interval": 3}
+    replayed = replay(read_trace(base._path), "torch", **params)
+    real = [step.scale for step in slower.steps]
+    first_off = next((i for i, kind in enumerate(replayed.decisions) if kind != "recorded"), STEPS)
+    # up to the first step the replay could not take from the recording, the real rerun agrees exactly
+    assert [s.hex() for s in replayed.trace.scales[:first_off + 1]] == [s.hex() for s in real[:first_off + 1]]
+    assert first_off < STEPS  # a slower growth leaves the recorded scales: the rest is a prediction
+
+
+def spec(folder, name, profile, params, trace="base.json", extra=""):
+    path = folder / f"{name}.toml"
+    params_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
+    path.write_text(f'name = "{name}"\nsteps = {STEPS}\n\n[scaler]\nprofile = "{profile}"\n'
+                    f"params = {{ {params_toml} }}\n\n[overflow]\nsource = \"recorded\"\ntrace = \"{trace}\"\n{extra}"
+                    f"\n[implementations.torch]\n")
+    return path
+
+
+def test_spec_source_recorded_through_golden_compare_and_diff(runs, capsys):
+    folder, base, _ = runs
+    params = {k: v for k, v in read_trace(base._path).metadata["params"].items()}
+    specs = folder / "specs"
+    specs.mkdir(exist_ok=True)
+    spec(specs, "self", "torch", params, trace="../base.json")
+    spec(specs, "bf16", "torch", params, trace="../base.json", extra='compute = "bf16"\n')
+    assert load_spec(specs / "bf16.toml").overflow.compute == "bf16"
+    assert main(["golden", str(specs), "--out", str(folder / "golden")]) == 0
+    assert main(["compare", str(base._path), str(folder / "golden" / "self.json")]) == 0
+    assert "identical" in capsys.readouterr().out
+    assert main(["compare", str(base._path), str(folder / "golden" / "bf16.json")]) == 1  # bf16 never overflows
+    assert main(["diff", str(specs), "--golden", str(folder / "golden"), "--impl", "torch", "--quiet"]) == 0
+
+
+def test_bad_recorded_specs_name_the_key(runs):
+    folder, base, _ = runs
+    params = read_trace(base._path).metadata["params"]
+    with pytest.raises(SpecError, match=r"overflow\.trace: .*missing\.json"):
+        load_spec(spec(folder, "missing", "torch", params, trace="missing.json"))
+    golden = folder / "golden_like.json"
+    trace = read_trace(base._path)
+    from fpemu.traces import Trace, write_trace
+    write_trace(Trace({**trace.metadata, "source": "reference"}, trace.steps, trace.summary), golden)
+    with pytest.raises(SpecError, match=r"overflow\.trace: .*not a recorded run"):
+        load_spec(spec(folder, "golden", "torch", params, trace=golden.name))
+    long = spec(folder, "long", "torch", params).read_text().replace(f"steps = {STEPS}", f"steps = {STEPS + 1}")
+    (folder / "long.toml").write_text(long)
+    with pytest.raises(SpecError, match=rf"steps: the recorded run .* has {STEPS} attempts"):
+        load_spec(folder / "long.toml")
+    with pytest.raises(SpecError, match=r"overflow\.compute"):
+        load_spec(spec(folder, "fmt", "torch", params, extra='compute = "fp13"\n'))
