@@ -56,7 +56,8 @@ class TraceField:
       name: its key in the step records.
       ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
-        through a profile), ``model`` (a model decides the flags) and ``step`` (seed 002's step).
+        through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step) and
+        ``recorded`` (a user's own run, see fpemu.traces.recorded).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
@@ -74,17 +75,22 @@ class TraceField:
 
 # The one table of step-record fields; every other list of field names is derived from it.
 FIELDS = {field.name: field for field in [
-    TraceField("scale", False, ("scaler", "model", "step"), observed=True),
-    TraceField("overflow", False, ("scaler", "model", "step"), observed=True),
-    TraceField("applied", False, ("scaler", "model", "step"), observed=True),
-    TraceField("growth_counter", False, ("scaler", "model", "step"), observed=True),
+    TraceField("scale", False, ("scaler", "model", "step", "recorded"), observed=True),
+    TraceField("overflow", False, ("scaler", "model", "step", "recorded"), observed=True),
+    TraceField("applied", False, ("scaler", "model", "step", "recorded"), observed=True),
+    TraceField("growth_counter", False, ("scaler", "model", "step", "recorded"), observed=True),
     TraceField("hysteresis", False, ("scaler", "model")),
     TraceField("update_ratio", True, ("scaler",), by_default=False),  # measured by training engines only
-    TraceField("loss", True, ("model", "step"), trajectory=False),
+    TraceField("loss", True, ("model", "step", "recorded"), trajectory=False),
     TraceField("params", True, ("step",), trajectory=False),
     TraceField("underflow_share", True, ("model",), trajectory=False),
     TraceField("subnormal_share", True, ("model",), trajectory=False),
     TraceField("overflow_share", True, ("model",), trajectory=False),
+    # recorded runs only (fpemu.traces.recorded): the loop's own measurements
+    TraceField("grad_norm", True, ("recorded",), by_default=False, trajectory=False),
+    TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
+    TraceField("grad_stats", False, ("recorded",), by_default=False, trajectory=False),
+    TraceField("shadow", False, ("recorded",), by_default=False, trajectory=False),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)

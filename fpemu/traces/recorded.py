@@ -1,0 +1,334 @@
+"""Recorded traces: a real training run (torch or JAX) stored as a trace v1.
+
+A recorded trace is an ordinary trace (see :mod:`fpemu.traces.format`), so ``fpemu compare``,
+``fpemu diff`` and replay read it like any other.  What marks it and what it adds::
+
+    "metadata": {
+      ...the keys every trace has ("spec" describes the run, "implementation": "torch@cpu"),
+      "source": "recorded_run",
+      "framework": "torch" | "jax",
+      "profile": "torch",  "params": {"init_scale": 65536.0, ...},   # the scaler as the run held it
+      "recorder": {"groups": "module", "shadow_every": 10, "compute_format": "fp16", ...},
+      "host": {...}                                                  # fpemu._host.host_provenance()
+    },
+    "steps": [   # one record per update attempt (scaler.step / an optax update)
+      {"step": 0, "scale": 65536.0, "scale_hex": ..., "overflow": false, "applied": true,
+       "growth_counter": 1,
+       "loss": 10.9, "loss_hex": ...,            # unscaled (the value handed to the scaler)
+       "grad_norm": 3.1, "grad_norm_hex": ...,   # unscaled, before clipping; inf/nan on overflow
+       "lr": 0.0001, "lr_hex": ...,              # the optimizer's (first group's) rate at the attempt
+       "grad_stats": {"h.0.attn": {"elements": 49152, "zero": 0.01, "zero_hex": ..., "subnormal": ...,
+                                   "overflow": ..., "nan": ..., "max_abs": ..., "min_nonzero": ...}},
+       "shadow": {"h.0.attn": {"underflow": 0.02, "underflow_hex": ..., "subnormal": ...}}},  # sampled steps
+      ...
+    ],
+    "summary": {"attempts": 20, "completed_updates": 19, "skipped_updates": 1, "examples": 160,
+                "scheduler_steps": 20, "final_scale": ..., "final_scale_hex": ..., "stopped_at": null}
+
+``grad_stats`` describe each group's gradients as the run holds them at the attempt's scale
+(scaled, before unscaling), rounded to the recorder's compute format: the shares of elements that
+are zero, subnormal, beyond the format's range (``overflow``, inf included) and NaN there, and
+the largest magnitude and the smallest nonzero magnitude of the stored (scaled) values.
+``shadow`` compares a float32 pass over the same batch (autocast off) with the run's gradients
+element by element: ``underflow`` is the share of elements nonzero in float32 but zero in the run,
+``subnormal`` the share nonzero in float32 but subnormal in the compute format in the run.
+
+Every float is stored as a readable value and its ``float.hex()`` (the trace rule); the reader
+decodes the hex.  This module imports no framework: the torch and JAX recorders both build their
+records with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Mapping, Optional
+
+import fpemu
+from fpemu._host import host_provenance
+from fpemu.formats import get_format
+from fpemu.traces.format import Trace, TraceError, decode_value, float_fields
+
+SOURCE = "recorded_run"
+FRAMEWORKS = ("torch", "jax")
+
+
+def _floats(**values) -> dict:
+    """Each float as its readable value and its exact hex form."""
+    out = {}
+    for name, value in values.items():
+        out.update(float_fields(name, value))
+    return out
+
+
+def _read(raw: Mapping, key: str, where: str, kind: type = float):
+    """``raw[key]`` decoded (floats from their hex form), checked to be of ``kind``."""
+    if key not in raw:
+        raise TraceError(f"{where}: missing {key!r}")
+    value = decode_value(raw, key)
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TraceError(f"{where}.{key}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupStats:
+    """One group's gradients at one attempt, at the attempt's scale, in the compute format.
+
+    Attributes:
+      elements: gradient elements in the group (parameters without a gradient count as zeros).
+      zero, subnormal, overflow, nan: shares of ``elements`` that round to zero, to a subnormal,
+        beyond the largest finite value (or are inf), and that are NaN.
+      max_abs: the largest magnitude of the stored (scaled) values (inf if any is inf; NaN ignored).
+      min_nonzero: the smallest nonzero magnitude of the stored values (inf if all are zero).
+    """
+
+    elements: int
+    zero: float
+    subnormal: float
+    overflow: float
+    nan: float
+    max_abs: float
+    min_nonzero: float
+
+    SHARES = ("zero", "subnormal", "overflow", "nan")
+
+    @classmethod
+    def from_counts(cls, elements: int, zero: int, subnormal: int, overflow: int, nan: int,
+                    max_abs: float, min_nonzero: float) -> "GroupStats":
+        """Shares from element counts (0 shares for an empty group)."""
+        def share(count):
+            return count / elements if elements else 0.0
+        return cls(int(elements), share(zero), share(subnormal), share(overflow), share(nan),
+                   float(max_abs), float(min_nonzero))
+
+    def to_json(self) -> dict:
+        return {"elements": self.elements, **_floats(**{name: getattr(self, name) for name in
+                                                          self.SHARES + ("max_abs", "min_nonzero")})}
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str) -> "GroupStats":
+        if not isinstance(raw, Mapping):
+            raise TraceError(f"{where}: expected a table of gradient statistics, got {raw!r}")
+        return cls(_read(raw, "elements", where, int),
+                   *(_read(raw, name, where) for name in cls.SHARES + ("max_abs", "min_nonzero")))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShadowStats:
+    """One group's true underflow at a sampled attempt (float32 shadow pass vs the run).
+
+    Attributes:
+      underflow: share of elements nonzero in the float32 pass but zero in the run's gradients.
+      subnormal: share nonzero in the float32 pass but subnormal (compute format) in the run's.
+    """
+
+    underflow: float
+    subnormal: float
+
+    def to_json(self) -> dict:
+        return _floats(underflow=self.underflow, subnormal=self.subnormal)
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str) -> "ShadowStats":
+        if not isinstance(raw, Mapping):
+            raise TraceError(f"{where}: expected a table of shadow statistics, got {raw!r}")
+        return cls(_read(raw, "underflow", where), _read(raw, "subnormal", where))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedStep:
+    """One update attempt of a recorded run.
+
+    Attributes:
+      step: the attempt's index.
+      scale: the loss scale the attempt's gradients carry (before the scaler's update).
+      overflow: the scaler found inf/NaN in the gradients.
+      applied: the optimizer's update ran (not skipped).
+      growth_counter: the scaler's growth tracker after its update (None where not exposed).
+      loss: the unscaled loss (summed over the attempt's microbatches), None where not seen.
+      grad_norm: the unscaled gradient norm before clipping, None where not measured.
+      lr: the learning rate the attempt used (first parameter group), None where unknown.
+      grad_stats: group name -> :class:`GroupStats` (empty where statistics are off).
+      shadow: group name -> :class:`ShadowStats` on sampled attempts, else None.
+    """
+
+    step: int
+    scale: float
+    overflow: bool
+    applied: bool
+    growth_counter: Optional[int] = None
+    loss: Optional[float] = None
+    grad_norm: Optional[float] = None
+    lr: Optional[float] = None
+    grad_stats: Mapping = dataclasses.field(default_factory=dict)
+    shadow: Optional[Mapping] = None
+
+    def max_abs(self) -> float:
+        """The largest stored gradient magnitude over every group (0 without statistics)."""
+        return max((stats.max_abs for stats in self.grad_stats.values()), default=0.0)
+
+
+_OPTIONAL_FLOATS = ("loss", "grad_norm", "lr")
+
+
+def to_step_record(step: RecordedStep) -> dict:
+    """The trace's step record of ``step`` (keys left out where a value is None).
+
+    Example:
+      >>> record = to_step_record(RecordedStep(0, 1024.0, False, True, growth_counter=1, loss=2.5))
+      >>> record["scale_hex"], record["loss"], "grad_norm" in record
+      ('0x1.0000000000000p+10', 2.5, False)
+    """
+    record = {"step": step.step, **float_fields("scale", step.scale), "overflow": bool(step.overflow),
+              "applied": bool(step.applied)}
+    if step.growth_counter is not None:
+        record["growth_counter"] = int(step.growth_counter)
+    for name in _OPTIONAL_FLOATS:
+        if getattr(step, name) is not None:
+            record.update(float_fields(name, getattr(step, name)))
+    if step.grad_stats:
+        record["grad_stats"] = {group: stats.to_json() for group, stats in step.grad_stats.items()}
+    if step.shadow is not None:
+        record["shadow"] = {group: stats.to_json() for group, stats in step.shadow.items()}
+    return record
+
+
+def from_step_record(record: Mapping) -> RecordedStep:
+    """A :class:`RecordedStep` read back from a step record (floats exact, from their hex form).
+
+    Raises:
+      TraceError: a key is missing or of the wrong type (the message names the step and key).
+    """
+    where = f"steps[{record.get('step', '?')}]"
+    optional = {name: _read(record, name, where) if name in record else None for name in _OPTIONAL_FLOATS}
+    grad_stats = {group: GroupStats.from_json(raw, f"{where}.grad_stats.{group}")
+                  for group, raw in record.get("grad_stats", {}).items()}
+    shadow = record.get("shadow")
+    if shadow is not None:
+        shadow = {group: ShadowStats.from_json(raw, f"{where}.shadow.{group}") for group, raw in shadow.items()}
+    return RecordedStep(
+        step=_read(record, "step", where, int), scale=_read(record, "scale", where),
+        overflow=_read(record, "overflow", where, bool), applied=_read(record, "applied", where, bool),
+        growth_counter=_read(record, "growth_counter", where, int) if "growth_counter" in record else None,
+        grad_stats=grad_stats, shadow=shadow, **optional)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecorderSettings:
+    """How a run was recorded (the trace's ``metadata.recorder``).
+
+    Attributes:
+      groups: how gradients were grouped: ``module``, ``parameter``, or the name of the user's
+        grouping function.
+      shadow_every: a float32 shadow pass every this many attempts (0: never).
+      compute_format: the fpemu format the gradient statistics round to (``fp16``, ``bf16``...).
+      statistics: whether per-group gradient statistics were computed.
+    """
+
+    groups: str = "module"
+    shadow_every: int = 0
+    compute_format: str = "fp16"
+    statistics: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.shadow_every, bool) or not isinstance(self.shadow_every, int) or self.shadow_every < 0:
+            raise ValueError(f"shadow_every must be an int >= 0 (0: no shadow pass), got {self.shadow_every!r}")
+        get_format(self.compute_format)  # an unknown name raises, listing the known ones
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def format_thresholds(fmt) -> tuple:
+    """Where round-to-nearest-even into ``fmt`` changes class: (zero_at_most, normal_from,
+    overflow_from).  ``|x| <= zero_at_most`` rounds to zero, ``|x| < normal_from`` (and above
+    zero_at_most) to a subnormal, ``|x| >= overflow_from`` beyond the largest finite value.
+
+    At each boundary's midpoint the tie goes to the even neighbour: 0 below the smallest
+    subnormal, the smallest normal above the largest subnormal (odd), and past the largest
+    finite value (odd) at the top.  All three are exact in float32 for formats narrower than it.
+
+    Example:
+      >>> format_thresholds("fp16")
+      (2.9802322387695312e-08, 6.1005353927612305e-05, 65520.0)
+    """
+    fmt = get_format(fmt)
+    half_subnormal = fmt.min_subnormal / 2
+    top_half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2
+    return half_subnormal, fmt.min_normal - half_subnormal, fmt.max_finite + top_half_ulp
+
+
+def recorded_metadata(*, framework: str, name: str, device: str, profile: str, params: dict,
+                      packages: dict, settings: RecorderSettings, description: str = "") -> dict:
+    """The metadata of a recorded trace.
+
+    Args:
+      framework: ``torch`` or ``jax``.
+      name: the run's name (the trace's ``spec.name``).
+      device: where the run computed (``cpu``, ``cuda``...).
+      profile, params: the scaler's fpemu profile and its parameters as the run's scaler holds them.
+      packages: versions of what computed the run.
+      settings: the :class:`RecorderSettings`.
+      description: a line about the run, kept as the spec text.
+
+    Returns:
+      The metadata dict; its ``spec`` has no file (``path`` empty) and hashes its text.
+    """
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    text = description or f"a {framework} training run recorded by fpemu.record_{framework}"
+    return {"fpemu_version": fpemu.__version__,
+            "spec": {"name": name, "path": "", "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text},
+            "implementation": f"{framework}@{device}", "profile": profile, "params": dict(params),
+            "packages": dict(packages), "device": device, "host": host_provenance(),
+            "source": SOURCE, "framework": framework, "recorder": settings.to_json()}
+
+
+def recorded_trace(metadata: dict, steps, *, final_scale: float, examples: Optional[int],
+                   scheduler_steps: int, stopped_at: Optional[int] = None) -> Trace:
+    """A recorded :class:`~fpemu.traces.Trace` from its metadata and :class:`RecordedStep` s.
+
+    The summary counts attempts, completed and skipped updates from the steps, and keeps
+    ``examples`` (None where the batch size is unknown), ``scheduler_steps`` and the final scale.
+    """
+    steps = tuple(steps)
+    completed = sum(1 for step in steps if step.applied)
+    summary = {"attempts": len(steps), "completed_updates": completed, "skipped_updates": len(steps) - completed,
+               "examples": examples, "scheduler_steps": int(scheduler_steps),
+               **float_fields("final_scale", final_scale), "stopped_at": stopped_at}
+    return Trace(metadata, tuple(to_step_record(step) for step in steps), summary)
+
+
+def is_recorded(trace: Trace) -> bool:
+    return trace.metadata.get("source") == SOURCE
+
+
+def recorded_steps(trace: Trace, path: str = "<trace>") -> tuple:
+    """The :class:`RecordedStep` s of a recorded trace.
+
+    Raises:
+      TraceError: ``trace`` is not a recorded run (its ``metadata.source`` is not ``recorded_run``)
+        or a step record is malformed.
+    """
+    if not is_recorded(trace):
+        raise TraceError(f"{path}: not a recorded run: metadata.source is {trace.metadata.get('source')!r}, "
+                         f"expected {SOURCE!r} (record one with fpemu.record_torch)")
+    return tuple(from_step_record(record) for record in trace.steps)
+
+
+def recorder_settings(trace: Trace, path: str = "<trace>") -> RecorderSettings:
+    """The :class:`RecorderSettings` a recorded trace was made with."""
+    raw = trace.metadata.get("recorder")
+    try:
+        return RecorderSettings(**raw)
+    except (TypeError, ValueError) as error:
+        raise TraceError(f"{path}: metadata.recorder: {error} (got {json.dumps(raw)})") from None
+
+
+__all__ = ["SOURCE", "FRAMEWORKS", "GroupStats", "ShadowStats", "RecordedStep", "RecorderSettings",
+           "to_step_record", "from_step_record", "format_thresholds", "recorded_metadata", "recorded_trace",
+           "is_recorded", "recorded_steps", "recorder_settings"]
