@@ -1,0 +1,394 @@
+"""Record a JAX training run (optax, jmp, flax DynamicScale, Keras on JAX) as a trace, from inside jit.
+
+A jitted step cannot be watched from outside and its gradients should not leave the device, so the
+recording has two halves:
+
+* :func:`grad_stats`, called by the user inside the jitted step on the gradients, returns a small
+  pytree of counts and maxima per leaf (or per module): what the compute format makes of the scaled
+  gradients.  The step returns it as aux; no gradient is copied to the host.
+* :class:`JaxRecorder`, on the host, appends one attempt per step (the statistics, the scale state,
+  loss, gradient norm, learning rate) and writes the recorded trace.
+
+The format's rounding boundaries are found once on the host with fpemu's own rounding kernel (the
+largest float32 that rounds to zero, the largest that stays subnormal, the smallest that overflows),
+so inside jit each statistic is a comparison against a float32 constant: exact for every fpemu
+format, native to XLA or not, and the same counts :func:`fpemu.range_stats` gives.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Callable, NamedTuple, Optional, Union
+
+import numpy as np
+
+from fpemu._jax_states import scale_of, state_field
+from fpemu.errors import FpemuInputError
+from fpemu.formats import get_format, quantize
+from fpemu.formats.rounding import round_to_format
+from fpemu.traces.format import write_trace
+from fpemu.traces.recorded import GroupStats, RecordedStep, RecorderSettings, recorded_metadata, recorded_trace
+
+# What grad_stats returns per group, in the trace's order.
+STAT_NAMES = ("elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero")
+_POSITIVE_FLOAT32_PATTERNS = (1, 0x7F800000)  # smallest subnormal .. +inf
+
+
+class RoundingLimits(NamedTuple):
+    """float32 magnitudes that split what rounding to a format does (nearest even, overflow to inf).
+
+    Attributes:
+      zero: the largest magnitude that rounds to zero.
+      subnormal: the largest magnitude whose result is below the format's min normal.
+      overflow: the smallest magnitude that overflows (inf or NaN, or saturates, beyond max finite).
+    """
+
+    zero: np.float32
+    subnormal: np.float32
+    overflow: np.float32
+
+
+def _first_pattern(predicate) -> int:
+    """Smallest positive float32 bit pattern p with ``predicate(magnitude of p)``, monotone in p."""
+    lo, hi = _POSITIVE_FLOAT32_PATTERNS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        value = np.array([mid], np.uint32).view(np.float32)
+        lo, hi = (lo, mid) if predicate(value) else (mid + 1, hi)
+    return lo
+
+
+def _from_pattern(pattern: int) -> np.float32:
+    return np.array([pattern], np.uint32).view(np.float32)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def rounding_limits(fmt) -> RoundingLimits:
+    """The float32 rounding boundaries of ``fmt`` (a Format or name), found with fpemu's kernel.
+
+    Example:
+      >>> limits = rounding_limits("fp16")
+      >>> float(limits.zero) == 2.0 ** -25, float(limits.overflow)
+      (True, 65520.0)
+    """
+    fmt = get_format(fmt)
+
+    def rounded(value):
+        return round_to_format(value, fmt)
+
+    zero = _first_pattern(lambda v: rounded(v).values[0] != 0) - 1
+    subnormal = _first_pattern(lambda v: abs(rounded(v).values[0]) >= fmt.min_normal) - 1
+    overflow = _first_pattern(lambda v: bool(rounded(v).overflowed[0]))
+    return RoundingLimits(_from_pattern(zero), _from_pattern(subnormal), _from_pattern(overflow))
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+# group_by -> the group of a leaf from its path (a tuple of key names)
+GROUPINGS = {
+    "parameter": lambda path: "/".join(path),
+    "module": lambda path: "/".join(path[:-1]) or "/".join(path),
+}
+
+
+def _grouper(group_by) -> Callable:
+    if callable(group_by):
+        return group_by
+    if group_by not in GROUPINGS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPINGS)} or a callable path -> name, "
+                         f"got {group_by!r}")
+    return GROUPINGS[group_by]
+
+
+def _pattern(value: np.float32) -> int:
+    return int(np.array([value], np.float32).view(np.uint32)[0])
+
+
+_INF_PATTERN = 0x7F800000
+_MAGNITUDE_MASK = 0x7FFFFFFF
+
+
+def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
+    # Compared as integer bit patterns of |x| (ordered as the magnitudes are): XLA:CPU flushes float32
+    # subnormals in float comparisons, which would count bf16's subnormals as zeros.
+    jnp = jax.numpy
+    values = leaf.astype(jnp.float32) if scale is None else leaf.astype(jnp.float32) * scale
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint32) & jnp.uint32(_MAGNITUDE_MASK)
+    nan = bits > _INF_PATTERN
+    nonzero = (bits > _pattern(limits.zero)) & ~nan
+    return {
+        "elements": jnp.int32(leaf.size),
+        "zero": jnp.sum(bits <= _pattern(limits.zero), dtype=jnp.int32),
+        "subnormal": jnp.sum(nonzero & (bits <= _pattern(limits.subnormal)), dtype=jnp.int32),
+        "overflow": jnp.sum((bits >= _pattern(limits.overflow)) & ~nan, dtype=jnp.int32),
+        "nan": jnp.sum(nan, dtype=jnp.int32),
+        "max_abs": jnp.max(jnp.where(nan, jnp.uint32(0), bits), initial=0),
+        "min_nonzero": jnp.min(jnp.where(nonzero, bits, jnp.uint32(_INF_PATTERN)), initial=_INF_PATTERN),
+    }
+
+
+def _combine(jnp, parts: list) -> dict:
+    combined = {name: sum(part[name] for part in parts) for name in ("elements", "zero", "subnormal",
+                                                                      "overflow", "nan")}
+    combined["max_abs"] = functools.reduce(jnp.maximum, [part["max_abs"] for part in parts])
+    combined["min_nonzero"] = functools.reduce(jnp.minimum, [part["min_nonzero"] for part in parts])
+    return combined
+
+
+def grad_stats(grads, fmt="fp16", *, scale=None, group_by: Union[str, Callable] = "parameter") -> dict:
+    """Per-group statistics of the gradients as the compute format holds them; call it inside jit.
+
+    Args:
+      grads: the gradient pytree as the backward pass produced it, multiplied by the loss scale
+        (jmp's ``loss_scale.scale(loss)``, flax's DynamicScale, Keras' scaled loss).
+      fmt: the compute format (a Format or name: "fp16", "bf16", "fp8_e5m2", ...).
+      scale: a factor applied in float32 first, for gradients that are already unscaled (pass the
+        loss scale) or to ask "what would this scale do" (a JAX scalar is fine); None: none.  The
+        product is XLA's, which on the CPU flushes float32 subnormals to zero: exact for fp16 and
+        fp8, whose ranges lie inside float32's normal range, not for bf16's subnormals.
+      group_by: "parameter" (one group per leaf, named by its path), "module" (leaves sharing a
+        parent: a layer's kernel and bias), or a callable from a path (a tuple of key names) to a name.
+
+    Returns:
+      ``{group: {"elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero"}}`` of
+      JAX scalars: counts of elements that are zero, subnormal, overflowed or NaN once rounded to
+      ``fmt``, and the largest and smallest non-zero magnitudes as float32 bit patterns (uint32;
+      the recorder decodes and rounds them).
+      Return it from the step and pass it to :meth:`JaxRecorder.record`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> grads = {"dense": {"kernel": jnp.array([1e-9, 0.5, 7e4]), "bias": jnp.array([0.0])}}
+      >>> stats = jax.jit(lambda g: grad_stats(g, "fp16"))(grads)
+      >>> int(stats["dense/kernel"]["zero"]), int(stats["dense/kernel"]["overflow"])
+      (1, 1)
+      >>> sorted(jax.jit(lambda g: grad_stats(g, "fp16", group_by="module"))(grads))
+      ['dense']
+    """
+    import jax
+    import jax.numpy as jnp
+    limits = rounding_limits(get_format(fmt))
+    grouper = _grouper(group_by)
+    groups: dict = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            continue  # integer state carried in the tree (a step count) is not a gradient
+        name = grouper(tuple(_key_name(key) for key in path))
+        factor = None if scale is None else jnp.asarray(scale, jnp.float32)
+        groups.setdefault(name, []).append(_leaf_stats(jax, leaf, factor, limits))
+    return {name: _combine(jnp, parts) for name, parts in groups.items()}
+
+
+def _rounded_magnitude(pattern, fmt) -> float:
+    """A float32 magnitude (as its bit pattern) rounded to ``fmt``; beyond its range is inf, also
+    in formats whose overflow is NaN (the statistics never hold a NaN magnitude)."""
+    rounded = float(quantize(np.asarray(pattern, np.uint32).reshape(1).view(np.float32), fmt)[0])
+    return float("inf") if np.isnan(rounded) else rounded
+
+
+def host_grad_stats(stats, fmt) -> dict:
+    """``grad_stats``' output on the host as the trace's :class:`~fpemu.traces.recorded.GroupStats`:
+    shares of the element counts, and ``max_abs`` and ``min_nonzero`` rounded to ``fmt`` (rounding
+    is monotone, so the rounded maximum is the maximum of the rounded values)."""
+    fmt = get_format(fmt)
+    if not isinstance(stats, Mapping):
+        raise TypeError(f"stats must be the dict grad_stats returns, got {type(stats).__name__}")
+    out = {}
+    for group, values in stats.items():
+        if not isinstance(values, Mapping) or set(values) != set(STAT_NAMES):
+            raise ValueError(f"stats[{group!r}] must hold exactly {', '.join(STAT_NAMES)} (grad_stats' output)")
+        counts = {name: int(np.asarray(values[name])) for name in STAT_NAMES[:5]}
+        magnitudes = {name: _rounded_magnitude(values[name], fmt) for name in ("max_abs", "min_nonzero")}
+        out[str(group)] = GroupStats.from_counts(**counts, **magnitudes)
+    return out
+
+
+def keras_scale_state(optimizer, variables=None) -> dict:
+    """The scale state of a Keras 3 ``LossScaleOptimizer`` as a dict the recorder reads.
+
+    Args:
+      optimizer: the LossScaleOptimizer.
+      variables: its variable values as a jitted ``stateless_apply`` returns them (None: read the
+        optimizer's own variables, as after ``model.fit``).
+
+    Returns:
+      ``{"scale": float, "growth_counter": int, "growth_interval": int}``.
+    """
+    values = [v.value for v in optimizer.variables] if variables is None else list(variables)
+    paths = [v.path for v in optimizer.variables]
+    by_suffix = {suffix: next((values[i] for i, path in enumerate(paths) if path.endswith(suffix)), None)
+                 for suffix in ("dynamic_scale", "step_counter")}
+    if by_suffix["dynamic_scale"] is None:
+        raise ValueError(f"optimizer must be a keras LossScaleOptimizer (no dynamic_scale variable among "
+                         f"{', '.join(paths)})")
+    return {"scale": float(np.asarray(by_suffix["dynamic_scale"])),
+            "growth_counter": int(np.asarray(by_suffix["step_counter"])),
+            "growth_interval": optimizer.dynamic_growth_steps}
+
+
+class JaxRecorder:
+    """Appends the attempts of a JAX loop on the host and writes them as a recorded trace.
+
+    Use :func:`record_jax` to make one.  Inside the jitted step, :meth:`grad_stats` (or the
+    function :func:`grad_stats` with the same format and grouping); then one :meth:`record` call
+    per update attempt.
+    """
+
+    def __init__(self, fmt, *, name: str, scaler: str, params: Optional[dict] = None,
+                 group_by: Union[str, Callable] = "parameter", batch_size: Optional[int] = None,
+                 path=None):
+        self.format = get_format(fmt)
+        self.name, self.scaler, self.params = name, scaler, dict(params or {})
+        self.group_by, self.batch_size, self.path = group_by, batch_size, path
+        self._steps: list = []
+        self._final_scale: Optional[float] = None
+        self._schedule_count = 0  # no count given: no scheduler observed
+        self._device: Optional[str] = None
+
+    def grad_stats(self, grads, *, scale=None) -> dict:
+        """:func:`grad_stats` in the recorder's format and grouping; call it inside the jitted step."""
+        return grad_stats(grads, self.format, scale=scale, group_by=self.group_by)
+
+    def record(self, stats, *, scale_state, next_scale_state=None, loss=None, grad_norm=None, lr=None,
+               overflow: Optional[bool] = None, applied: Optional[bool] = None,
+               schedule_count=None) -> RecordedStep:
+        """Append one attempt.
+
+        Args:
+          stats: what :meth:`grad_stats` returned inside the step (JAX arrays are fine).
+          scale_state: the loss scale the step used: a number, a jmp or flax state, or a dict with
+            ``scale`` (:func:`keras_scale_state`).
+          next_scale_state: the state the step returned; its counter is the step's growth counter
+            and its scale the final scale.
+          loss, grad_norm, lr: the unscaled loss, the unscaled gradient norm and the learning rate
+            (any scalar; None: not recorded).
+          overflow: whether the scaler saw non-finite gradients (jmp's ``all_finite``, flax's
+            ``is_fin``, negated); None: any NaN or overflow in ``stats``.
+          applied: whether the update ran; None: exactly when it did not overflow.
+          schedule_count: the optax schedule's count after the step (``ScaleByScheduleState.count``,
+            ``ScaleByAdamState.count``); the last one given is the summary's ``scheduler_steps``.
+
+        Returns:
+          The :class:`~fpemu.traces.recorded.RecordedStep` appended.
+        """
+        groups = host_grad_stats(stats, self.format)
+        if overflow is None:
+            overflow = any(row.nan or row.overflow for row in groups.values())
+        overflow = bool(np.asarray(overflow))
+        after = scale_state if next_scale_state is None else next_scale_state
+        counter = state_field(after, "counter")
+        record = RecordedStep(
+            step=len(self._steps), scale=scale_of(scale_state, "scale_state"), overflow=overflow,
+            applied=(not overflow) if applied is None else bool(np.asarray(applied)),
+            growth_counter=None if counter is None else int(np.asarray(counter)),
+            loss=_optional(loss), grad_norm=_optional(grad_norm), lr=_optional(lr), grad_stats=groups)
+        self._steps.append(record)
+        self._final_scale = scale_of(after, "next_scale_state")
+        if schedule_count is not None:
+            self._schedule_count = int(np.asarray(schedule_count))
+        if self._device is None:
+            self._device = _device_of(stats)
+        return record
+
+    @property
+    def steps(self) -> tuple:
+        return tuple(self._steps)
+
+    def trace(self):
+        """The recorded trace so far (see :mod:`fpemu.traces.recorded`)."""
+        final = self._final_scale if self._final_scale is not None else float("nan")
+        examples = None if self.batch_size is None else self.batch_size * len(self._steps)
+        return recorded_trace(self._metadata(), self._steps, final_scale=final, examples=examples,
+                              scheduler_steps=self._schedule_count)
+
+    def write(self, path=None):
+        """Write the trace (atomically) to ``path`` or the recorder's own; returns the path."""
+        target = path if path is not None else self.path
+        if target is None:
+            raise FpemuInputError("path: JaxRecorder.write needs a path (or record_jax(..., path=...))")
+        return write_trace(self.trace(), target)
+
+    def __enter__(self) -> "JaxRecorder":
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is None and self.path is not None:
+            self.write()
+
+    def _metadata(self) -> dict:
+        groups = self.group_by if isinstance(self.group_by, str) else getattr(self.group_by, "__name__", "custom")
+        from fpemu.harness.run import package_versions  # the harness imports traces: not at import time
+        packages = _JAX_PACKAGES + _SCALER_PACKAGES[self.scaler]
+        return recorded_metadata(
+            framework="jax", name=self.name, device=self._device or "cpu", profile=self.scaler,
+            params=self.params, packages=package_versions(packages),
+            settings=RecorderSettings(groups=groups, compute_format=self.format.name))
+
+
+def _optional(value) -> Optional[float]:
+    return None if value is None else float(np.asarray(value))
+
+
+def _device_of(stats) -> Optional[str]:
+    """The platform (cpu, gpu, tpu) the statistics were computed on."""
+    for values in stats.values():
+        for leaf in values.values():
+            if hasattr(leaf, "devices"):
+                return next(iter(leaf.devices())).platform
+    return None
+
+
+# scaler -> the packages a recording with it depends on (beyond jax and jaxlib)
+_JAX_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes")
+_SCALER_PACKAGES = {"jmp": ("jmp", "optax"), "flax": ("flax", "optax"), "optax": ("optax",),
+                    "keras": ("keras",), "static": ()}
+
+
+def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = None,
+               group_by: Union[str, Callable] = "parameter", batch_size: Optional[int] = None,
+               path=None) -> JaxRecorder:
+    """A recorder for a JAX loop: call its :meth:`~JaxRecorder.grad_stats` inside the jitted step,
+    then :meth:`~JaxRecorder.record` once per step on the host.
+
+    Args:
+      fmt: the compute format the statistics are taken in.
+      name: the run's name (the trace's spec name).
+      scaler: which loss scaler the loop uses: one of ``jmp``, ``flax``, ``optax``, ``keras``, ``static``.
+      params: the scaler's parameters, as the loop set them.
+      group_by: "parameter", "module" or a callable path -> group name (see :func:`grad_stats`).
+      batch_size: examples per attempt (the summary counts examples when given).
+      path: where the trace is written when a ``with`` block ends without an exception.
+
+    Returns:
+      A :class:`JaxRecorder`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jmp
+      >>> state = jmp.DynamicLossScale(jnp.float32(2.0 ** 15), period=2)
+      >>> recorder = record_jax("fp16", name="doc", scaler="jmp", params={"period": 2})
+      >>> for g in ([1.0, 3.0], [float("inf"), 1.0]):
+      ...     stats = jax.jit(recorder.grad_stats)({"w": jnp.array(g)})
+      ...     finite = jmp.all_finite({"w": jnp.array(g)})
+      ...     new = state.adjust(finite)
+      ...     _ = recorder.record(stats, scale_state=state, next_scale_state=new, overflow=~finite)
+      ...     state = new
+      >>> [(r.scale, r.overflow, r.applied, r.growth_counter) for r in recorder.steps]
+      [(32768.0, False, True, 1), (32768.0, True, False, 0)]
+      >>> recorder.trace().summary["final_scale"]
+      16384.0
+    """
+    if scaler not in _SCALER_PACKAGES:
+        raise FpemuInputError(f"scaler: expected one of {', '.join(_SCALER_PACKAGES)}, got {scaler!r}")
+    _grouper(group_by)
+    return JaxRecorder(fmt, name=name, scaler=scaler, params=params, group_by=group_by,
+                       batch_size=batch_size, path=path)
+
+
+__all__ = ["STAT_NAMES", "GROUPINGS", "RoundingLimits", "rounding_limits", "grad_stats", "host_grad_stats",
+           "keras_scale_state", "JaxRecorder", "record_jax"]
