@@ -11,7 +11,7 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
-from fpemu.traces.jax_recorder import JaxRecorder, record_jax
+from fpemu.recorders.jax_run import JaxRecorder, record_jax
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ jax = pytest.importorskip("jax")
 jmp = pytest.importorskip("jmp")
 jnp = jax.numpy
 
-from fpemu.traces.jax_recorder import record_jax  # noqa: E402
+from fpemu.recorders.jax_run import record_jax  # noqa: E402
 
 pytest_plugins = ["pytester"]
 

@@ -10,13 +10,13 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 optax = pytest.importorskip("optax")
 
-import fpemu.traces.jax_recorder as jax_recorder  # noqa: E402
+import fpemu.recorders.jax_run as jax_run  # noqa: E402
 from fpemu import quantize, simulate_scaler  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 from fpemu.formats import get_format, range_stats  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
 from fpemu.traces.recorded import GroupStats, recorded_steps  # noqa: E402
-from fpemu.traces.jax_recorder import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
+from fpemu.recorders.jax_run import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
 from tests.trace_checks import bits64  # noqa: E402
 
 FORMATS = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp4_e2m1fn")
@@ -28,7 +28,7 @@ def _awkward_values(seed=0):
     rng = np.random.default_rng(seed)
     values = [np.float32(2.0) ** rng.uniform(-150, 128, 4000)]
     for fmt in FORMATS:
-        limits = jax_recorder.rounding_limits(fmt)
+        limits = jax_run.rounding_limits(fmt)
         values.append(np.array(limits, np.float32))
         values.append(np.nextafter(np.array(limits, np.float32), np.float32(np.inf)))
     values.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan], np.float32))
@@ -106,7 +106,7 @@ def _batches(steps, seed=1):
 def _assert_stats_of(record, grads, scale=1.0):
     """The recorded statistics are those of the gradients the step produced (returned for the test)."""
     host = jax.tree_util.tree_flatten_with_path(grads)[0]
-    expected = {"/".join(jax_recorder._key_name(k) for k in path): _expected(np.asarray(g).ravel(), "fp16", scale)
+    expected = {"/".join(jax_run._key_name(k) for k in path): _expected(np.asarray(g).ravel(), "fp16", scale)
                 for path, g in host}
     assert record.grad_stats == expected
 
@@ -264,5 +264,5 @@ def test_keras_on_jax_loop():
 
 
 def test_docstring_examples():
-    result = doctest.testmod(jax_recorder, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(jax_run, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
