@@ -11,6 +11,7 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
+from fpemu.audits.jax_loop import JaxStep
 from fpemu.recorders.jax_run import JaxRecorder, record_jax
 
 __version__ = "0.1.0"
@@ -21,5 +22,5 @@ __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats"
            "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
            "__version__",
-           # recording your own run
-           "JaxRecorder", "record_jax"]
+           # recording and auditing your own JAX run
+           "JaxRecorder", "record_jax", "JaxStep"]

@@ -111,6 +111,18 @@ def _assert_stats_of(record, grads, scale=1.0):
     assert record.grad_stats == expected
 
 
+def _assert_scaler_model(trace, profile, **params):
+    """The recorded scales and counters are fpemu's model of ``profile`` over the recorded overflows
+    (bit for bit); returns the overflows."""
+    overflows = trace.column("overflow")
+    assert overflows[0] and not all(overflows)  # the first scale overflows fp16, a smaller one fits
+    model = simulate_scaler(overflows, profile, **params)
+    assert bits64(trace.column("scale")) == bits64(model.scales)
+    assert trace.column("growth_counter") == model.growth_counter.tolist()
+    assert bits64([trace.summary["final_scale"]]) == bits64([model.final_scale])
+    return overflows
+
+
 def test_jmp_optax_loop(tmp_path):
     jmp = pytest.importorskip("jmp")
     optimizer = optax.adam(1e-2)
@@ -145,18 +157,41 @@ def test_jmp_optax_loop(tmp_path):
                 _assert_stats_of(record, jax.tree_util.tree_map(lambda g, s=loss_scale: g * s.loss_scale, grads))
             loss_scale = new_scale
     trace = read_trace(path)
-    overflows = trace.column("overflow")
-    assert overflows[0] and overflows.count(False) >= 4  # 2^18 overflows fp16
-    model = simulate_scaler(overflows, "jmp", loss_scale=2.0 ** 18, period=3)
-    assert bits64(trace.column("scale")) == bits64(model.scales)
-    assert trace.column("growth_counter") == model.growth_counter.tolist()
+    overflows = _assert_scaler_model(trace, "jmp", loss_scale=2.0 ** 18, period=3)
+    assert overflows.count(False) >= 4
     assert trace.summary["skipped_updates"] == sum(overflows) and trace.summary["examples"] == 8 * 32
-    assert bits64([trace.summary["final_scale"]]) == bits64([model.final_scale])
     meta = trace.metadata
     assert (meta["source"], meta["framework"], meta["recorder"]["compute_format"]) == ("recorded_run", "jax", "fp16")
     assert {"jax", "jmp", "optax"} <= set(meta["packages"]) and "host" in meta
     assert all(np.isfinite(trace.column("loss")))
     assert trace.summary["scheduler_steps"] == trace.summary["completed_updates"]  # select_tree kept the count
+
+
+def test_shadow_pass_counts_true_underflow():
+    """An fp16 backward at scale 1 on a loss of 1e-5: its underflowed values arrive as plain zeros,
+    which only the float32 pass over the same batch tells from real zeros."""
+    recorder = record_jax("fp16", name="shadow", scaler="static", params={"loss_scale": 1.0}, shadow_every=1)
+
+    @jax.jit
+    def shadow_step(params, x, y):
+        run = jax.grad(lambda p: _mlp_loss(p, x, y, jnp.float16) * 1e-5)(params)
+        exact = jax.grad(lambda p: _mlp_loss(p, x, y, jnp.float32) * 1e-5)(params)
+        return recorder.grad_stats(run), recorder.shadow_stats(run, exact), run, exact
+
+    x, y = next(_batches(1))
+    stats, shadow, run, exact = shadow_step(_mlp_params(4), x, y)
+    step = recorder.record(stats, scale_state=1.0, shadow=shadow)
+    for group in ("dense0/kernel", "dense1/kernel"):
+        got, want = np.asarray(run[group.split("/")[0]]["kernel"]), np.asarray(exact[group.split("/")[0]]["kernel"])
+        lost = (want != 0) & (quantize(got, "fp16") == 0)
+        small = (want != 0) & (quantize(got, "fp16") != 0) & (np.abs(got) < get_format("fp16").min_normal)
+        assert step.shadow[group].underflow == lost.sum() / lost.size
+        assert step.shadow[group].subnormal == small.sum() / small.size
+    assert step.shadow["dense0/kernel"].underflow > 0.1  # true underflow...
+    assert step.grad_stats["dense0/kernel"].zero >= step.shadow["dense0/kernel"].underflow  # ...read as zeros
+    trace = recorder.trace()
+    assert trace.metadata["recorder"]["shadow_every"] == 1 and "shadow" in trace.steps[0]
+    assert recorded_steps(trace)[0].shadow == step.shadow
 
 
 def test_flax_dynamic_scale_loop():
@@ -185,11 +220,7 @@ def test_flax_dynamic_scale_loop():
                         overflow=~aux["is_fin"])
         dynamic_scale = new_scale
     trace = recorder.trace()
-    overflows = trace.column("overflow")
-    assert overflows[0] and not all(overflows)
-    model = simulate_scaler(overflows, "flax", scale=2.0 ** 21, growth_interval=2)
-    assert bits64(trace.column("scale")) == bits64(model.scales)
-    assert trace.column("growth_counter") == model.growth_counter.tolist()
+    _assert_scaler_model(trace, "flax", scale=2.0 ** 21, growth_interval=2)
     assert sorted(trace.steps[0]["grad_stats"]) == ["dense0", "dense1"]
     assert recorded_steps(trace)[0].grad_stats["dense0"].elements == 8 * 16 + 16
 
@@ -255,11 +286,7 @@ def test_keras_on_jax_loop():
         trainable, opt_vars, stats, loss = train_step(trainable, opt_vars, x, y)
         recorder.record(stats, scale_state=before, next_scale_state=keras_scale_state(optimizer, opt_vars), loss=loss)
     trace = recorder.trace()
-    overflows = trace.column("overflow")
-    assert overflows[0] and not all(overflows)
-    model_trace = simulate_scaler(overflows, "keras", initial_scale=2.0 ** 21, dynamic_growth_steps=2)
-    assert bits64(trace.column("scale")) == bits64(model_trace.scales)
-    assert trace.column("growth_counter") == model_trace.growth_counter.tolist()
+    _assert_scaler_model(trace, "keras", initial_scale=2.0 ** 21, dynamic_growth_steps=2)
     assert sorted(trace.steps[0]["grad_stats"]) == sorted(names)
 
 

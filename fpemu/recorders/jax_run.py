@@ -28,7 +28,8 @@ from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
 from fpemu.formats.rounding import round_to_format
 from fpemu.traces.format import write_trace
-from fpemu.traces.recorded import GroupStats, RecordedStep, RecorderSettings, recorded_metadata, recorded_trace
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, recorded_metadata,
+                                   recorded_trace)
 
 # What grad_stats returns per group, in the trace's order.
 STAT_NAMES = ("elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero")
@@ -114,12 +115,19 @@ _INF_PATTERN = 0x7F800000
 _MAGNITUDE_MASK = 0x7FFFFFFF
 
 
-def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
-    # Compared as integer bit patterns of |x| (ordered as the magnitudes are): XLA:CPU flushes float32
-    # subnormals in float comparisons, which would count bf16's subnormals as zeros.
+def _magnitude_bits(jax, leaf, scale):
+    """|leaf * scale| in float32 as uint32 bit patterns, which order as the magnitudes do.
+
+    Compared as integers: XLA:CPU flushes float32 subnormals in float comparisons, which would
+    count bf16's subnormals as zeros."""
     jnp = jax.numpy
     values = leaf.astype(jnp.float32) if scale is None else leaf.astype(jnp.float32) * scale
-    bits = jax.lax.bitcast_convert_type(values, jnp.uint32) & jnp.uint32(_MAGNITUDE_MASK)
+    return jax.lax.bitcast_convert_type(values, jnp.uint32) & jnp.uint32(_MAGNITUDE_MASK)
+
+
+def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
+    jnp = jax.numpy
+    bits = _magnitude_bits(jax, leaf, scale)
     nan = bits > _INF_PATTERN
     nonzero = (bits > _pattern(limits.zero)) & ~nan
     return {
@@ -134,11 +142,31 @@ def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
 
 
 def _combine(jnp, parts: list) -> dict:
-    combined = {name: sum(part[name] for part in parts) for name in ("elements", "zero", "subnormal",
-                                                                      "overflow", "nan")}
-    combined["max_abs"] = functools.reduce(jnp.maximum, [part["max_abs"] for part in parts])
-    combined["min_nonzero"] = functools.reduce(jnp.minimum, [part["min_nonzero"] for part in parts])
-    return combined
+    """One group's statistics from its leaves': counts add, maxima and minima reduce."""
+    reduce = {"max_abs": jnp.maximum, "min_nonzero": jnp.minimum}
+    return {name: functools.reduce(reduce.get(name, jnp.add), [part[name] for part in parts])
+            for name in parts[0]}
+
+
+def _grouped(grads, group_by, leaf_stats, *others) -> dict:
+    """``leaf_stats(leaf, *other_leaves)`` over the floating-point leaves of ``grads`` (and the
+    matching leaves of ``others``), combined per group."""
+    import jax
+    import jax.numpy as jnp
+    grouper = _grouper(group_by)
+    other_leaves = [jax.tree_util.tree_leaves(tree) for tree in others]
+    groups: dict = {}
+    for index, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(grads)[0]):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            continue  # integer state carried in the tree (a step count) is not a gradient
+        name = grouper(tuple(_key_name(key) for key in path))
+        groups.setdefault(name, []).append(leaf_stats(leaf, *(leaves[index] for leaves in other_leaves)))
+    return {name: _combine(jnp, parts) for name, parts in groups.items()}
+
+
+def _factor(scale):
+    import jax.numpy as jnp
+    return None if scale is None else jnp.asarray(scale, jnp.float32)
 
 
 def grad_stats(grads, fmt="fp16", *, scale=None, group_by: Union[str, Callable] = "parameter") -> dict:
@@ -172,17 +200,58 @@ def grad_stats(grads, fmt="fp16", *, scale=None, group_by: Union[str, Callable] 
       ['dense']
     """
     import jax
-    import jax.numpy as jnp
-    limits = rounding_limits(get_format(fmt))
-    grouper = _grouper(group_by)
-    groups: dict = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-            continue  # integer state carried in the tree (a step count) is not a gradient
-        name = grouper(tuple(_key_name(key) for key in path))
-        factor = None if scale is None else jnp.asarray(scale, jnp.float32)
-        groups.setdefault(name, []).append(_leaf_stats(jax, leaf, factor, limits))
-    return {name: _combine(jnp, parts) for name, parts in groups.items()}
+    limits, factor = rounding_limits(get_format(fmt)), _factor(scale)
+    return _grouped(grads, group_by, lambda leaf: _leaf_stats(jax, leaf, factor, limits))
+
+
+def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[str, Callable] = "parameter") -> dict:
+    """True underflow, element by element: the run's gradients against a float32 pass over the same
+    batch (the model in float32, no loss scale).  Call it inside a jitted function on sampled steps.
+
+    Args:
+      grads: the run's gradient pytree as in :func:`grad_stats` (scaled, or unscaled with ``scale``).
+      reference: the float32 pass's gradients, the same tree.
+      fmt, scale, group_by: as in :func:`grad_stats`.
+
+    Returns:
+      ``{group: {"elements", "underflow", "subnormal"}}`` counts (JAX scalars): elements nonzero in
+      the float32 pass but zero in the run (or, for ``subnormal``, subnormal in ``fmt``).  Values
+      that underflowed inside an fp16 backward arrive as plain zeros, which ``grad_stats`` can only
+      count as zeros; this tells them from gradients that are really zero.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> run = {"w": jnp.array([0.0, 0.0, 1e-6, 0.5])}            # what the fp16 backward left
+      >>> exact = {"w": jnp.array([0.0, 1e-9, 1e-6, 0.5])}         # the float32 pass
+      >>> {k: int(v) for k, v in sorted(jax.jit(shadow_stats)(run, exact)["w"].items())}
+      {'elements': 4, 'subnormal': 1, 'underflow': 1}
+    """
+    import jax
+    jnp = jax.numpy
+    limits, factor = rounding_limits(get_format(fmt)), _factor(scale)
+
+    def leaf_shadow(leaf, exact):
+        bits, nonzero = _magnitude_bits(jax, leaf, factor), exact != 0
+        return {"elements": jnp.int32(leaf.size),
+                "underflow": jnp.sum(nonzero & (bits <= _pattern(limits.zero)), dtype=jnp.int32),
+                "subnormal": jnp.sum(nonzero & (bits > _pattern(limits.zero)) & (bits <= _pattern(limits.subnormal)),
+                                     dtype=jnp.int32)}
+
+    return _grouped(grads, group_by, leaf_shadow, reference)
+
+
+def host_shadow_stats(stats) -> dict:
+    """``shadow_stats``' output on the host as the trace's :class:`~fpemu.traces.recorded.ShadowStats`."""
+    if not isinstance(stats, Mapping):
+        raise TypeError(f"shadow must be the dict shadow_stats returns, got {type(stats).__name__}")
+    out = {}
+    for group, values in stats.items():
+        if not isinstance(values, Mapping) or set(values) != {"elements", "underflow", "subnormal"}:
+            raise ValueError(f"shadow[{group!r}] must hold exactly elements, underflow, subnormal (shadow_stats' output)")
+        elements = int(np.asarray(values["elements"]))
+        share = (lambda name: int(np.asarray(values[name])) / elements if elements else 0.0)
+        out[str(group)] = ShadowStats(share("underflow"), share("subnormal"))
+    return out
 
 
 def _rounded_magnitude(pattern, fmt) -> float:
@@ -242,8 +311,9 @@ class JaxRecorder:
 
     def __init__(self, fmt, *, name: str, scaler: str, params: Optional[dict] = None,
                  group_by: Union[str, Callable] = "parameter", batch_size: Optional[int] = None,
-                 path=None):
+                 path=None, shadow_every: int = 0):
         self.format = get_format(fmt)
+        self.shadow_every = shadow_every
         self.name, self.scaler, self.params = name, scaler, dict(params or {})
         self.group_by, self.batch_size, self.path = group_by, batch_size, path
         self._steps: list = []
@@ -255,9 +325,13 @@ class JaxRecorder:
         """:func:`grad_stats` in the recorder's format and grouping; call it inside the jitted step."""
         return grad_stats(grads, self.format, scale=scale, group_by=self.group_by)
 
+    def shadow_stats(self, grads, reference, *, scale=None) -> dict:
+        """:func:`shadow_stats` in the recorder's format and grouping; call it inside jit."""
+        return shadow_stats(grads, reference, self.format, scale=scale, group_by=self.group_by)
+
     def record(self, stats, *, scale_state, next_scale_state=None, loss=None, grad_norm=None, lr=None,
                overflow: Optional[bool] = None, applied: Optional[bool] = None,
-               schedule_count=None) -> RecordedStep:
+               schedule_count=None, shadow=None) -> RecordedStep:
         """Append one attempt.
 
         Args:
@@ -273,6 +347,7 @@ class JaxRecorder:
           applied: whether the update ran; None: exactly when it did not overflow.
           schedule_count: the optax schedule's count after the step (``ScaleByScheduleState.count``,
             ``ScaleByAdamState.count``); the last one given is the summary's ``scheduler_steps``.
+          shadow: what :meth:`shadow_stats` returned for this step's batch (sampled steps only).
 
         Returns:
           The :class:`~fpemu.traces.recorded.RecordedStep` appended.
@@ -287,7 +362,8 @@ class JaxRecorder:
             step=len(self._steps), scale=scale_of(scale_state, "scale_state"), overflow=overflow,
             applied=(not overflow) if applied is None else bool(np.asarray(applied)),
             growth_counter=None if counter is None else int(np.asarray(counter)),
-            loss=_optional(loss), grad_norm=_optional(grad_norm), lr=_optional(lr), grad_stats=groups)
+            loss=_optional(loss), grad_norm=_optional(grad_norm), lr=_optional(lr), grad_stats=groups,
+            shadow=None if shadow is None else host_shadow_stats(shadow))
         self._steps.append(record)
         self._final_scale = scale_of(after, "next_scale_state")
         if schedule_count is not None:
@@ -328,7 +404,7 @@ class JaxRecorder:
         return recorded_metadata(
             framework="jax", name=self.name, device=self._device or "cpu", profile=self.scaler,
             params=self.params, packages=package_versions(packages),
-            settings=RecorderSettings(groups=groups, compute_format=self.format.name))
+            settings=RecorderSettings(groups=groups, shadow_every=self.shadow_every, compute_format=self.format.name))
 
 
 def _optional(value) -> Optional[float]:
@@ -352,7 +428,7 @@ _SCALER_PACKAGES = {"jmp": ("jmp", "optax"), "flax": ("flax", "optax"), "optax":
 
 def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = None,
                group_by: Union[str, Callable] = "parameter", batch_size: Optional[int] = None,
-               path=None) -> JaxRecorder:
+               path=None, shadow_every: int = 0) -> JaxRecorder:
     """A recorder for a JAX loop: call its :meth:`~JaxRecorder.grad_stats` inside the jitted step,
     then :meth:`~JaxRecorder.record` once per step on the host.
 
@@ -364,6 +440,9 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
       group_by: "parameter", "module" or a callable path -> group name (see :func:`grad_stats`).
       batch_size: examples per attempt (the summary counts examples when given).
       path: where the trace is written when a ``with`` block ends without an exception.
+      shadow_every: how often the loop runs a float32 shadow pass (:meth:`JaxRecorder.shadow_stats`
+        on the same batch; 0: never), recorded in the metadata.  The loop decides when: a shadow
+        step costs one more forward and backward in float32.
 
     Returns:
       A :class:`JaxRecorder`.
@@ -386,9 +465,11 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
     if scaler not in _SCALER_PACKAGES:
         raise FpemuInputError(f"scaler: expected one of {', '.join(_SCALER_PACKAGES)}, got {scaler!r}")
     _grouper(group_by)
+    RecorderSettings(shadow_every=shadow_every)  # checks it
     return JaxRecorder(fmt, name=name, scaler=scaler, params=params, group_by=group_by,
-                       batch_size=batch_size, path=path)
+                       batch_size=batch_size, path=path, shadow_every=shadow_every)
 
 
 __all__ = ["STAT_NAMES", "GROUPINGS", "RoundingLimits", "rounding_limits", "grad_stats", "host_grad_stats",
+           "shadow_stats", "host_shadow_stats",
            "keras_scale_state", "JaxRecorder", "record_jax"]
