@@ -31,8 +31,9 @@ from fpemu.traces.format import write_trace
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, recorded_metadata,
                                    recorded_trace)
 
-# What grad_stats returns per group, in the trace's order.
+# What grad_stats and shadow_stats return per group, in the trace's order.
 STAT_NAMES = ("elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero")
+SHADOW_NAMES = ("elements", "underflow", "subnormal")
 _POSITIVE_FLOAT32_PATTERNS = (1, 0x7F800000)  # smallest subnormal .. +inf
 
 
@@ -148,11 +149,52 @@ def _combine(jnp, parts: list) -> dict:
             for name in parts[0]}
 
 
-def _grouped(grads, group_by, leaf_stats, *others) -> dict:
+class GroupCounts:
+    """What :func:`grad_stats` and :func:`shadow_stats` return: one uint32 row per group, in a single
+    array, so one small buffer leaves the jitted step however many groups there are (each output of
+    a jitted function costs a transfer of its own).
+
+    Attributes:
+      columns: the statistic of each column (``STAT_NAMES`` or ``SHADOW_NAMES``).
+      groups: the group of each row.
+      values: the uint32 array, ``len(groups)`` x ``len(columns)``.
+
+    ``counts[group]`` is that group's row as a dict of column -> value.
+    """
+
+    def __init__(self, columns: tuple, groups: tuple, values):
+        self.columns, self.groups, self.values = tuple(columns), tuple(groups), values
+
+    def __getitem__(self, group: str) -> dict:
+        return dict(zip(self.columns, self.values[self.groups.index(group)]))
+
+    def __iter__(self):
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def rows(self) -> dict:
+        """group -> {column: int}, read from one copy of the array on the host."""
+        values = np.asarray(self.values, dtype=np.uint32)
+        return {group: dict(zip(self.columns, map(int, row))) for group, row in zip(self.groups, values)}
+
+
+@functools.lru_cache(maxsize=None)
+def _register_group_counts() -> None:
+    import jax
+    jax.tree_util.register_pytree_node(
+        GroupCounts, lambda c: ((c.values,), (c.columns, c.groups)),
+        lambda aux, children: GroupCounts(aux[0], aux[1], children[0]))
+
+
+def _grouped(grads, group_by, leaf_stats, columns, *others) -> GroupCounts:
     """``leaf_stats(leaf, *other_leaves)`` over the floating-point leaves of ``grads`` (and the
-    matching leaves of ``others``), combined per group."""
+    matching leaves of ``others``), combined per group and packed as uint32 (counts, and float32
+    magnitudes as their bit patterns)."""
     import jax
     import jax.numpy as jnp
+    _register_group_counts()
     grouper = _grouper(group_by)
     other_leaves = [jax.tree_util.tree_leaves(tree) for tree in others]
     groups: dict = {}
@@ -161,7 +203,10 @@ def _grouped(grads, group_by, leaf_stats, *others) -> dict:
             continue  # integer state carried in the tree (a step count) is not a gradient
         name = grouper(tuple(_key_name(key) for key in path))
         groups.setdefault(name, []).append(leaf_stats(leaf, *(leaves[index] for leaves in other_leaves)))
-    return {name: _combine(jnp, parts) for name, parts in groups.items()}
+    combined = [_combine(jnp, parts) for parts in groups.values()]
+    values = jnp.stack([jnp.stack([row[column].astype(jnp.uint32) for column in columns]) for row in combined]) \
+        if combined else jnp.zeros((0, len(columns)), jnp.uint32)
+    return GroupCounts(columns, tuple(groups), values)
 
 
 def _factor(scale):
@@ -184,10 +229,10 @@ def grad_stats(grads, fmt="fp16", *, scale=None, group_by: Union[str, Callable] 
         parent: a layer's kernel and bias), or a callable from a path (a tuple of key names) to a name.
 
     Returns:
-      ``{group: {"elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero"}}`` of
-      JAX scalars: counts of elements that are zero, subnormal, overflowed or NaN once rounded to
-      ``fmt``, and the largest and smallest non-zero magnitudes as float32 bit patterns (uint32;
-      the recorder decodes and rounds them).
+      A :class:`GroupCounts` (a pytree holding one uint32 array): per group, ``elements`` and the
+      counts of elements that are ``zero``, ``subnormal``, ``overflow`` or ``nan`` once rounded to
+      ``fmt``, and ``max_abs`` and ``min_nonzero`` as float32 bit patterns (the recorder decodes
+      and rounds them).
       Return it from the step and pass it to :meth:`JaxRecorder.record`.
 
     Example:
@@ -201,7 +246,7 @@ def grad_stats(grads, fmt="fp16", *, scale=None, group_by: Union[str, Callable] 
     """
     import jax
     limits, factor = rounding_limits(get_format(fmt)), _factor(scale)
-    return _grouped(grads, group_by, lambda leaf: _leaf_stats(jax, leaf, factor, limits))
+    return _grouped(grads, group_by, lambda leaf: _leaf_stats(jax, leaf, factor, limits), STAT_NAMES)
 
 
 def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[str, Callable] = "parameter") -> dict:
@@ -214,8 +259,8 @@ def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[st
       fmt, scale, group_by: as in :func:`grad_stats`.
 
     Returns:
-      ``{group: {"elements", "underflow", "subnormal"}}`` counts (JAX scalars): elements nonzero in
-      the float32 pass but zero in the run (or, for ``subnormal``, subnormal in ``fmt``).  Values
+      A :class:`GroupCounts` of ``elements``, ``underflow`` and ``subnormal`` per group: elements
+      nonzero in the float32 pass but zero in the run (or, for ``subnormal``, subnormal in ``fmt``).  Values
       that underflowed inside an fp16 backward arrive as plain zeros, which ``grad_stats`` can only
       count as zeros; this tells them from gradients that are really zero.
 
@@ -223,8 +268,8 @@ def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[st
       >>> import jax, jax.numpy as jnp
       >>> run = {"w": jnp.array([0.0, 0.0, 1e-6, 0.5])}            # what the fp16 backward left
       >>> exact = {"w": jnp.array([0.0, 1e-9, 1e-6, 0.5])}         # the float32 pass
-      >>> {k: int(v) for k, v in sorted(jax.jit(shadow_stats)(run, exact)["w"].items())}
-      {'elements': 4, 'subnormal': 1, 'underflow': 1}
+      >>> jax.jit(shadow_stats)(run, exact).rows()
+      {'w': {'elements': 4, 'underflow': 1, 'subnormal': 1}}
     """
     import jax
     jnp = jax.numpy
@@ -237,45 +282,37 @@ def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[st
                 "subnormal": jnp.sum(nonzero & (bits > _pattern(limits.zero)) & (bits <= _pattern(limits.subnormal)),
                                      dtype=jnp.int32)}
 
-    return _grouped(grads, group_by, leaf_shadow, reference)
+    return _grouped(grads, group_by, leaf_shadow, SHADOW_NAMES, reference)
+
+
+def _rows(stats, columns: tuple, function: str) -> dict:
+    if not isinstance(stats, GroupCounts) or stats.columns != columns:
+        raise TypeError(f"expected what {function} returns (a GroupCounts of {', '.join(columns)}), "
+                        f"got {type(stats).__name__}")
+    return stats.rows()
 
 
 def host_shadow_stats(stats) -> dict:
     """``shadow_stats``' output on the host as the trace's :class:`~fpemu.traces.recorded.ShadowStats`."""
-    if not isinstance(stats, Mapping):
-        raise TypeError(f"shadow must be the dict shadow_stats returns, got {type(stats).__name__}")
     out = {}
-    for group, values in stats.items():
-        if not isinstance(values, Mapping) or set(values) != {"elements", "underflow", "subnormal"}:
-            raise ValueError(f"shadow[{group!r}] must hold exactly elements, underflow, subnormal (shadow_stats' output)")
-        elements = int(np.asarray(values["elements"]))
-        share = (lambda name: int(np.asarray(values[name])) / elements if elements else 0.0)
-        out[str(group)] = ShadowStats(share("underflow"), share("subnormal"))
+    for group, row in _rows(stats, SHADOW_NAMES, "shadow_stats").items():
+        elements = row["elements"]
+        out[group] = ShadowStats(*(row[name] / elements if elements else 0.0 for name in ("underflow", "subnormal")))
     return out
-
-
-def _rounded_magnitude(pattern, fmt) -> float:
-    """A float32 magnitude (as its bit pattern) rounded to ``fmt``; beyond its range is inf, also
-    in formats whose overflow is NaN (the statistics never hold a NaN magnitude)."""
-    rounded = float(quantize(np.asarray(pattern, np.uint32).reshape(1).view(np.float32), fmt)[0])
-    return float("inf") if np.isnan(rounded) else rounded
 
 
 def host_grad_stats(stats, fmt) -> dict:
     """``grad_stats``' output on the host as the trace's :class:`~fpemu.traces.recorded.GroupStats`:
     shares of the element counts, and ``max_abs`` and ``min_nonzero`` rounded to ``fmt`` (rounding
-    is monotone, so the rounded maximum is the maximum of the rounded values)."""
+    is monotone, so the rounded maximum is the maximum of the rounded values; beyond the range is
+    inf, also in formats whose overflow is NaN)."""
     fmt = get_format(fmt)
-    if not isinstance(stats, Mapping):
-        raise TypeError(f"stats must be the dict grad_stats returns, got {type(stats).__name__}")
-    out = {}
-    for group, values in stats.items():
-        if not isinstance(values, Mapping) or set(values) != set(STAT_NAMES):
-            raise ValueError(f"stats[{group!r}] must hold exactly {', '.join(STAT_NAMES)} (grad_stats' output)")
-        counts = {name: int(np.asarray(values[name])) for name in STAT_NAMES[:5]}
-        magnitudes = {name: _rounded_magnitude(values[name], fmt) for name in ("max_abs", "min_nonzero")}
-        out[str(group)] = GroupStats.from_counts(**counts, **magnitudes)
-    return out
+    rows = _rows(stats, STAT_NAMES, "grad_stats")
+    magnitudes = np.array([[row["max_abs"], row["min_nonzero"]] for row in rows.values()], np.uint32).reshape(-1, 2)
+    rounded = quantize(magnitudes.view(np.float32), fmt)  # one call for every group
+    rounded = np.where(np.isnan(rounded), np.inf, rounded)
+    return {group: GroupStats.from_counts(*(row[name] for name in STAT_NAMES[:5]), float(top), float(bottom))
+            for (group, row), (top, bottom) in zip(rows.items(), rounded)}
 
 
 def keras_scale_state(optimizer, variables=None) -> dict:
@@ -411,13 +448,10 @@ def _optional(value) -> Optional[float]:
     return None if value is None else float(np.asarray(value))
 
 
-def _device_of(stats) -> Optional[str]:
-    """The platform (cpu, gpu, tpu) the statistics were computed on."""
-    for values in stats.values():
-        for leaf in values.values():
-            if hasattr(leaf, "devices"):
-                return next(iter(leaf.devices())).platform
-    return None
+def _device_of(stats: GroupCounts) -> Optional[str]:
+    """The platform (cpu, gpu, tpu) the statistics were computed on (None for host arrays)."""
+    devices = getattr(stats.values, "devices", None)
+    return None if devices is None else next(iter(devices())).platform
 
 
 # scaler -> the packages a recording with it depends on (beyond jax and jaxlib)
@@ -470,6 +504,6 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
                        batch_size=batch_size, path=path, shadow_every=shadow_every)
 
 
-__all__ = ["STAT_NAMES", "GROUPINGS", "RoundingLimits", "rounding_limits", "grad_stats", "host_grad_stats",
+__all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "GroupCounts", "RoundingLimits", "rounding_limits", "grad_stats", "host_grad_stats",
            "shadow_stats", "host_shadow_stats",
            "keras_scale_state", "JaxRecorder", "record_jax"]
