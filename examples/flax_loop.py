@@ -92,8 +92,25 @@ def make_step(model, optimizer, schedule, recorder):
     return train_step
 
 
+def make_shadow(config, recorder):
+    """A jitted float32 pass over the same batch beside the fp16 one: the true underflow (fpemu's
+    shadow statistics).  It costs one fp16 and one float32 forward and backward, on sampled steps."""
+    fp16, fp32 = TinyLM(config), TinyLM(config, dtype=jnp.float32)
+
+    def loss(model, params, tokens):
+        logits = model.apply({"params": params}, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:]).mean()
+
+    @jax.jit
+    def shadow(params, scale, tokens):
+        run = jax.grad(lambda p: loss(fp16, p, tokens) * scale)(params)  # as the step's backward scales it
+        return recorder.shadow_stats(run, jax.grad(lambda p: loss(fp32, p, tokens))(params))
+
+    return shadow
+
+
 def record(path=None, *, steps=30, batch=8, init_scale=2.0 ** 16, growth_interval=2000, lr=3e-3, warmup=5,
-           config=Config(), group_by="module", name="flax_lm_fp16", seed=0):
+           config=Config(), group_by="module", name="flax_lm_fp16", seed=0, shadow_every=0):
     """Train the model under ``fpemu.record_jax`` and return the recorder (its trace is written to ``path``)."""
     import fpemu
     model = TinyLM(config)
@@ -104,14 +121,17 @@ def record(path=None, *, steps=30, batch=8, init_scale=2.0 ** 16, growth_interva
     dynamic_scale = DynamicScale(growth_interval=growth_interval, scale=jnp.float32(init_scale))
     recorder = fpemu.record_jax("fp16", name=name, scaler="flax", group_by=group_by, batch_size=batch, path=path,
                                 params={"scale": init_scale, "growth_interval": growth_interval,
-                                        "growth_factor": 2.0, "backoff_factor": 0.5})
+                                        "growth_factor": 2.0, "backoff_factor": 0.5}, shadow_every=shadow_every)
     train_step = make_step(model, optimizer, schedule, recorder)
+    shadow = make_shadow(config, recorder) if shadow_every else None
     with recorder:
-        for tokens in batches(config, steps, batch):
+        for index, tokens in enumerate(batches(config, steps, batch)):
+            sampled = shadow is not None and index % shadow_every == 0
+            shadow_stats = shadow(params, dynamic_scale.scale, tokens) if sampled else None  # before the update
             params, opt_state, new_scale, aux = train_step(params, opt_state, dynamic_scale, tokens)
             recorder.record(aux["stats"], scale_state=dynamic_scale, next_scale_state=new_scale, loss=aux["loss"],
                             grad_norm=aux["grad_norm"], lr=aux["lr"], overflow=~aux["is_fin"],
-                            schedule_count=aux["count"])
+                            schedule_count=aux["count"], shadow=shadow_stats)
             dynamic_scale = new_scale
     return recorder
 
@@ -123,10 +143,11 @@ def main(argv=None) -> None:
     parser.add_argument("--init-scale", type=float, default=2.0 ** 16)
     parser.add_argument("--growth-interval", type=int, default=2000)
     parser.add_argument("--group-by", choices=("module", "parameter"), default="module")
+    parser.add_argument("--shadow-every", type=int, default=0, help="a float32 shadow pass every N steps (0: none)")
     parser.add_argument("--name", default="flax_lm_fp16")
     args = parser.parse_args(argv)
     recorder = record(args.path, steps=args.steps, init_scale=args.init_scale, growth_interval=args.growth_interval,
-                      group_by=args.group_by, name=args.name)
+                      group_by=args.group_by, name=args.name, shadow_every=args.shadow_every)
     with contextlib.suppress(BrokenPipeError):
         summary = recorder.trace().summary
         print(f"{args.path}: {summary['attempts']} attempts, {summary['skipped_updates']} skipped, "

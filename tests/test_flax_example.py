@@ -1,8 +1,8 @@
 """examples/flax_loop.py, small: a flax transformer in fp16 with DynamicScale, recorded, rerun and
 recorded again with another growth interval, then compared by `fpemu compare` (the README's commands).
 
-Opt-in (FPEMU_TEST_EXAMPLES=1): XLA compiles the transformer's step three times, 35-45 s each on
-this contended 2-core machine.
+Opt-in (FPEMU_TEST_EXAMPLES=1): XLA compiles the transformer's step and its float32 shadow pass
+three times, 35-45 s each on this contended 2-core machine.
 """
 
 import os
@@ -29,7 +29,7 @@ TINY = flax_loop.Config(vocab=64, width=16, heads=2, layers=1, context=8)
 
 def run(path, growth_interval):
     return flax_loop.record(path, steps=8, batch=2, init_scale=2.0 ** 20, growth_interval=growth_interval,
-                            config=TINY, warmup=2)
+                            config=TINY, warmup=2, shadow_every=4)
 
 
 def test_flax_loop_recorded_and_compared(tmp_path, capsys):
@@ -42,6 +42,8 @@ def test_flax_loop_recorded_and_compared(tmp_path, capsys):
     attention = [group for group in steps[-1].grad_stats if "MultiHeadDotProductAttention" in group]
     assert attention and all(steps[-1].grad_stats[group].elements > 0 for group in attention)
     assert trace.metadata["recorder"]["groups"] == "module" and trace.metadata["profile"] == "flax"
+    assert [step.shadow is not None for step in steps] == [index % 4 == 0 for index in range(8)]
+    assert all(0 <= shadow.underflow <= 1 for shadow in steps[4].shadow.values())
 
     assert main(["compare", str(first), str(rerun)]) == 0  # the same run on the same machine: bit for bit
     capsys.readouterr()
