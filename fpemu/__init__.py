@@ -14,6 +14,8 @@ from fpemu.blocks import SCALE_RULES, BlockQuantized, block_quantize
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
 from fpemu.recorders import record_torch
+from fpemu.audits.jax_loop import JaxStep
+from fpemu.recorders.jax_run import JaxRecorder, record_jax
 
 __version__ = "0.1.0"
 
@@ -24,4 +26,5 @@ __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats"
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
            "RECIPES", "CurrentScaling", "DelayedScaling", "TorchaoScaling", "simulate_recipe",  # fp8 scaling recipes
            "block_quantize", "BlockQuantized", "SCALE_RULES",  # block-scaled formats
+           "JaxRecorder", "record_jax", "JaxStep",  # recording and auditing your own JAX run
            "__version__"]

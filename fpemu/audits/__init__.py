@@ -6,8 +6,8 @@ checks the records of a JAX loop (numpy arrays in); ``advise_loss_scale`` needs 
 
 from fpemu.audits.advice import LayerFit, LossScaleAdvice, advise_loss_scale
 from fpemu.audits.findings import FIXES, AuditResult, Finding, LoopAccounting
-from fpemu.audits.jax_loop import audit_jax_loop
+from fpemu.audits.jax_loop import JaxStep, audit_jax_loop
 from fpemu.audits.torch_loop import TorchLoopAudit, audit_torch
 
 __all__ = ["LayerFit", "LossScaleAdvice", "advise_loss_scale", "FIXES", "AuditResult", "Finding",
-           "LoopAccounting", "audit_jax_loop", "TorchLoopAudit", "audit_torch"]
+           "LoopAccounting", "JaxStep", "audit_jax_loop", "TorchLoopAudit", "audit_torch"]

@@ -11,7 +11,8 @@ from typing import Optional
 # kind -> the fix, one sentence each.
 FIXES = {
     "clip_before_unscale":
-        "Call scaler.unscale_(optimizer) before clipping, so the limit applies in the gradient's own units.",
+        "Call scaler.unscale_(optimizer) before clipping (JAX: loss_scale.unscale(grads) before "
+        "optax.clip_by_global_norm), so the limit applies in the gradient's own units.",
     "unscale_twice":
         "Call scaler.unscale_(optimizer) at most once between backward passes and scaler.step(optimizer), "
         "and call scaler.update() only after scaler.step().",
@@ -29,7 +30,9 @@ FIXES = {
         "that shares the scaler) only at effective-batch boundaries.",
     "scheduler_on_skipped_update":
         "Step the LR scheduler only when the optimizer update ran (for example when scaler.get_scale() did not "
-        "decrease in scaler.update()), or define the schedule on attempts and say so.",
+        "decrease in scaler.update(); JAX: keep the skipped step's optimizer state too, with "
+        "jmp.select_tree(finite, (new_params, new_opt_state), (params, opt_state)) or optax.apply_if_finite), "
+        "or define the schedule on attempts and say so.",
     "all_updates_skipped":
         "Find the source of the non-finite gradients (inputs, loss, forward overflow) or a format whose range "
         "fits the model (fpemu.audits.advise_loss_scale), before training further.",
