@@ -11,6 +11,7 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
 from fpemu.audits import (AuditResult, Finding, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
+from fpemu.emulate import POLICIES as EMULATION_POLICIES, Policy, emulate_torch, get_policy
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,5 @@ __all__ = ["FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats"
            "simulate_scaler", "step_overflowed", "unscale", "AuditResult", "Finding", "LoopAccounting",
            "LossScaleAdvice", "advise_loss_scale", "audit_jax_loop", "audit_torch", "SEMANTICS",
            "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace", "get_format", "make_format", "quantize", "range_stats",
+           "EMULATION_POLICIES", "Policy", "emulate_torch", "get_policy",
            "__version__"]
