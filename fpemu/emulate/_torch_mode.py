@@ -162,7 +162,7 @@ class _Runtime:
         seed = (self.policy.seed << 32) + self.rounding_calls if rounding == "stochastic" else None
         dtype = self.low if fmt == self.policy.compute else torch.float32
         rounded = round_tensor(values, fmt, dtype, rounding, self.policy.overflow, self.policy.subnormals, seed)
-        counts, nonfinite = rounding_counts(values, rounded, fmt.min_normal)
+        counts, nonfinite = rounding_counts(values, rounded, self.min_normal[fmt.name])
         self.telemetry.record(direction, op, self.module(direction), counts, nonfinite)
         return rounded
 

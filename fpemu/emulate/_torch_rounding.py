@@ -9,6 +9,8 @@ FPEMU_TEST_EXHAUSTIVE=1), so the default mode uses them.  Every other case goes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fpemu.formats import FORMATS, Format, quantize
@@ -41,19 +43,45 @@ def round_tensor(values: torch.Tensor, fmt: Format, dtype, rounding: str = "near
     return torch.from_numpy(rounded).to(dtype)
 
 
+# The integer view of each carrier dtype, and the mask that clears its sign bit.
+_BITS = {torch.float16: (torch.int16, 0x7FFF), torch.bfloat16: (torch.int16, 0x7FFF),
+         torch.float32: (torch.int32, 0x7FFFFFFF)}
+
+
+@functools.lru_cache(maxsize=None)
+def _thresholds(dtype, min_normal: float) -> tuple:
+    """(bits of min normal, bits of inf) of ``dtype``'s magnitudes: below the first a nonzero value is
+    subnormal in the format, from the second on it is inf or NaN."""
+    view, _ = _BITS[dtype]
+    as_bits = lambda v: int(torch.tensor(v, dtype=dtype).view(view))
+    return as_bits(min_normal), as_bits(float("inf"))
+
+
 def rounding_counts(before: torch.Tensor, after: torch.Tensor, min_normal: float):
     """(counts in telemetry's COUNTERS order, 'overflow' / 'nan' / 'inf' / None) of one rounding of
-    the float32 result ``before`` to ``after``.
+    the float32 result ``before`` to ``after`` (a carrier tensor).
 
     Rounding never makes a zero nonzero, so the underflows are the nonzeros lost; every inf or NaN
     it adds is an overflow (a NaN for formats without infinity); ``nan`` counts the NaNs the op's
-    float32 result already held.  The last element says what the first non-finite value was.
+    float32 result already held.  The last element says what the first non-finite value was.  The
+    counts read ``after``'s bit patterns (integer ops: torch's float16 compares are slow on the CPU).
     """
+    view, mask = _BITS[after.dtype]
+    normal_bits, inf_bits = _thresholds(after.dtype, min_normal)
+    magnitude = after.view(view) & mask
     elements = before.numel()
-    nonzero_after = int(torch.count_nonzero(after))
-    underflow = int(torch.count_nonzero(before)) - nonzero_after
-    subnormal = int(torch.count_nonzero(after.abs() < min_normal)) - (elements - nonzero_after)
-    nonfinite_after = elements - int(torch.count_nonzero(torch.isfinite(after)))
+    if not elements:
+        return (0, 0, 0, 0, 0), None
+    low, high = (int(v) for v in torch.aminmax(magnitude))
+    if low >= normal_bits and high < inf_bits:  # the common case, in one cheap pass: all normal
+        return (elements, 0, 0, 0, 0), None
+    zeros_after = elements - int(torch.count_nonzero(magnitude)) if low == 0 else 0
+    underflow = 0
+    if zeros_after:
+        before_view, before_mask = _BITS[before.dtype]
+        underflow = int(torch.count_nonzero(before.view(before_view) & before_mask)) - (elements - zeros_after)
+    subnormal = int(torch.count_nonzero(magnitude < normal_bits)) - zeros_after if low < normal_bits else 0
+    nonfinite_after = int(torch.count_nonzero(magnitude >= inf_bits)) if high >= inf_bits else 0
     if not nonfinite_after:
         return (elements, underflow, subnormal, 0, 0), None
     nonfinite_before = elements - int(torch.count_nonzero(torch.isfinite(before)))
