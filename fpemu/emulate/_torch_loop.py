@@ -95,12 +95,11 @@ def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", pa
             before = scaler.updates
             try:
                 loss = step(model, optimizer, scaler, index)
-            except FpemuInputError:
-                raise
             except Exception as error:
-                module = telemetry.location
-                raise FpemuInputError(f"{where}: step {index} raised {type(error).__name__}: {error}"
-                                      + (f" (in module {module})" if module else "")) from error
+                module = f" (in module {telemetry.location})" if telemetry.location else ""
+                if isinstance(error, FpemuInputError):  # an op the policy cannot place, or scaler misuse
+                    raise FpemuInputError(f"{where}: step {index}{module}: {error}") from error
+                raise FpemuInputError(f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
             if scaler.updates != before + 1:
                 raise FpemuInputError(f"{where}: step {index} called scaler.update() {scaler.updates - before} "
                                       "times; a step calls it once (after scaler.step(optimizer))")

@@ -219,9 +219,9 @@ class _Runtime:
                         if isinstance(v, torch.Tensor) else v)
             try:
                 out = func(*_map(args, meta), **_map(kwargs, meta))
-            except Exception as error:
+            except NotImplementedError as error:  # (a shape error is the model's own, and propagates)
                 raise FpemuInputError(f"policy {self.policy.name} cannot place {info.name}: torch has no meta "
-                                      f"kernel to give its result dtypes ({type(error).__name__}: {error})") from None
+                                      f"kernel to give its result dtypes ({error})") from None
             targets = self._targets_cache[key] = tuple(
                 v.dtype if isinstance(v, torch.Tensor) else None for v in _leaves(out, []))
         return targets
