@@ -490,7 +490,7 @@ def _cmd_emulate(args) -> int:
         raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
     trace = emulate_file(args.model, policy=get_policy(args.policy, **overrides), steps=args.steps,
                          profile=args.scaler, params=_parse_params(args.param), seed=args.seed)
-    written = write_outputs(trace, args.out)
+    written = write_outputs(trace, args.out, plot=not args.no_plot)
     summary = trace.summary
     first = trace.metadata["telemetry"]["first_nonfinite"]
     lines = [f"{trace.spec_name} under {args.policy} / {args.scaler}: {summary['attempts']} steps, "
@@ -655,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--accumulation", choices=("fp32", "low"), help="matmul and sum accumulation (default fp32)")
     emulate.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     emulate.add_argument("--seed", type=int, default=0, help="passed to the file's build(seed)")
+    emulate.add_argument("--no-plot", action="store_true", help="write no PNG (the page still has the tables)")
     emulate.add_argument("--out", type=pathlib.Path, default=DEFAULT_REPORTS / "emulate",
                          help="output folder (default reports/emulate)")
     _add_env_commands(sub)

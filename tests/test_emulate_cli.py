@@ -5,10 +5,21 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from fpemu.cli import main  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 MODEL = '''
 import torch
@@ -50,11 +61,12 @@ def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys
     assert "module_underflow" in trace.steps[0] and trace.metadata["telemetry"]["first_nonfinite"]["backward"]
     page = next(p for p in written if p.endswith(".md"))
     assert "## Backward underflow by module" in open(page).read()
-    assert _emulate(path, tmp_path / "b") == 0
+    assert _emulate(path, tmp_path / "b", "--no-plot") == 0
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()                       # a golden: nothing of the host
     assert main(["compare", str(first), str(second)]) == 0
-    assert main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**10", "--out", str(tmp_path / "c")]) == 0
+    assert main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**10", "--no-plot",
+                 "--out", str(tmp_path / "c")]) == 0
     assert main(["compare", str(first), str(next((tmp_path / "c").glob("*.json")))]) == 1
 
 

@@ -22,6 +22,17 @@ from fpemu.formats import FORMATS  # noqa: E402
 
 from trace_checks import bits32  # noqa: E402
 
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 D, V, T, B = 16, 32, 8, 4
 
 
@@ -92,7 +103,6 @@ def test_cuda_table_is_read_from_torchs_autocast_registrations():
     assert {ops[op] for op in ("aten::addcmul", "aten::addcdiv", "aten::atan2", "aten::index_put",
                                "aten::scatter_add")} == {"promote"}
     assert ops["aten::binary_cross_entropy"] == "banned"
-    assert op_table("cuda_autocast_bf16")["ops"] == {k: v for k, v in ops.items()}  # the same wrappers
 
 
 def test_cpu_table_differs_from_cuda_where_torch_registers_differently():
@@ -332,3 +342,11 @@ def test_scaler_refuses_misuse():
     with pytest.raises(FpemuInputError, match="already called"):
         scaler.unscale_(optimizer)
     assert isinstance(Telemetry().summary().as_dict(), dict)
+
+
+@pytest.mark.parametrize("module", ["fpemu.emulate.policy", "fpemu.emulate._torch_rounding"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
