@@ -350,3 +350,30 @@ def test_docstring_examples(module):
     import importlib
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_pure_placement_takes_any_format_rounding_and_subnormal_policy():
+    x = torch.tensor([1.0, 3.0, 1e-6, 300.0])
+    y = torch.zeros(4)
+    with fpemu.emulate_torch("pure_fp16", compute="fp8_e5m2") as telemetry:
+        torch.mul(x, 1.1, out=y)                      # an out= op writes its rounded result
+        x.mul_(1.1)                                   # an in-place op too
+    expected = fpemu.quantize(fpemu.quantize(np.array([1.0, 3.0, 1e-6, 300.0], np.float32), "fp8_e5m2")
+                              * np.float32(1.1), "fp8_e5m2")
+    assert bits32(y.numpy()) == bits32(expected) == bits32(x.numpy())
+    with fpemu.emulate_torch("pure_fp16", subnormals=False) as flushed:
+        tiny = torch.tensor([1e-5, 1e-7]) * 1.0
+    assert tiny.tolist() == [0.0, 0.0]
+    assert flushed.summary().by_op[("forward", "aten::mul.Tensor (input)")][1] == 2   # both fp16 subnormals: flushed
+    inputs = {op: counts for (_, op), counts in telemetry.summary().by_op.items() if op.endswith("(input)")}
+    assert inputs["aten::mul.out (input)"][1] == 1   # x's 1e-6 is below e5m2's smallest subnormal
+
+
+def test_stochastic_rounding_is_seeded():
+    x = torch.full((10000,), 1.0 + 2 ** -10)
+    runs = []
+    for seed in (1, 1, 2):
+        with fpemu.emulate_torch("pure_bf16", rounding="stochastic", seed=seed):
+            runs.append(x * 1.0)
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert set(runs[0].tolist()) == {1.0, 1.0078125} and 0.05 < (runs[0] > 1).float().mean() < 0.2

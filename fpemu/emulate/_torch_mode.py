@@ -57,14 +57,15 @@ class _OpInfo:
     name: str
     packet: str                  # aten::sum
     passthrough: bool            # views, prim ops, ops without tensor results: never rounded
-    mutated: tuple               # positions of the arguments the op writes (in-place, out=)
+    mutated: tuple               # (position, name) of the arguments the op writes (in-place, out=)
 
 
 def _op_info(func) -> _OpInfo:
     schema = func._schema
     returns_tensor = any("Tensor" in str(r.type) for r in schema.returns)
     is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-    mutated = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+    mutated = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                    if a.alias_info is not None and a.alias_info.is_write)
     return _OpInfo(op_name(func), schema.name, func.namespace == "prim" or is_view or not returns_tensor, mutated)
 
 
@@ -254,12 +255,12 @@ class _Runtime:
             rounded.append(self.round(value, info.name, direction) if is_low and value.dtype == torch.float32 else value)
         if pure:
             _tag(rounded, "_fpemu_rounded")
-        for position in info.mutated:
-            original, written = args[position], up_args[position]
-            if written is not original:
-                original.copy_(written if original.dtype == torch.float32 else
-                               next((r for v, r in zip(results, rounded) if v is written), written))
-        swapped = {id(up_args[p]): args[p] for p in info.mutated}
+        swapped = {}
+        for position, name in info.mutated:
+            original, written = _argument(args, kwargs, position, name), _argument(up_args, up_kwargs, position, name)
+            if written is not original:  # the op wrote into a float32 copy: the original takes its rounded result
+                original.copy_(next((r for v, r in zip(results, rounded) if v is written), written))
+                swapped[id(written)] = original
         rounded = [swapped.get(id(v), r) for v, r in zip(results, rounded)]
         if isinstance(out, torch.Tensor):
             return rounded[0]
@@ -305,6 +306,10 @@ class _Runtime:
         exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
         scale = 2.0 ** exponent
         return self.round(value * scale, op, direction, fmt=fmt) / scale
+
+
+def _argument(args, kwargs, position: int, name: str):
+    return args[position] if position < len(args) else kwargs.get(name)
 
 
 def _tag(out, mark: str) -> None:
