@@ -210,14 +210,17 @@ class _Runtime:
     def _targets(self, func, info, args, kwargs) -> tuple:
         """The dtypes of the op's results on the tensors' dtypes (a meta run, cached per signature)."""
         leaves = _leaves((args, kwargs), [])
-        signature = tuple((v.dtype, v.dim() == 0) if isinstance(v, torch.Tensor) else v
-                          for v in leaves if isinstance(v, (torch.Tensor, torch.dtype, bool)))
+        # what decides result dtypes: tensors' dtypes (0-dim ones promote less), dtype and bool arguments,
+        # and the Python type of scalars (int * 2.5 is float)
+        signature = tuple((v.dtype, v.dim() == 0) if isinstance(v, torch.Tensor)
+                          else v if isinstance(v, (torch.dtype, bool)) else type(v) for v in leaves)
         key = (func, signature)
         targets = self._targets_cache.get(key)
         if targets is None:
-            def meta(v):
-                return (torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="meta")
-                        if isinstance(v, torch.Tensor) else v)
+            def meta(v):  # the op on meta tensors (and the meta device: a copy to the CPU has no data)
+                if isinstance(v, torch.Tensor):
+                    return torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="meta")
+                return torch.device("meta") if isinstance(v, torch.device) else v
             try:
                 out = func(*_map(args, meta), **_map(kwargs, meta))
             except NotImplementedError as error:  # (a shape error is the model's own, and propagates)

@@ -52,8 +52,10 @@ def module_underflow(summary: TelemetrySummary, direction: str = "backward") -> 
 
 
 def emulation_trace(records, *, profile: str, params: dict, model_name: str, model_text: str, policy: dict,
-                    op_table: dict, packages: dict, run_telemetry: TelemetrySummary) -> Trace:
-    """The trace of an emulated run from its step records.
+                    op_table: dict, packages: dict, run_telemetry: TelemetrySummary,
+                    implementation: str = IMPLEMENTATION) -> Trace:
+    """The trace of an emulated run from its step records (any emulator: ``implementation`` names it,
+    ``emulate_torch@cpu`` by default).
 
     The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
     the run's scaler followed, so the trace reads like every other model trace.
@@ -70,7 +72,7 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
     metadata = {"fpemu_version": fpemu.__version__,
                 "spec": {"name": model_name, "path": f"{model_name}.py",
                          "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
-                "implementation": IMPLEMENTATION, "profile": chosen.name, "params": {**chosen.defaults, **params},
+                "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},
                 "packages": packages, "device": "cpu", "verified": chosen.verified,
                 "policy": policy, "op_table": op_table, "telemetry": run_telemetry.as_dict()}
     return Trace(metadata, steps, _summary(simulated))
