@@ -649,8 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "takes the same names)")
     emulate.add_argument("--param", action="append", metavar="NAME=VALUE", help="a parameter of the scaler profile "
                          "(init_scale=2**16, growth_interval=100); repeat for several")
-    emulate.add_argument("--format", help="the policy's compute format (any fpemu format, e.g. fp8_e5m2, e6m9 is "
-                         "make_format's; autocast policies take fp16 or bf16)")
+    emulate.add_argument("--format", help="the policy's compute format: a format name (fp8_e5m2, tf32, fp6_e3m2fn, "
+                         "...; autocast policies take fp16 or bf16; custom formats: Policy(compute=make_format(...)))")
     emulate.add_argument("--rounding", help="rounding mode (nearest_even, toward_zero, stochastic, ...)")
     emulate.add_argument("--accumulation", choices=("fp32", "low"), help="matmul and sum accumulation (default fp32)")
     emulate.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
