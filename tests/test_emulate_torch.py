@@ -132,24 +132,28 @@ def test_policies_refuse_bad_fields():
 def _boundary_values(fmt) -> np.ndarray:
     """Every float32 within 2 ulp of a midpoint between neighbours of fmt's, around its subnormals,
     min normal, max finite and overflow threshold, plus random values over the whole float32 range."""
-    codes = np.arange(0, 1 << 16, dtype=np.uint32) if fmt.bits == 16 else None
-    values = fpemu.decode(codes, fmt).astype(np.float64)
+    values = fpemu.decode(np.arange(0, 1 << fmt.bits, dtype=np.uint32), fmt).astype(np.float64)
     values = values[np.isfinite(values)]
     values.sort()
     mids = ((values[:-1] + values[1:]) / 2).astype(np.float32)
     near = (mids.view(np.uint32)[:, None].astype(np.int64) + np.arange(-2, 3)).astype(np.uint32).ravel()
     rng = np.random.default_rng(0)
     random = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)
-    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0, 65519.996, 65520.0], np.float32).view(np.uint32)
+    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0, 65519.996, 65520.0, 448.0, 464.0,
+                         480.0, 57344.0, 61440.0], np.float32).view(np.uint32)
     return np.concatenate([near, random, specials]).view(np.float32)
 
 
-@pytest.mark.parametrize("name, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
-def test_torch_casts_round_as_fpemus_kernel(name, dtype):
+@pytest.mark.parametrize("name, overflow, carried", [("fp16", "inf", torch.float16), ("bf16", "inf", torch.bfloat16),
+                                                     ("fp16", "inf", torch.float32), ("fp8_e4m3fn", "saturate", torch.float32),
+                                                     ("fp8_e5m2", "inf", torch.float32), ("fp8_e4m3fnuz", "inf", torch.float32),
+                                                     ("fp8_e5m2fnuz", "inf", torch.float32)])
+def test_torch_casts_round_as_fpemus_kernel(name, overflow, carried):
+    """Every NATIVE_CASTS entry (torch's float8_e4m3fn cast saturates: it equals overflow='saturate')."""
     fmt = FORMATS[name]
     values = _boundary_values(fmt)
-    ours = fpemu.formats.round_to_format(values, fmt).values
-    theirs = round_tensor(torch.from_numpy(values), fmt, dtype).float().numpy()
+    ours = fpemu.formats.round_to_format(values, fmt, overflow=overflow).values
+    theirs = round_tensor(torch.from_numpy(values), fmt, carried, overflow=overflow).float().numpy()
     nan = np.isnan(ours)
     assert np.array_equal(nan, np.isnan(theirs))
     assert bits32(ours[~nan]) == bits32(theirs[~nan])

@@ -1,10 +1,11 @@
 """fpemu's rounding kernel applied to torch tensors, and the counts telemetry takes of each rounding.
 
-torch's own float32 -> float16 and float32 -> bfloat16 casts round to nearest even with IEEE
-overflow and subnormals; tests/test_emulate_torch.py checks them bit for bit against
-``fpemu.quantize`` (random and boundary values; all 2**32 float32 inputs behind
-FPEMU_TEST_EXHAUSTIVE=1), so the default mode uses them.  Every other case goes through
-``fpemu.formats.rounding.quantize`` on a numpy view of the float32 tensor.
+torch's own float32 casts to float16, bfloat16 and its float8 dtypes round to nearest even with
+subnormals (``NATIVE_CASTS`` says with which overflow: torch's float8_e4m3fn cast saturates);
+tests/test_emulate_torch.py checks each bit for bit against fpemu's kernel (boundary and random
+values; float16 and bfloat16 on all 2**32 float32 inputs behind FPEMU_TEST_EXHAUSTIVE=1), so those
+cases use them.  Every other case goes through ``fpemu.formats.rounding.quantize`` on a numpy view
+of the float32 tensor.
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ from fpemu.formats import FORMATS, Format, quantize
 
 # torch dtypes that hold a format's values exactly, so a tensor can carry them (the emulated dtype).
 CARRIERS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# (format, overflow mode) -> the torch dtype whose float32 cast rounds exactly so (nearest even, subnormals kept).
+NATIVE_CASTS = {("fp16", "inf"): torch.float16, ("bf16", "inf"): torch.bfloat16,
+                ("fp8_e4m3fn", "saturate"): torch.float8_e4m3fn, ("fp8_e5m2", "inf"): torch.float8_e5m2,
+                ("fp8_e4m3fnuz", "inf"): torch.float8_e4m3fnuz, ("fp8_e5m2fnuz", "inf"): torch.float8_e5m2fnuz}
+
+
+def _native_cast(fmt: Format, overflow: str):
+    for (name, mode), dtype in NATIVE_CASTS.items():
+        if mode == overflow and FORMATS[name] == fmt:
+            return dtype
+    return None
 
 
 def carrier(fmt: Format):
@@ -35,8 +49,9 @@ def round_tensor(values: torch.Tensor, fmt: Format, dtype, rounding: str = "near
       >>> round_tensor(torch.tensor([65519.996, 65520.0]), FORMATS["fp16"], torch.float16).tolist()
       [65504.0, inf]
     """
-    if rounding == "nearest_even" and overflow == "inf" and subnormals and dtype != torch.float32:
-        return values.to(dtype)
+    native = _native_cast(fmt, overflow) if rounding == "nearest_even" and subnormals else None
+    if native is not None:
+        return values.to(native).to(dtype)
     source = values.detach().contiguous().numpy()
     rounded = quantize(source, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals,
                        seed=None if rounding != "stochastic" else seed)
