@@ -44,6 +44,9 @@ _FLOAT_FLAGS = {"aten::_softmax": 2, "aten::_log_softmax": 2}
 # The reductions ``accumulation="low"`` models (the others still accumulate in float32 and are listed).
 _LOW_ACCUMULATED = ("aten::mm", "aten::bmm", "aten::addmm", "aten::sum")
 _EXCLUDE_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+# Facts of the installed torch, the same for every emulation: each op's schema reading, and the
+# result dtypes of an op for a signature of argument dtypes (a meta run each).
+_OP_INFOS, _RESULT_DTYPES = {}, {}
 
 
 def op_name(func) -> str:
@@ -105,7 +108,6 @@ class _Runtime:
         self.module_stack, self.node_modules = [], {}
         self.optimizer_depth = 0
         self.rounding_calls = 0
-        self._infos, self._targets_cache = {}, {}
         self._probe = torch.zeros((), requires_grad=True)
         self.cast_cache = {}  # autocast's cached weight casts, for one forward pass
 
@@ -169,9 +171,9 @@ class _Runtime:
 
     # -- dispatch -----------------------------------------------------------
     def info(self, func) -> _OpInfo:
-        info = self._infos.get(func)
+        info = _OP_INFOS.get(func)
         if info is None:
-            info = self._infos[func] = _op_info(func)
+            info = _OP_INFOS[func] = _op_info(func)
         return info
 
     def dispatch(self, func, args, kwargs):
@@ -215,7 +217,7 @@ class _Runtime:
         signature = tuple((v.dtype, v.dim() == 0) if isinstance(v, torch.Tensor)
                           else v if isinstance(v, (torch.dtype, bool)) else type(v) for v in leaves)
         key = (func, signature)
-        targets = self._targets_cache.get(key)
+        targets = _RESULT_DTYPES.get(key)
         if targets is None:
             def meta(v):  # the op on meta tensors (and the meta device: a copy to the CPU has no data)
                 if isinstance(v, torch.Tensor):
@@ -226,7 +228,7 @@ class _Runtime:
             except NotImplementedError as error:  # (a shape error is the model's own, and propagates)
                 raise FpemuInputError(f"policy {self.policy.name} cannot place {info.name}: torch has no meta "
                                       f"kernel to give its result dtypes ({error})") from None
-            targets = self._targets_cache[key] = tuple(
+            targets = _RESULT_DTYPES[key] = tuple(
                 v.dtype if isinstance(v, torch.Tensor) else None for v in _leaves(out, []))
         return targets
 
