@@ -488,6 +488,11 @@ def _cmd_emulate(args) -> int:
         overrides["subnormals"] = False
     if args.steps < 1:
         raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
+    if args.threads is not None:
+        import torch
+        if args.threads < 1:
+            raise FpemuInputError(f"--threads {args.threads}: expected at least 1")
+        torch.set_num_threads(args.threads)
     trace = emulate_file(args.model, policy=get_policy(args.policy, **overrides), steps=args.steps,
                          profile=args.scaler, params=_parse_params(args.param), seed=args.seed)
     written = write_outputs(trace, args.out, plot=not args.no_plot)
@@ -656,6 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     emulate.add_argument("--seed", type=int, default=0, help="passed to the file's build(seed)")
     emulate.add_argument("--no-plot", action="store_true", help="write no PNG (the page still has the tables)")
+    emulate.add_argument("--threads", type=int, help="torch intra-op threads (default torch's; 1 is often fastest "
+                         "on a shared machine)")
     emulate.add_argument("--out", type=pathlib.Path, default=DEFAULT_REPORTS / "emulate",
                          help="output folder (default reports/emulate)")
     _add_env_commands(sub)

@@ -2,8 +2,9 @@
 
 The step records hold the model-trace fields (``fpemu.traces.format.FIELDS`` recorded by ``model``):
 scale, overflow, applied, growth_counter, loss and the underflow / subnormal / overflow shares of the
-values the backward pass rounded, plus ``module_underflow``: each module's backward underflow share
-(``fpemu compare`` compares the table's fields; the module shares are for the report).  The
+values the backward pass rounded, plus ``module_underflow`` and ``module_underflow_forward``: each
+module's underflow share in the backward and the forward pass (``fpemu compare`` compares the
+table's fields; the module shares are for the report).  The
 metadata names the model file (its text and sha256 as the spec), the policy with its op table, the
 scaler profile and its parameters, and the run's telemetry totals.  Nothing of the host is recorded,
 so an emulated trace regenerated elsewhere is byte-identical and serves as a golden.
@@ -68,7 +69,9 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
         for name, value in _shares(record.telemetry).items():
             columns.setdefault(name, []).append(value)
     steps = _steps(simulated, fields_recorded_by("model"), columns)
-    steps = tuple({**step, "module_underflow": module_underflow(r.telemetry)} for step, r in zip(steps, records))
+    steps = tuple({**step, "module_underflow": module_underflow(r.telemetry),
+                   "module_underflow_forward": module_underflow(r.telemetry, "forward")}
+                  for step, r in zip(steps, records))
     metadata = {"fpemu_version": fpemu.__version__,
                 "spec": {"name": model_name, "path": f"{model_name}.py",
                          "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
