@@ -144,10 +144,10 @@ def _boundary_values(fmt) -> np.ndarray:
     return np.concatenate([near, random, specials]).view(np.float32)
 
 
-@pytest.mark.parametrize("name, overflow, carried", [("fp16", "inf", torch.float16), ("bf16", "inf", torch.bfloat16),
-                                                     ("fp16", "inf", torch.float32), ("fp8_e4m3fn", "saturate", torch.float32),
-                                                     ("fp8_e5m2", "inf", torch.float32), ("fp8_e4m3fnuz", "inf", torch.float32),
-                                                     ("fp8_e5m2fnuz", "inf", torch.float32)])
+@pytest.mark.parametrize("name, overflow, carried", [
+    ("fp16", "inf", torch.float16), ("bf16", "inf", torch.bfloat16), ("fp16", "inf", torch.float32),
+    ("fp8_e4m3fn", "saturate", torch.float32), ("fp8_e5m2", "inf", torch.float32),
+    ("fp8_e4m3fnuz", "inf", torch.float32), ("fp8_e5m2fnuz", "inf", torch.float32)])
 def test_torch_casts_round_as_fpemus_kernel(name, overflow, carried):
     """Every NATIVE_CASTS entry (torch's float8_e4m3fn cast saturates: it equals overflow='saturate')."""
     fmt = FORMATS[name]
@@ -189,7 +189,8 @@ def test_other_modes_round_through_fpemus_kernel():
 EXACT_OPS = {
     "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b, "sub": lambda a, b: a - b,
     "gelu_tanh": lambda a, b: torch.nn.functional.gelu(a, approximate="tanh"),
-    "silu": lambda a, b: torch.nn.functional.silu(a), "relu": lambda a, b: torch.relu(a), "tanh": lambda a, b: torch.tanh(a),
+    "silu": lambda a, b: torch.nn.functional.silu(a), "relu": lambda a, b: torch.relu(a),
+    "tanh": lambda a, b: torch.tanh(a),
     "sigmoid": lambda a, b: torch.sigmoid(a), "exp": lambda a, b: torch.exp(a), "neg": lambda a, b: -a,
     "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5), "where": lambda a, b: torch.where(a > 0, a, b),
     "threshold_backward": lambda a, b: torch.ops.aten.threshold_backward(a, b, 0.0),
@@ -295,7 +296,8 @@ def test_fp8_quantizes_forward_e4m3_and_gradients_e5m2():
     w_scale = 2 ** np.floor(np.log2(448 / np.abs(w).max()))
     with torch.no_grad(), fpemu.emulate_torch("fp8"):
         y = layer(x)
-    assert np.array_equal(y.numpy(), (expected @ (fpemu.quantize(w * w_scale, "fp8_e4m3fn") / w_scale).T).astype(np.float32))
+    w_quantized = fpemu.quantize(w * w_scale, "fp8_e4m3fn") / w_scale
+    assert np.array_equal(y.numpy(), (expected @ w_quantized.T).astype(np.float32))
 
 
 def test_stochastic_rounding_of_the_update_keeps_weights_in_the_format():

@@ -99,7 +99,8 @@ def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", pa
                 module = f" (in module {telemetry.location})" if telemetry.location else ""
                 if isinstance(error, FpemuInputError):  # an op the policy cannot place, or scaler misuse
                     raise FpemuInputError(f"{where}: step {index}{module}: {error}") from error
-                raise FpemuInputError(f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
+                raise FpemuInputError(
+                    f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
             if scaler.updates != before + 1:
                 raise FpemuInputError(f"{where}: step {index} called scaler.update() {scaler.updates - before} "
                                       "times; a step calls it once (after scaler.step(optimizer))")
@@ -116,4 +117,5 @@ def _loss_value(loss, where: str, index: int) -> float:
         return float(loss.detach().float())
     if isinstance(loss, (int, float)):
         return float(loss)
-    raise FpemuInputError(f"{where}: step {index} returned {type(loss).__name__}; it returns the loss (a scalar tensor)")
+    raise FpemuInputError(f"{where}: step {index} returned {type(loss).__name__}; it returns the loss "
+                          "(a scalar tensor)")

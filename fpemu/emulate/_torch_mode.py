@@ -104,7 +104,8 @@ class _Runtime:
         # float32 autograd expects: the other placements keep float32 tensors holding the format's values.
         self.low = carrier(policy.compute) if policy.placement == "autocast" else torch.float32
         self.min_normal = {fmt.name: fmt.min_normal for fmt in (policy.compute, policy.backward_format)}
-        self.names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()} if model is not None else {}
+        self.names = ({id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+                      if model is not None else {})
         self.module_stack, self.node_modules = [], {}
         self.optimizer_depth = 0
         self.rounding_calls = 0
@@ -257,7 +258,8 @@ class _Runtime:
         for index, value in enumerate(results):
             target = None if targets is None else (targets[index] if index < len(targets) else None)
             is_low = (pure and isinstance(value, torch.Tensor) and value.is_floating_point()) or target == low
-            rounded.append(self.round(value, info.name, direction) if is_low and value.dtype == torch.float32 else value)
+            is_low = is_low and value.dtype == torch.float32
+            rounded.append(self.round(value, info.name, direction) if is_low else value)
         if pure:
             _tag(rounded, "_fpemu_rounded")
         swapped = {}

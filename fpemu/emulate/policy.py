@@ -86,9 +86,9 @@ class Policy:
             raise FpemuInputError(f"policy {self.name}: subnormals must be True or False, got {self.subnormals!r}")
         for field in ("accumulation_block", "seed"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if field == "accumulation_block" else 0):
-                raise FpemuInputError(f"policy {self.name}: {field} must be an int >= "
-                                      f"{1 if field == 'accumulation_block' else 0}, got {value!r}")
+            least = 1 if field == "accumulation_block" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise FpemuInputError(f"policy {self.name}: {field} must be an int >= {least}, got {value!r}")
         if self.placement == "autocast":
             _choice("table_device", self.table_device, TABLE_DEVICES)
             if self.compute.name not in ("fp16", "bf16"):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 import math
 
-from fpemu.fileio import atomic_write
-
 _HEAT_MODULES = 40  # rows of the heat map: the modules that lose the most
 
 
@@ -41,9 +39,11 @@ def report_markdown(trace, images=()) -> str:
     first = meta["telemetry"]["first_nonfinite"]
     for direction in ("forward", "backward"):
         event = first.get(direction)
-        lines.append(f"- first inf/NaN in the {direction} pass: " + (
-            f"`{event['op']}` in `{event['module']}` at step {event['step']} ({event['produced']})" if event else "none"))
-    lines += ["", "## Scale trajectory", "", "| step | scale | overflow | loss | backward underflow |", "|---|---|---|---|---|"]
+        where = (f"`{event['op']}` in `{event['module']}` at step {event['step']} ({event['produced']})"
+                 if event else "none")
+        lines.append(f"- first inf/NaN in the {direction} pass: {where}")
+    lines += ["", "## Scale trajectory", "", "| step | scale | overflow | loss | backward underflow |",
+              "|---|---|---|---|---|"]
     for record in trace.steps:
         lines.append(f"| {record['step']} | {record['scale']:g} | {'X' if record['overflow'] else ''} | "
                      f"{_number(record['loss'])} | {record['underflow_share']:.3%} |")
@@ -56,7 +56,8 @@ def report_markdown(trace, images=()) -> str:
             column = [row[i] for row in matrix]
             lines.append(f"| `{name}` | {sum(column) / len(column):.3%} | {max(column):.3%} |")
     float32_ops = meta["telemetry"]["float32_ops"]
-    lines += ["", f"Ops the policy left in float32 ({len(float32_ops)}): " + (", ".join(f"`{op}`" for op in float32_ops) or "none") + "."]
+    listed = ", ".join(f"`{op}`" for op in float32_ops) or "none"
+    lines += ["", f"Ops the policy left in float32 ({len(float32_ops)}): {listed}."]
     lines += [""] + [f"![{name}]({name})" for name in images]
     if not images and importlib.util.find_spec("matplotlib") is None:
         lines.append("_matplotlib is not installed: the heat map and trajectory plots are skipped._")

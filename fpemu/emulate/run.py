@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from fpemu.emulate.trace import IMPLEMENTATION, emulation_trace
+from fpemu.fileio import atomic_write
 from fpemu.traces import Trace, trace_filename, write_trace
 
 
@@ -50,6 +51,5 @@ def write_outputs(trace: Trace, out, plot: bool = True) -> list:
     stem = f"{trace.spec_name}.{trace.metadata['policy']['name']}"
     written = [write_trace(trace, out / trace_filename(stem, IMPLEMENTATION))]
     images = write_plots(trace, out, stem) if plot else []
-    from fpemu.fileio import atomic_write
     written.append(atomic_write(out / f"{stem}.md", report_markdown(trace, [p.name for p in images])))
     return written + images
