@@ -486,6 +486,9 @@ def _cmd_emulate(args) -> int:
                                                ("accumulation", args.accumulation)) if value is not None}
     if args.flush_subnormals:
         overrides["subnormals"] = False
+    if overrides:  # the trace and page are named after what ran: pure_fp16-fp8_e4m3fn-up
+        overrides["name"] = "-".join([args.policy, *("noSubnormals" if v is False else str(v)
+                                                       for v in overrides.values())])
     if args.steps < 1:
         raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
     if args.threads is not None:

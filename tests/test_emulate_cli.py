@@ -77,6 +77,7 @@ def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys
     ("import error", "importing it raised ZeroDivisionError"),
     ("unplaceable op", "cannot place aten::binary_cross_entropy"),
     ("raises in a module", "step 0 raised RuntimeError"),
+    ("unknown scaler", "scaler nope: profile: unknown profile 'nope'"),
 ])
 def test_bad_model_files_exit_2_naming_what_is_wrong(tmp_path, capsys, case, expected):
     if case == "missing":
@@ -90,10 +91,12 @@ def test_bad_model_files_exit_2_naming_what_is_wrong(tmp_path, capsys, case, exp
     elif case == "unplaceable op":
         path = _model(tmp_path, loss="torch.nn.functional.binary_cross_entropy(torch.sigmoid(model(x).float()), "
                                      "torch.zeros(256, 4))")
-    else:
+    elif case == "raises in a module":
         path = _model(tmp_path, loss="model(x[:, :3]).float().mean()")
-    assert _emulate(path, tmp_path / "out") == 2
+    else:
+        path = _model(tmp_path)
+    assert _emulate(path, tmp_path / "out", *(["--scaler", "nope"] if case == "unknown scaler" else [])) == 2
     error = capsys.readouterr().err
-    assert expected in error and (case == "missing" or path.name in error), error
+    assert expected in error and (case in ("missing", "unknown scaler") or path.name in error), error
     if case == "raises in a module":
         assert "(in module 0)" in error

@@ -32,8 +32,11 @@ class EmulatedScaler:
     """
 
     def __init__(self, profile="torch", params=None):
-        self.profile = get_profile(profile)
-        self.rules = self.profile.rules(**(params or {}))
+        try:
+            self.profile = get_profile(profile)
+            self.rules = self.profile.rules(**(params or {}))
+        except (ValueError, TypeError) as error:  # an unknown profile or parameter: the user's input
+            raise FpemuInputError(f"scaler {profile}: {error}") from None
         self.state = self.rules.init()
         self._unscaled, self._overflow, self.updates = False, None, 0
 

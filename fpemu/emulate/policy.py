@@ -152,7 +152,7 @@ def get_policy(policy="cuda_autocast_fp16", **overrides) -> Policy:
       >>> get_policy("fp8").backward_format.name
       'fp8_e5m2'
     """
-    fields = {field.name for field in dataclasses.fields(Policy)} - {"name"}
+    fields = {field.name for field in dataclasses.fields(Policy)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise FpemuInputError(f"policy has no field {', '.join(unknown)}; its fields are {', '.join(sorted(fields))}")
@@ -160,4 +160,4 @@ def get_policy(policy="cuda_autocast_fp16", **overrides) -> Policy:
         return dataclasses.replace(policy, **overrides) if overrides else policy
     if policy not in POLICIES:
         raise FpemuInputError(f"unknown policy {policy!r}; known policies: {', '.join(POLICIES)}")
-    return Policy(name=policy, **{**POLICIES[policy], **overrides})
+    return Policy(**{"name": policy, **POLICIES[policy], **overrides})
