@@ -36,6 +36,26 @@ def _ops(torch):
         "gelu (tanh)": (lambda a, b: f.gelu(a, approximate="tanh"), ((65536,), (1,))),
         "exp": (lambda a, b: torch.exp(a), ((65536,), (1,))),
         "add": (lambda a, b: a + b, ((65536,), (65536,))),
+        # the rest of CUDA autocast's low ops that run on the CPU
+        "addbmm 8x32x32": (lambda a, b: torch.addbmm(a[0], a, b), ((8, 32, 32), (8, 32, 32))),
+        "addmv 64x256": (lambda a, b: torch.addmv(b[:64, 0], a, b[:, 1]), ((64, 256), (256, 2))),
+        "addr 64x64": (lambda a, b: torch.addr(a, a[0], b[0]), ((64, 64), (64, 64))),
+        "mv 64x256": (lambda a, b: torch.mv(a, b[:, 0]), ((64, 256), (256, 1))),
+        "matmul 4x64x256 @ 256x64": (torch.matmul, ((4, 64, 256), (256, 64))),
+        "conv2d 2x8x16x16, 8x8x3x3": (lambda a, b: f.conv2d(a, b), ((2, 8, 16, 16), (8, 8, 3, 3))),
+        "conv_transpose1d 4x16x32": (lambda a, b: f.conv_transpose1d(a, b), ((4, 16, 32), (16, 8, 3))),
+        "prelu": (lambda a, b: f.prelu(a, b[:16]), ((64, 16), (16,))),
+        "scaled_dot_product_attention 2x4x32x16": (lambda a, b: f.scaled_dot_product_attention(a, b, b),
+                                                   ((2, 4, 32, 16), (2, 4, 32, 16))),
+        "linalg_vecdot 64x256": (lambda a, b: torch.linalg.vecdot(a, b), ((64, 256), (64, 256))),
+        # CUDA autocast's float32 ops, here computed in the low format (pure policies)
+        "log (of |x|)": (lambda a, b: torch.log(a.abs()), ((65536,), (1,))),
+        "rsqrt (of |x|)": (lambda a, b: torch.rsqrt(a.abs()), ((65536,), (1,))),
+        "reciprocal": (lambda a, b: torch.reciprocal(a), ((65536,), (1,))),
+        "pow 3": (lambda a, b: torch.pow(a, 3.0), ((65536,), (1,))),
+        "softplus": (lambda a, b: f.softplus(a), ((65536,), (1,))),
+        "cumsum over 256": (lambda a, b: torch.cumsum(a, -1), ((256, 256), (1,))),
+        "mse_loss": (lambda a, b: f.mse_loss(a, b, reduction="none"), ((65536,), (65536,))),
     }
 
 
@@ -55,7 +75,10 @@ def histogram(expected, got, fmt) -> dict:
                       - _ordered(fpemu.encode(got[both], fmt).astype(np.int64), fmt.bits))
     counts = [int((distance == 0).sum()), int((distance == 1).sum()), int((distance == 2).sum()),
               int(((distance >= 3) & (distance <= 4)).sum()), int((distance >= 5).sum()), int((nan_e != nan_g).sum())]
-    return dict(zip(BUCKETS, counts)) | {"max": int(distance.max()) if distance.size else 0}
+    scale = float(np.abs(expected[both]).max()) if both.any() else 0.0
+    worst = float(np.abs(expected[both].astype(np.float64) - got[both]).max()) if both.any() else 0.0
+    return dict(zip(BUCKETS, counts)) | {"max": int(distance.max()) if distance.size else 0,
+                                         "normwise": worst / scale if scale else 0.0}
 
 
 def main() -> dict:
@@ -76,7 +99,8 @@ def main() -> dict:
             rows.append({"format": name, "op": label, "values": expected.size, **histogram(expected, got, fmt)})
     result = {"torch": torch.__version__, "rows": rows}
     columns = [("format", "format"), ("op", "op"), ("values", "values")] + [(b, f"{b} ulp" if b[0].isdigit() else b)
-                                                                           for b in BUCKETS] + [("max", "max ulp")]
+                                                                           for b in BUCKETS] + [("max", "max ulp"),
+                                                                           ("normwise", "max abs diff / max abs")]
     write_report("emulate_ops", "Emulated ops vs torch CPU's low-precision kernels (ulp histogram)", result, rows,
                  columns, [f"torch {torch.__version__}, CPU, one thread; inputs: seeded normal values of the format.",
                            "A row with every value at 0 ulp agrees bit for bit on these inputs (the elementwise ops "
@@ -86,6 +110,11 @@ def main() -> dict:
                            "accumulation rounded once.  log_softmax: 1 ulp on about a fifth of the values, the CPU "
                            "low-precision kernel rounding somewhere the float32 one does not (measured; not traced "
                            "to its source).",
+                           "addbmm, addr, conv_transpose1d, scaled_dot_product_attention, mse_loss, bf16 pow: "
+                           "further apart: many ulp only where a result cancels to near zero, the normwise "
+                           "difference (last column) within about one epsilon of the format (fp16 2^-10, bf16 2^-7): "
+                           "what rounding an intermediate result gives, where the emulation rounds once (measured; "
+                           "not traced to the kernels' source).",
                            "gelu (erf): float32 gives +0 where the low kernels give -0 (x << 0): counted as 0 ulp "
                            "here (the sign of zero is tested separately); gelu_backward: the low kernels evaluate "
                            "erf and exp with other code."])
