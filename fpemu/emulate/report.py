@@ -1,0 +1,99 @@
+"""The report page of an emulated run: scale trajectory, skips, where values first went non-finite, and
+the per-module underflow heat map (markdown; PNGs with matplotlib).  Reads only the trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+_HEAT_MODULES = 40  # rows of the heat map: the modules that lose the most
+
+
+def module_matrix(trace) -> tuple:
+    """(modules, steps x modules underflow shares) of the trace's backward pass, modules by mean share."""
+    names = sorted({name for record in trace.steps for name in record.get("module_underflow", {})})
+    rows = [[record.get("module_underflow", {}).get(name, 0.0) for name in names] for record in trace.steps]
+    means = {name: sum(row[i] for row in rows) / max(len(rows), 1) for i, name in enumerate(names)}
+    order = sorted(names, key=lambda n: (-means[n], n))[:_HEAT_MODULES]
+    index = {name: i for i, name in enumerate(names)}
+    return order, [[row[index[name]] for name in order] for row in rows]
+
+
+def report_markdown(trace, images=()) -> str:
+    meta, summary = trace.metadata, trace.summary
+    policy, table = meta["policy"], meta.get("op_table") or {}
+    lines = [f"# {trace.spec_name}: {policy['name']} under the {meta['profile']} scaler", "",
+             f"{summary['attempts']} steps: {summary['completed_updates']} updates applied, "
+             f"{summary['skipped_updates']} skipped; final scale {summary['final_scale']:g}.", "",
+             f"Policy: placement {policy['placement']}, compute {policy['compute']['name']}"
+             + (f", backward {policy['backward']['name']}" if policy.get("backward") else "")
+             + f", rounding {policy['rounding']}, overflow {policy['overflow']}, subnormals "
+             f"{'kept' if policy['subnormals'] else 'flushed'}, accumulation {policy['accumulation']}.", ""]
+    if table:
+        counts = {}
+        for category in table["ops"].values():
+            counts[category] = counts.get(category, 0) + 1
+        lines += [f"Op table: torch {table['torch']}'s {table['key']} registrations, "
+                  + ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+                  + f", {len(table['unclassified'])} unreadable (refused if reached).", ""]
+    first = meta["telemetry"]["first_nonfinite"]
+    for direction in ("forward", "backward"):
+        event = first.get(direction)
+        where = (f"`{event['op']}` in `{event['module']}` at step {event['step']} ({event['produced']})"
+                 if event else "none")
+        lines.append(f"- first inf/NaN in the {direction} pass: {where}")
+    lines += ["", "## Scale trajectory", "", "| step | scale | overflow | loss | backward underflow |",
+              "|---|---|---|---|---|"]
+    for record in trace.steps:
+        lines.append(f"| {record['step']} | {record['scale']:g} | {'X' if record['overflow'] else ''} | "
+                     f"{_number(record['loss'])} | {record['underflow_share']:.3%} |")
+    modules, matrix = module_matrix(trace)
+    lines += ["", f"## Backward underflow by module (top {len(modules)}: share of each module's rounded "
+              "backward values that underflowed to zero)", ""]
+    if modules:
+        lines += ["| module | mean | max |", "|---|---|---|"]
+        for i, name in enumerate(modules):
+            column = [row[i] for row in matrix]
+            lines.append(f"| `{name}` | {sum(column) / len(column):.3%} | {max(column):.3%} |")
+    float32_ops = meta["telemetry"]["float32_ops"]
+    listed = ", ".join(f"`{op}`" for op in float32_ops) or "none"
+    lines += ["", f"Ops the policy left in float32 ({len(float32_ops)}): {listed}."]
+    lines += [""] + [f"![{name}]({name})" for name in images]
+    if not images and importlib.util.find_spec("matplotlib") is None:
+        lines.append("_matplotlib is not installed: the heat map and trajectory plots are skipped._")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    return value if isinstance(value, str) else f"{value:.6g}"
+
+
+def write_plots(trace, out, stem: str) -> list:
+    """``{stem}.heatmap.png`` (modules x steps backward underflow) and ``{stem}.scale.png``; [] without matplotlib."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    from fpemu.reports.plots import _pyplot, _save
+    plt = _pyplot()
+    modules, matrix = module_matrix(trace)
+    written = []
+    if modules:
+        fig, axis = plt.subplots(figsize=(8, 0.25 * len(modules) + 1.5))
+        image = axis.imshow([list(col) for col in zip(*matrix)], aspect="auto", cmap="magma", interpolation="nearest")
+        axis.set_yticks(range(len(modules)), modules, fontsize=7)
+        axis.set_xlabel("step")
+        axis.set_title(f"{trace.spec_name}, {trace.metadata['policy']['name']}: backward underflow share by module")
+        fig.colorbar(image, ax=axis)
+        written.append(_save(fig, out / f"{stem}.heatmap.png"))
+    fig, axis = plt.subplots(figsize=(8, 3))
+    scales = [r["scale"] if isinstance(r["scale"], float) and r["scale"] > 0 and math.isfinite(r["scale"])
+              else float("nan") for r in trace.steps]
+    axis.step(range(len(scales)), scales, where="post")
+    axis.set_yscale("log", base=2)
+    for record in trace.steps:
+        if record["overflow"]:
+            axis.axvline(record["step"], color="red", alpha=0.3)
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss scale")
+    axis.set_title("scale trajectory (red: overflow, update skipped)")
+    written.append(_save(fig, out / f"{stem}.scale.png"))
+    return written

@@ -1,0 +1,81 @@
+"""An emulated training run as a trace v1 (no framework): the scale trajectory, skips, shares, modules.
+
+The step records hold the model-trace fields (``fpemu.traces.format.FIELDS`` recorded by ``model``):
+scale, overflow, applied, growth_counter, loss and the underflow / subnormal / overflow shares of the
+values the backward pass rounded, plus ``module_underflow`` and ``module_underflow_forward``: each
+module's underflow share in the backward and the forward pass (``fpemu compare`` compares the
+table's fields; the module shares are for the report).  The
+metadata names the model file (its text and sha256 as the spec), the policy with its op table, the
+scaler profile and its parameters, and the run's telemetry totals.  Nothing of the host is recorded,
+so an emulated trace regenerated elsewhere is byte-identical and serves as a golden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import fpemu
+from fpemu.emulate.telemetry import COUNTERS, TelemetrySummary
+from fpemu.scalers import get_profile, simulate_scaler
+from fpemu.traces import Trace
+from fpemu.traces.format import fields_recorded_by
+
+IMPLEMENTATION = "emulate_torch@cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What one emulated step did.
+
+    Attributes:
+      overflow: the scaler saw non-finite gradients.
+      loss: the step's loss (float).
+      telemetry: the step's :class:`TelemetrySummary`.
+    """
+
+    overflow: bool
+    loss: float
+    telemetry: TelemetrySummary
+
+
+def _shares(summary: TelemetrySummary) -> dict:
+    elements, *counts = summary.totals("backward")
+    named = dict(zip(COUNTERS[1:], counts))
+    share = (lambda n: n / elements) if elements else (lambda n: 0.0)
+    return {"underflow_share": share(named["underflow"]), "subnormal_share": share(named["subnormal"]),
+            "overflow_share": share(named["overflow"])}
+
+
+def module_underflow(summary: TelemetrySummary, direction: str = "backward") -> dict:
+    """``{module: underflow share}`` of one step's roundings in ``direction``."""
+    return {name: summary.share((way, name)) for way, name in sorted(summary.by_module) if way == direction}
+
+
+def emulation_trace(records, *, profile: str, params: dict, model_name: str, model_text: str, policy: dict,
+                    op_table: dict, packages: dict, run_telemetry: TelemetrySummary,
+                    implementation: str = IMPLEMENTATION) -> Trace:
+    """The trace of an emulated run from its step records (any emulator: ``implementation`` names it,
+    ``emulate_torch@cpu`` by default).
+
+    The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
+    the run's scaler followed, so the trace reads like every other model trace.
+    """
+    from fpemu.harness.run import _steps, _summary  # the one layout of model-trace steps and summaries
+    chosen = get_profile(profile)
+    simulated = simulate_scaler([r.overflow for r in records], chosen.name, **params)
+    columns = {"loss": [r.loss for r in records]}
+    for record in records:
+        for name, value in _shares(record.telemetry).items():
+            columns.setdefault(name, []).append(value)
+    steps = _steps(simulated, fields_recorded_by("model"), columns)
+    steps = tuple({**step, "module_underflow": module_underflow(r.telemetry),
+                   "module_underflow_forward": module_underflow(r.telemetry, "forward")}
+                  for step, r in zip(steps, records))
+    metadata = {"fpemu_version": fpemu.__version__,
+                "spec": {"name": model_name, "path": f"{model_name}.py",
+                         "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
+                "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},
+                "packages": packages, "device": "cpu", "verified": chosen.verified,
+                "policy": policy, "op_table": op_table, "telemetry": run_telemetry.as_dict()}
+    return Trace(metadata, steps, _summary(simulated))

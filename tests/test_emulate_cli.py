@@ -1,0 +1,102 @@
+"""fpemu emulate on model files: the trace and report it writes, and exit 2 naming what is wrong."""
+
+import json
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fpemu.cli import main  # noqa: E402
+from fpemu.traces import read_trace  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+MODEL = '''
+import torch
+
+def build(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(model, optimizer, scaler, index):
+    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(index))
+    optimizer.zero_grad()
+    loss = {loss}
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+'''
+
+
+def _model(tmp_path, loss="model(x).float().square().mean()", name="tiny.py", text=None):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text if text is not None else MODEL.format(loss=loss)))
+    return path
+
+
+def _emulate(path, out, *extra):
+    return main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**24", "--param", "growth_interval=1",
+                 "--out", str(out), *extra])
+
+
+def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys):
+    path = _model(tmp_path)
+    assert _emulate(path, tmp_path / "a", "--json") == 0
+    written = json.loads(capsys.readouterr().out)["written"]
+    trace = read_trace(next(p for p in written if p.endswith(".json")))
+    assert trace.implementation == "emulate_torch@cpu" and trace.metadata["op_table"]["key"] == "AutocastCUDA"
+    assert [r["overflow"] for r in trace.steps][:1] == [True]              # 2**24 overflows fp16 at once
+    assert "module_underflow" in trace.steps[0] and trace.metadata["telemetry"]["first_nonfinite"]["backward"]
+    page = next(p for p in written if p.endswith(".md"))
+    assert "## Backward underflow by module" in open(page).read()
+    assert _emulate(path, tmp_path / "b", "--no-plot") == 0
+    first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
+    assert first.read_bytes() == second.read_bytes()                       # a golden: nothing of the host
+    assert main(["compare", str(first), str(second)]) == 0
+    assert main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**10", "--no-plot",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert main(["compare", str(first), str(next((tmp_path / "c").glob("*.json")))]) == 1
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "cannot read: No such file"),
+    ("not python", "a model file is a Python file"),
+    ("no step", "defines no function step()"),
+    ("import error", "importing it raised ZeroDivisionError"),
+    ("unplaceable op", "cannot place aten::binary_cross_entropy"),
+    ("raises in a module", "step 0 raised RuntimeError"),
+    ("unknown scaler", "scaler nope: profile: unknown profile 'nope'"),
+])
+def test_bad_model_files_exit_2_naming_what_is_wrong(tmp_path, capsys, case, expected):
+    if case == "missing":
+        path = tmp_path / "absent.py"
+    elif case == "not python":
+        path = _model(tmp_path, name="model.txt")
+    elif case == "no step":
+        path = _model(tmp_path, text="def build(seed):\n    return None\n")
+    elif case == "import error":
+        path = _model(tmp_path, text="1 / 0\n")
+    elif case == "unplaceable op":
+        path = _model(tmp_path, loss="torch.nn.functional.binary_cross_entropy(torch.sigmoid(model(x).float()), "
+                                     "torch.zeros(256, 4))")
+    elif case == "raises in a module":
+        path = _model(tmp_path, loss="model(x[:, :3]).float().mean()")
+    else:
+        path = _model(tmp_path)
+    assert _emulate(path, tmp_path / "out", *(["--scaler", "nope"] if case == "unknown scaler" else [])) == 2
+    error = capsys.readouterr().err
+    assert expected in error and (case in ("missing", "unknown scaler") or path.name in error), error
+    if case == "raises in a module":
+        assert "(in module 0)" in error

@@ -1,0 +1,385 @@
+"""fpemu.emulate_torch against the installed torch: its autocast table, its rounding, its CPU fp16
+results and a transformer trained under real CPU autocast with a real GradScaler.
+
+FPEMU_TEST_EXHAUSTIVE=1 also checks torch's float32 -> float16 / bfloat16 casts against fpemu's
+kernel on all 2**32 float32 inputs (minutes).
+"""
+
+import copy
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fpemu  # noqa: E402
+from fpemu.emulate import Telemetry, get_policy, op_table  # noqa: E402
+from fpemu.emulate._torch_loop import EmulatedScaler, run_steps  # noqa: E402
+from fpemu.emulate._torch_rounding import round_tensor  # noqa: E402
+from fpemu.errors import FpemuInputError  # noqa: E402
+from fpemu.formats import FORMATS  # noqa: E402
+
+from trace_checks import bits32  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+D, V, T, B = 16, 32, 8, 4
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(D, -1)
+        causal = torch.triu(torch.full((T, T), -1e4), 1)
+        return self.proj(torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5 + causal, -1) @ v)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = torch.nn.LayerNorm(D), _Attention(), torch.nn.LayerNorm(D)
+        self.fc, self.out = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class TinyTransformer(torch.nn.Module):
+    """Embedding, two pre-LN blocks (causal attention, GELU MLP), a head: a GPT-2 in miniature."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.blocks = torch.nn.Embedding(V, D), torch.nn.Sequential(_Block(), _Block())
+        self.ln, self.head = torch.nn.LayerNorm(D), torch.nn.Linear(D, V)
+
+    def forward(self, ids):
+        return self.head(self.ln(self.blocks(self.emb(ids))))
+
+
+def _batch(index):
+    return torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(index))
+
+
+def _loss(model, index):
+    ids = _batch(index)
+    return torch.nn.functional.cross_entropy(model(ids[:, :-1]).float().reshape(-1, V), ids[:, 1:].reshape(-1))
+
+
+def _step(model, optimizer, scaler, index):
+    optimizer.zero_grad()
+    loss = _loss(model, index)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+# -- the op tables ----------------------------------------------------------------------------------
+
+def test_cuda_table_is_read_from_torchs_autocast_registrations():
+    table = op_table("cuda_autocast_fp16")
+    ops = table["ops"]
+    assert table["torch"] == torch.__version__ and table["key"] == "AutocastCUDA"
+    # torch's documented CUDA lists (docs/amp.rst "CUDA Ops that can autocast to float16/float32")
+    assert {ops[op] for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul",
+                               "aten::baddbmm", "aten::conv1d", "aten::_convolution")} == {"low"}
+    assert {ops[op] for op in ("aten::softmax.int", "aten::log_softmax.int", "aten::layer_norm", "aten::sum",
+                               "aten::exp", "aten::pow.Tensor_Scalar", "aten::nll_loss", "aten::mse_loss",
+                               "aten::cumsum", "aten::rsqrt")} == {"fp32"}
+    assert {ops[op] for op in ("aten::addcmul", "aten::addcdiv", "aten::atan2", "aten::index_put",
+                               "aten::scatter_add")} == {"promote"}
+    assert ops["aten::binary_cross_entropy"] == "banned"
+
+
+def test_cpu_table_differs_from_cuda_where_torch_registers_differently():
+    cpu = op_table("cpu_autocast_fp16")["ops"]
+    cuda = op_table("cuda_autocast_fp16")["ops"]
+    assert cpu["aten::mm"] == "low" and cpu["aten::cross_entropy_loss" if "aten::cross_entropy_loss" in cpu
+                                               else "aten::nll_loss"] == "fp32"
+    assert "aten::softmax.int" in cuda and "aten::softmax.int" not in cpu  # CPU autocast leaves softmax alone
+    assert cuda["aten::binary_cross_entropy"] == "banned" != cpu["aten::binary_cross_entropy"]
+    assert op_table("pure_fp16") == {}
+
+
+def test_policies_refuse_bad_fields():
+    with pytest.raises(FpemuInputError, match="unknown policy 'cuda_fp16'"):
+        get_policy("cuda_fp16")
+    with pytest.raises(FpemuInputError, match="no field roundng"):
+        get_policy("pure_bf16", roundng="up")
+    with pytest.raises(FpemuInputError, match="autocast placement computes in fp16 or bf16"):
+        get_policy("cuda_autocast_fp16", compute="fp8_e4m3fn")
+    with pytest.raises(FpemuInputError, match="rounding must be one of"):
+        get_policy("pure_fp16", rounding="banker")
+    assert get_policy("pure_fp16", compute="e5m2").compute.name == "fp8_e5m2"
+
+
+# -- rounding: torch's casts are fpemu's kernel --------------------------------------------------
+
+def _boundary_values(fmt) -> np.ndarray:
+    """Every float32 within 2 ulp of a midpoint between neighbours of fmt's, around its subnormals,
+    min normal, max finite and overflow threshold, plus random values over the whole float32 range."""
+    values = fpemu.decode(np.arange(0, 1 << fmt.bits, dtype=np.uint32), fmt).astype(np.float64)
+    values = values[np.isfinite(values)]
+    values.sort()
+    mids = ((values[:-1] + values[1:]) / 2).astype(np.float32)
+    near = (mids.view(np.uint32)[:, None].astype(np.int64) + np.arange(-2, 3)).astype(np.uint32).ravel()
+    rng = np.random.default_rng(0)
+    random = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0, 65519.996, 65520.0, 448.0, 464.0,
+                         480.0, 57344.0, 61440.0], np.float32).view(np.uint32)
+    return np.concatenate([near, random, specials]).view(np.float32)
+
+
+@pytest.mark.parametrize("name, overflow, carried", [
+    ("fp16", "inf", torch.float16), ("bf16", "inf", torch.bfloat16), ("fp16", "inf", torch.float32),
+    ("fp8_e4m3fn", "saturate", torch.float32), ("fp8_e5m2", "inf", torch.float32),
+    ("fp8_e4m3fnuz", "inf", torch.float32), ("fp8_e5m2fnuz", "inf", torch.float32)])
+def test_torch_casts_round_as_fpemus_kernel(name, overflow, carried):
+    """Every NATIVE_CASTS entry (torch's float8_e4m3fn cast saturates: it equals overflow='saturate')."""
+    fmt = FORMATS[name]
+    values = _boundary_values(fmt)
+    ours = fpemu.formats.round_to_format(values, fmt, overflow=overflow).values
+    theirs = round_tensor(torch.from_numpy(values), fmt, carried, overflow=overflow).float().numpy()
+    nan = np.isnan(ours)
+    assert np.array_equal(nan, np.isnan(theirs))
+    assert bits32(ours[~nan]) == bits32(theirs[~nan])
+
+
+@pytest.mark.skipif(os.environ.get("FPEMU_TEST_EXHAUSTIVE") != "1", reason="all 2**32 inputs: FPEMU_TEST_EXHAUSTIVE=1")
+@pytest.mark.parametrize("name, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_torch_casts_round_as_fpemus_kernel_on_every_float32(name, dtype):
+    fmt = FORMATS[name]
+    for start in range(0, 1 << 32, 1 << 26):
+        values = np.arange(start, start + (1 << 26), dtype=np.uint64).astype(np.uint32).view(np.float32)
+        ours = fpemu.formats.round_to_format(values, fmt).values
+        theirs = torch.from_numpy(values).to(dtype).float().numpy()
+        nan = np.isnan(ours)
+        assert np.array_equal(nan, np.isnan(theirs)) and np.array_equal(ours[~nan].view(np.uint32),
+                                                                         theirs[~nan].view(np.uint32)), start
+
+
+def test_other_modes_round_through_fpemus_kernel():
+    values = torch.tensor([1 + 2 ** -11 + 2 ** -12, -(1 + 2 ** -11 + 2 ** -12), 3e-8, 7e4])
+    down = round_tensor(values, FORMATS["fp16"], torch.float16, rounding="toward_zero", subnormals=False)
+    assert down.tolist() == [1.0, -1.0, 0.0, 65504.0]
+    e5m2 = round_tensor(values, FORMATS["fp8_e5m2"], torch.float32, overflow="saturate")
+    assert e5m2.tolist() == fpemu.quantize(values.numpy(), "fp8_e5m2", overflow="saturate").tolist()
+
+
+# -- ops: the emulation against torch CPU's own fp16 / bf16 kernels -------------------------------
+
+# Ops whose CPU float16 / bfloat16 kernels compute in float32 and round once: the emulated op equals
+# them bit for bit.  The others are measured, not tested for equality, by benchmarks/emulate_ops.py
+# (reports/emulate_ops.md): matmuls and reductions (another accumulation order) and gelu_backward
+# (torch's reduced-precision CPU kernel evaluates erf and exp otherwise than its float32 one).
+EXACT_OPS = {
+    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b, "sub": lambda a, b: a - b,
+    "gelu_tanh": lambda a, b: torch.nn.functional.gelu(a, approximate="tanh"),
+    "silu": lambda a, b: torch.nn.functional.silu(a), "relu": lambda a, b: torch.relu(a),
+    "tanh": lambda a, b: torch.tanh(a),
+    "sigmoid": lambda a, b: torch.sigmoid(a), "exp": lambda a, b: torch.exp(a), "neg": lambda a, b: -a,
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5), "where": lambda a, b: torch.where(a > 0, a, b),
+    "threshold_backward": lambda a, b: torch.ops.aten.threshold_backward(a, b, 0.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(EXACT_OPS))
+def test_elementwise_ops_equal_torchs_low_precision_kernels(name, dtype):
+    generator = torch.Generator().manual_seed(1)
+    a = (torch.randn(4096, generator=generator) * 4).to(dtype)
+    b = (torch.randn(4096, generator=generator) * 4).to(dtype)
+    op = EXACT_OPS[name]
+    expected = op(a, b)
+    wide_a, wide_b = a.float(), b.float()
+    with fpemu.emulate_torch("pure_fp16" if dtype == torch.float16 else "pure_bf16"):
+        got = op(wide_a, wide_b)
+    nan = torch.isnan(expected)
+    assert torch.equal(nan, torch.isnan(got))
+    assert torch.equal(expected[~nan].float().view(torch.int32), got[~nan].view(torch.int32)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_erf_gelu_differs_from_torchs_low_precision_kernel_only_in_the_sign_of_zero(dtype):
+    """For x << 0 torch's float32 gelu returns +0 and its float16 / bfloat16 kernels -0."""
+    a = (torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    expected = torch.nn.functional.gelu(a)
+    wide = a.float()
+    with fpemu.emulate_torch("pure_fp16" if dtype == torch.float16 else "pure_bf16"):
+        got = torch.nn.functional.gelu(wide)
+    differ = expected.float().view(torch.int32) != got.view(torch.int32)
+    assert differ.any() and torch.equal(expected[differ].float(), torch.zeros(int(differ.sum())))
+    assert torch.equal(got[differ], torch.zeros(int(differ.sum()))) and (a[differ] < -3).all()
+
+
+# -- the emulation: placement, errors, telemetry ---------------------------------------------------
+
+def test_autocast_placement_gives_the_real_dtypes_and_lists_float32_ops():
+    model = TinyTransformer()
+    with fpemu.emulate_torch("cuda_autocast_fp16", model=model) as telemetry:
+        logits = model(_batch(0)[:, :-1])
+        with torch.no_grad():
+            probs = torch.softmax(logits, -1)
+    assert logits.dtype == torch.float16 and probs.dtype == torch.float32   # CUDA: softmax in float32
+    summary = telemetry.summary()
+    assert "aten::native_layer_norm" in summary.float32_ops and "aten::mm" not in summary.float32_ops
+    assert ("forward", "blocks.0.fc") in summary.by_module
+
+
+def test_bias_gradient_overflow_is_found_in_its_module_in_backward():
+    """The overflow the issue's prototype missed: each gradient element fits fp16, the bias-gradient sum
+    over the batch (an fp16 reduction of float32 accumulation) does not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    torch.nn.init.zeros_(model[0].bias)
+    x = torch.randn(4096, 8) * 1e-3   # small activations: the weight gradients stay finite
+    with fpemu.emulate_torch("cuda_autocast_fp16", model=model) as telemetry:
+        loss = model(x).float().sum()
+        (loss * 64.0).backward()
+    first = telemetry.summary().first_nonfinite
+    assert "forward" not in first
+    assert (first["backward"].op, first["backward"].module) == ("aten::sum.dim_IntList", "2")
+    assert torch.isinf(model[2].bias.grad).all() and torch.isfinite(model[2].weight.grad).all()
+
+
+def test_ops_the_policy_cannot_place_are_errors_naming_them():
+    probs, target = torch.rand(8), torch.rand(8)
+    with pytest.raises(FpemuInputError, match="cannot place aten::binary_cross_entropy"):
+        with fpemu.emulate_torch("cuda_autocast_fp16"):
+            torch.nn.functional.binary_cross_entropy(probs, target)
+    with pytest.raises(FpemuInputError, match=r"cannot place aten::add.Tensor: it received a torch.float64"):
+        with fpemu.emulate_torch("pure_bf16"):
+            torch.ones(2, dtype=torch.float64) + 1
+    assert torch.nn.functional.binary_cross_entropy(probs, target).dtype == torch.float32  # CPU kernels restored
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.softmax(torch.ones(2).half(), 0).dtype == torch.float16
+
+
+def test_low_accumulation_rounds_the_running_sum():
+    """512 ones sum to 512 in float32 accumulation; a bf16 running sum stalls at 256 (256 + 1 rounds to 256)."""
+    ones_row, ones_column = torch.ones(1, 512), torch.ones(512, 1)
+    with fpemu.emulate_torch("pure_bf16"):
+        fp32_sum = ones_row @ ones_column
+    with fpemu.emulate_torch("pure_bf16", accumulation="low", accumulation_block=1) as telemetry:
+        low_sum = ones_row @ ones_column
+        low_reduction = ones_row.sum(1)
+    assert (fp32_sum.item(), low_sum.item(), low_reduction.item()) == (512.0, 256.0, 256.0)
+    assert ("forward", "aten::mm (partial sum)") in telemetry.summary().by_op
+
+
+def test_fp8_quantizes_forward_e4m3_and_gradients_e5m2():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16, bias=False)
+    x = torch.randn(8, 16, requires_grad=True)
+    with fpemu.emulate_torch("fp8", model=layer) as telemetry:
+        layer(x).square().sum().backward()
+    by_op = telemetry.summary().by_op
+    assert by_op[("forward", "aten::mm")][0] == 8 * 16 + 16 * 16          # both operands quantized
+    assert ("backward", "aten::mm") in by_op
+    expected = (fpemu.quantize(x.detach().numpy() * 2 ** np.floor(np.log2(448 / x.abs().max().item())), "fp8_e4m3fn")
+                / 2 ** np.floor(np.log2(448 / x.abs().max().item())))
+    w = layer.weight.detach().numpy()
+    w_scale = 2 ** np.floor(np.log2(448 / np.abs(w).max()))
+    with torch.no_grad(), fpemu.emulate_torch("fp8"):
+        y = layer(x)
+    w_quantized = fpemu.quantize(w * w_scale, "fp8_e4m3fn") / w_scale
+    assert np.array_equal(y.numpy(), (expected @ w_quantized.T).astype(np.float32))
+
+
+def test_stochastic_rounding_of_the_update_keeps_weights_in_the_format():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    with fpemu.emulate_torch("pure_bf16", update_rounding="stochastic", seed=3):
+        layer(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    weights = layer.weight.detach().numpy()
+    assert np.array_equal(weights, fpemu.quantize(weights, "bf16"))
+
+
+# -- the model: emulated fp16 against real CPU autocast and GradScaler ----------------------------
+
+def test_emulated_fp16_training_overflows_where_real_cpu_autocast_does():
+    torch.manual_seed(0)
+    params = {"init_scale": 2.0 ** 22, "growth_interval": 2}
+    model = TinyTransformer()
+    real, emulated = copy.deepcopy(model), copy.deepcopy(model)
+    optimizer = torch.optim.SGD(real.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", **params)
+    real_scales, real_skips = [], []
+    for index in range(8):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = _loss(real, index)
+        real_scales.append(scaler.get_scale())
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        real_skips.append(scaler.get_scale() < real_scales[-1])
+    records, _ = run_steps(_step, emulated, torch.optim.SGD(emulated.parameters(), lr=0.1), steps=8,
+                           policy="cpu_autocast_fp16", profile="torch", params=params)
+    assert [r.overflow for r in records] == real_skips and any(real_skips) and not all(real_skips)
+    emulated_scales = fpemu.simulate_scaler([r.overflow for r in records], "torch", **params).scales
+    assert emulated_scales == real_scales
+
+
+def test_scaler_refuses_misuse():
+    scaler = EmulatedScaler("torch", {"init_scale": 4.0})
+    with pytest.raises(FpemuInputError, match="update\\(\\) before step"):
+        scaler.update()
+    layer = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler.scale(layer(torch.ones(1, 2)).sum()).backward()
+    scaler.unscale_(optimizer)
+    with pytest.raises(FpemuInputError, match="already called"):
+        scaler.unscale_(optimizer)
+    assert isinstance(Telemetry().summary().as_dict(), dict)
+
+
+@pytest.mark.parametrize("module", ["fpemu.emulate.policy", "fpemu.emulate._torch_rounding"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_pure_placement_takes_any_format_rounding_and_subnormal_policy():
+    x = torch.tensor([1.0, 3.0, 1e-6, 300.0])
+    y = torch.zeros(4)
+    with fpemu.emulate_torch("pure_fp16", compute="fp8_e5m2") as telemetry:
+        torch.mul(x, 1.1, out=y)                      # an out= op writes its rounded result
+        x.mul_(1.1)                                   # an in-place op too
+    expected = fpemu.quantize(fpemu.quantize(np.array([1.0, 3.0, 1e-6, 300.0], np.float32), "fp8_e5m2")
+                              * np.float32(1.1), "fp8_e5m2")
+    assert bits32(y.numpy()) == bits32(expected) == bits32(x.numpy())
+    with fpemu.emulate_torch("pure_fp16", subnormals=False) as flushed:
+        tiny = torch.tensor([1e-5, 1e-7]) * 1.0
+    assert tiny.tolist() == [0.0, 0.0]
+    assert flushed.summary().by_op[("forward", "aten::mul.Tensor (input)")][1] == 2   # both fp16 subnormals: flushed
+    inputs = {op: counts for (_, op), counts in telemetry.summary().by_op.items() if op.endswith("(input)")}
+    assert inputs["aten::mul.out (input)"][1] == 1   # x's 1e-6 is below e5m2's smallest subnormal
+
+
+def test_stochastic_rounding_is_seeded():
+    x = torch.full((10000,), 1.0 + 2 ** -10)
+    runs = []
+    for seed in (1, 1, 2):
+        with fpemu.emulate_torch("pure_bf16", rounding="stochastic", seed=seed):
+            runs.append(x * 1.0)
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert set(runs[0].tolist()) == {1.0, 1.0078125} and 0.05 < (runs[0] > 1).float().mean() < 0.2
