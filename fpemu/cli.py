@@ -615,6 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="past the largest finite value: inf (IEEE) or saturate")
     underflow.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     _add_env_commands(sub)
+    from fpemu._matrix_cli import add_matrix_commands
+    add_matrix_commands(command, specs_help, impl_help)
     return parser
 
 

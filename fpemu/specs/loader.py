@@ -49,7 +49,7 @@ MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step"}
-STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
+STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "torch_cpu_compiled", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
     "bernoulli": {"rate", "seed"},
