@@ -45,8 +45,9 @@ def _column_lines(results) -> list:
 
 
 def _exit_code(results) -> int:
-    crashed = any(c["problem_status"] == "internal error" for c in results["columns"])
-    crashed |= any(cell["status"] == "internal error" for row in results["rows"] for cell in row["cells"])
+    from fpemu.compare.diff import INTERNAL_ERROR
+    crashed = any(c["problem_status"] == INTERNAL_ERROR for c in results["columns"])
+    crashed |= any(cell["status"] == INTERNAL_ERROR for row in results["rows"] for cell in row["cells"])
     return 3 if crashed else 0
 
 
@@ -91,8 +92,9 @@ def _cmd_bisect(args) -> int:
                       tuple(args.impl) if args.impl else None)
     show = _stderr_line(args)
     first = len(dict.fromkeys(versions[::args.stride] + versions[-1:]))
-    show(f"{len(versions)} versions of {args.package} ({versions[0]} to {versions[-1]}); stride {args.stride}: "
-         f"{first} environments first, then about log2({args.stride}) more per change found")
+    cost = (f"one environment per version" if args.stride == 1 else
+            f"{first} environments first, then about log2({args.stride}) more per change found")
+    show(f"{len(versions)} versions of {args.package} ({versions[0]} to {versions[-1]}); stride {args.stride}: {cost}")
     found = bisect_package(plan, args.package, versions, args.stride, args.traces or default_traces_root(name),
                            tuple(args.with_ or ()), lambda done, version: show(f"[{done} tested] {args.package} {version}"))
     cost = (f"{len(found.tested)} environments for {len(versions)} versions"

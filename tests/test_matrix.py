@@ -248,15 +248,22 @@ def here(tmp_path, monkeypatch):
 
 
 def test_a_column_records_through_fpemu_record_in_the_environment(here, tmp_path):
-    specs = (str(ROOT / "specs" / "timing_torch.toml"), str(ROOT / "matrices" / "specs" / "api_keras_clipnorm.toml"))
-    plan = MatrixPlan("t", specs, (), None)
+    plan = MatrixPlan("t", (str(ROOT / "specs" / "timing_torch.toml"),), (), None)
     column = record_column(plan, VersionSet("here", environment="here"), tmp_path / "traces")
-    torch_cell = column.cells[("timing_torch", "torch@cpu")]
-    assert torch_cell.status == "recorded" and torch_cell.trace.metadata["packages"]["torch"].startswith("2.")
-    # Keras 3.12+ refuses clipnorm=: one cell saying so, not an abort
+    cell = column.cells[("timing_torch", "torch@cpu")]
+    assert cell.status == "recorded" and cell.trace.metadata["packages"]["torch"].startswith("2.")
+    assert read_trace(next((tmp_path / "traces").rglob("timing_torch*.json"))).implementation == "torch@cpu"
+
+
+@needs_env_builds  # no build, but Keras and JAX imported in a subprocess: ~10 s
+def test_a_job_that_raises_in_the_environment_is_one_cell(here, tmp_path):
+    specs = (str(ROOT / "matrices" / "specs" / "api_keras_clipnorm.toml"),
+             str(ROOT / "matrices" / "specs" / "api_keras_iterations.toml"))
+    column = record_column(MatrixPlan("t", specs, (), None), VersionSet("here", environment="here"), tmp_path)
+    # Keras 3.12+ refuses clipnorm=: one cell saying so, and the other job still records
     clip = column.cells[("api_keras_clipnorm", "keras_clipnorm@cpu")]
     assert clip.status == "cannot run" and "does not support `clipnorm`" in clip.note
-    assert read_trace(next((tmp_path / "traces").rglob("timing_torch*.json"))).implementation == "torch@cpu"
+    assert column.cells[("api_keras_iterations", "keras_iterations@cpu")].status == "recorded"
 
 
 # --- building real environments (FPEMU_TEST_ENVS=1) --------------------------------------------
@@ -279,3 +286,11 @@ def test_a_set_pip_cannot_install_is_a_column_of_cells(tmp_path):
     assert column.problem_status == CANNOT_INSTALL and "no-such-distribution-here" in column.problem
     out = matrix_results("t", [column, recorded("0.4.31")], {})
     assert out["rows"][0]["cells"][0]["status"] == CANNOT_INSTALL
+
+
+@pytest.mark.parametrize("module", ["fpemu.harness.matrix", "fpemu.harness.bisect"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0

@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
+from fpemu.compare.diff import INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, read_trace
 
@@ -50,6 +51,7 @@ PACKAGES = {
 
 RECORDED = "recorded"
 CANNOT_INSTALL = "cannot install"
+NOT_RUN = "not run"  # a set that ran no job for this row (another spec list, an adapter it lacks)
 RECORD_TIMEOUT = 1800.0  # seconds one environment's recording may take
 _DEFAULT_ROOT = pathlib.Path.home() / ".cache" / "fpemu" / "matrix"
 
@@ -259,7 +261,11 @@ def host_free(text: str) -> str:
 
 def _named_packages(version_set: VersionSet) -> list:
     """The distributions a set's requirements name (``jaxlib<=0.4.31`` -> jaxlib), normalised."""
-    names = [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in version_set.requirements]
+    requirements = version_set.requirements
+    if version_set.environment is not None:
+        from fpemu.harness.environments import requirements_of
+        requirements = requirements_of(version_set.environment)
+    names = [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in requirements]
     return [_normalise(n) for n in names if n]
 
 
@@ -321,7 +327,6 @@ def record_column(plan: MatrixPlan, version_set: VersionSet, traces_root: pathli
     Never raises for what happens inside the set: an install that fails is a column of
     ``cannot install`` cells, a recording that crashes a column of ``internal error`` cells.
     """
-    from fpemu.compare.diff import INTERNAL_ERROR
     from fpemu.harness.environments import EnvironmentBuildError
     try:
         python, manifest = build_column_environment(version_set)
@@ -381,7 +386,7 @@ def column_cell(column: Column, key) -> Cell:
         return column.cells[key]
     if column.problem:
         return Cell(column.problem_status, None, column.problem)
-    return Cell("not run", None, "this set did not run this job (the spec or implementation is not in it)")
+    return Cell(NOT_RUN, None, "this set did not run this job (the spec or implementation is not in it)")
 
 
 def row_keys(columns) -> list:
@@ -390,7 +395,7 @@ def row_keys(columns) -> list:
 
 
 # Cells that say nothing about the release's behaviour: a change point is looked for across them.
-UNKNOWN = (CANNOT_INSTALL, "skipped", "not run", "internal error")
+UNKNOWN = (CANNOT_INSTALL, SKIPPED, NOT_RUN, INTERNAL_ERROR)
 RESULTS_FORMAT = "fpemu-matrix"
 
 

@@ -13,7 +13,7 @@ import pathlib
 
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_text
-from fpemu.harness.matrix import RESULTS_FORMAT
+from fpemu.harness.matrix import RESULTS_FORMAT, UNKNOWN
 
 RESULTS_FOLDER = "upgrades"
 REPORT = "upgrades.md"
@@ -80,7 +80,7 @@ def change_lines(results: dict) -> list:
                 back = f" (back to the behaviour of {cell['returns_to']})" if cell["returns_to"] else ""
                 lines.append(f"- {row['spec']} / {row['implementation']}, {previous} -> {label}{back}: "
                              f"{cell['change']}")
-            if cell["status"] not in ("cannot install", "skipped", "not run", "internal error"):
+            if cell["status"] not in UNKNOWN:
                 previous = label
     return lines or ["- none: every row behaves the same in every column that ran"]
 
