@@ -19,7 +19,7 @@ from fpemu.cli import main
 from fpemu.errors import FpemuInputError
 from fpemu.harness import environments
 from fpemu.harness.bisect import assumption, bisect_versions, bisection_results, versions_in_range
-from fpemu.harness.matrix import (CANNOT_INSTALL, Column, MatrixPlan, VersionSet, host_free, load_plan,
+from fpemu.harness.matrix import (CANNOT_INSTALL, Cell, Column, MatrixPlan, VersionSet, host_free, load_plan,
                                   matrix_results, package_set, plan_from_options, product_sets, read_column,
                                   record_column, reference_traces)
 from fpemu.reports.upgrades import read_results, write_results
@@ -156,9 +156,23 @@ def test_cells_without_a_trace_keep_their_status_and_are_no_change(results):
         assert (cells[2]["change"] is None) == (cells[0]["digest"] == cells[2]["digest"])
 
 
+def test_the_same_refusal_in_two_releases_is_one_behaviour_and_a_refusal_is_a_change(results):
+    refusal = ("ValueError in keras {v}: LossScaleOptimizer does not support `clipnorm`. (raised at "
+               "keras/src/optimizers/loss_scale_optimizer.py:{line})")
+    key = ("api_keras_clipnorm", "keras_clipnorm@cpu")
+    accepted = recorded("0.4.31").cells[("step_fp16_jax_default", "jax_step@cpu")]
+    columns = [Column(VersionSet(f"keras {v}"), {}, {key: cell}) for v, cell in [
+        ("3.11.3", accepted), ("3.12.0", Cell("cannot run", None, refusal.format(v="3.12.0", line=84))),
+        ("3.15.1", Cell("cannot run", None, refusal.format(v="3.15.1", line=90)))]]
+    cells = matrix_results("k", columns, {})["rows"][0]["cells"]
+    assert [c["change"] is not None for c in cells] == [False, True, False]
+    assert cells[1]["change"].startswith("recorded -> cannot run: ValueError in keras 3.12.0")
+
+
 def test_report_is_host_free_and_marks_changes(results, tmp_path):
     written = write_results(tmp_path, results)
-    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md"]
+    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"]
+    assert "[upgrades.md](upgrades.md) | Behaviour per released version" in written[2].read_text()
     text = (tmp_path / "upgrades.md").read_text()
     assert "| step_fp16_jax_default / jax_step@cpu |" in text and "◆" in text and "What changed:" in text
     for host in (str(pathlib.Path.home()), "Linux-", "cpu_features", str(ROOT)):

@@ -46,18 +46,12 @@ def read_results(path) -> dict:
     return body
 
 
-def _cell_text(cell: dict, column: dict) -> str:
-    if cell["digest"] is None:
-        return f"`{cell['status']}`"
-    text = cell["behaviour"] + (f" {MODEL_MARK}" if cell["model"] == "match" else "")
+def _cell_text(cell: dict) -> str:
+    text = f"`{cell['status']}`" if cell["digest"] is None else \
+        cell["behaviour"] + (f" {MODEL_MARK}" if cell["model"] == "match" else "")
     if cell["change"] is not None:
         text = f"**{text} {CHANGE_MARK}**" + (f" = {cell['returns_to']}" if cell["returns_to"] else "")
     return text
-
-
-def _column_head(column: dict) -> str:
-    versions = ", ".join(f"{k} {v}" for k, v in column["packages"].items())
-    return f"{column['label']}" + (f" ({versions})" if versions and versions != column["label"] else "")
 
 
 def _table(results: dict) -> list:
@@ -65,7 +59,7 @@ def _table(results: dict) -> list:
     lines = ["| spec / implementation | " + " | ".join(c["label"] for c in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for row in results["rows"]:
-        cells = [_cell_text(cell, column) for cell, column in zip(row["cells"], columns)]
+        cells = [_cell_text(cell) for cell in row["cells"]]
         lines.append(f"| {row['spec']} / {row['implementation']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -86,15 +80,17 @@ def change_lines(results: dict) -> list:
 
 
 def _without_trace(results: dict) -> list:
-    """One line per (status, note), naming the rows and columns that share it."""
+    """One line per failure (status and note, versions aside), naming the rows and columns that share it."""
+    from fpemu.harness.matrix import Cell, cell_key
     labels = [c["label"] for c in results["columns"]]
     groups = {}
     for row in results["rows"]:
         for label, cell in zip(labels, row["cells"]):
             if cell["digest"] is None:
-                groups.setdefault((cell["status"], cell["note"]), []).append((row, label))
+                key = cell_key(Cell(cell["status"], None, cell["note"]))
+                groups.setdefault(key, (cell["status"], cell["note"], []))[2].append((row, label))
     lines = []
-    for (status, note), where in groups.items():
+    for status, note, where in groups.values():
         rows = sorted({f"{r['spec']} / {r['implementation']}" for r, _ in where})
         columns = [label for label in labels if any(label == at for _, at in where)]
         lines.append(f"- `{status}` in {', '.join(columns)} ({len(rows)} row{'s' * (len(rows) != 1)}: "
@@ -166,8 +162,11 @@ def write_report(reports) -> pathlib.Path:
 
 
 def write_results(reports, results: dict) -> list:
-    """Write one matrix's results file and regenerate the report; returns the paths written."""
+    """Write one matrix's results file and regenerate the report and the reports' index
+    (README.md); returns the paths written."""
+    from fpemu.reports.writer import index_report
     reports = pathlib.Path(reports)
     path = atomic_write(reports / RESULTS_FOLDER / f"{results['name']}.json",
                         json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    return [path, write_report(reports)]
+    report = write_report(reports)
+    return [path, report, atomic_write(reports / "README.md", index_report(reports))]
