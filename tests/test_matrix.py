@@ -308,3 +308,12 @@ def test_docstring_examples(module):
     import importlib
     result = doctest.testmod(importlib.import_module(module))
     assert result.failed == 0 and result.attempted > 0
+
+
+@needs_env_builds  # asks the package index
+def test_pip_lists_released_versions_oldest_first():
+    from fpemu.harness.bisect import pip_versions
+    versions = pip_versions("jmp")
+    assert versions[:4] == ["0.0.1", "0.0.2", "0.0.3", "0.0.4"]
+    with pytest.raises(FpemuInputError, match="pip finds no released version"):
+        pip_versions("fpemu-no-such-distribution-anywhere")

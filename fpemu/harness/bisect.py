@@ -56,10 +56,16 @@ def pip_versions(package: str) -> list:
         with tempfile.TemporaryDirectory() as scratch:
             probe = _pip("download", "--no-deps", "--dest", scratch, f"{package}===fpemu-list-versions")
         listed = _listed(probe.stdout + probe.stderr, "(from versions:")
-    if not listed:
+    from packaging.version import InvalidVersion, Version
+    valid = []
+    for version in set(listed):
+        try:
+            valid.append((Version(version), version))
+        except InvalidVersion:  # "none", or a pre-PEP 440 version pip would not pick either
+            continue
+    if not valid:
         raise FpemuInputError(f"{package}: pip finds no released version (is it on the index pip uses?)")
-    from packaging.version import Version
-    return sorted(set(listed), key=Version)
+    return [version for _, version in sorted(valid)]
 
 
 def versions_in_range(versions, low: Optional[str] = None, high: Optional[str] = None, pre: bool = False) -> list:
