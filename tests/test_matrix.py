@@ -183,6 +183,12 @@ def test_report_is_host_free_and_marks_changes(results, tmp_path):
     assert (tmp_path / "upgrades.md").read_bytes() == again  # regenerating changes nothing
 
 
+def test_without_matplotlib_the_report_links_no_image(results, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    write_results(tmp_path, results)
+    assert "![" not in (tmp_path / "upgrades.md").read_text() and not (tmp_path / "plots").exists()
+
+
 def test_a_results_file_of_another_kind_is_refused(tmp_path):
     (tmp_path / "x.json").write_text('{"format": "fpemu-trace"}')
     with pytest.raises(FpemuInputError, match="not an fpemu matrix results file"):
