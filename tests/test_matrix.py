@@ -169,6 +169,22 @@ def test_the_same_refusal_in_two_releases_is_one_behaviour_and_a_refusal_is_a_ch
     assert cells[1]["change"].startswith("recorded -> cannot run: ValueError in keras 3.12.0")
 
 
+def test_a_set_whose_recording_crashed_is_a_row_of_cells_for_every_planned_job():
+    from fpemu.harness.matrix import planned_keys
+    plan = MatrixPlan("t", tuple(SPECS), (), ("jax_step",))
+    crashed = Column(VersionSet("jax 0.4.31"), {}, {}, "fpemu record exited 3: boom", "internal error")
+    out = matrix_results("t", [crashed], {}, planned=planned_keys(plan))
+    assert [(r["spec"], r["cells"][0]["status"]) for r in out["rows"]] == [
+        ("step_bf16_jax_strict", "internal error"), ("step_fp16_jax_default", "internal error")]
+
+
+def test_what_a_framework_prints_to_stdout_does_not_hide_the_recording():
+    from fpemu.harness.matrix import _last_json
+    assert _last_json('I0101 paddle says {hi}\n{\n "written": [],\n "unrecorded": []\n}\n') == {
+        "written": [], "unrecorded": []}
+    assert _last_json("only noise\n{ not json") is None
+
+
 def test_report_is_host_free_and_marks_changes(results, tmp_path):
     written = write_results(tmp_path, results)
     assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"]

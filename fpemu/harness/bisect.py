@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from fpemu.errors import FpemuInputError
 from fpemu.harness.matrix import (CANNOT_INSTALL, UNKNOWN, Column, MatrixPlan, cell_key, column_cell, matrix_results,
-                                  package_set, record_column, reference_traces, row_keys)
+                                  package_set, planned_keys, record_column, reference_traces, row_keys)
 
 PIP_TIMEOUT = 300.0
 
@@ -212,7 +212,7 @@ def bisect_versions(versions, probe: Callable[[str], Column], stride: int = 4,
 def bisection_results(name: str, package: str, plan: MatrixPlan, found: Bisection) -> dict:
     """The results file of a bisection: the tested versions as matrix columns, and what it did."""
     columns = list(found.tested.values())
-    results = matrix_results(name, columns, reference_traces(plan.specs), plan.description)
+    results = matrix_results(name, columns, reference_traces(plan.specs), plan.description, planned_keys(plan))
     results["bisect"] = {"package": package, "versions": list(found.versions), "tested": list(found.tested),
                          "cannot_install": found.cannot_install, "stride": found.stride,
                          "python": results["python"], "assumption": assumption(found.stride),

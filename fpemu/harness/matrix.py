@@ -311,14 +311,23 @@ def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:
                                   cwd=cwd, timeout=RECORD_TIMEOUT)
         except subprocess.TimeoutExpired:
             return {"crash": f"recording ran past {RECORD_TIMEOUT:.0f} s"}
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        result = None
+    result = _last_json(done.stdout)
     if not isinstance(result, dict) or "written" not in result:
         tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return {"crash": f"fpemu record exited {done.returncode}: {tail}"}
     return result
+
+
+def _last_json(text: str):
+    """The JSON object ``fpemu record --json`` printed last: a framework may print to stdout too (Paddle
+    does), so the object is read from its first line, ``{``, on; None without one."""
+    lines = text.splitlines()
+    for start in reversed([i for i, line in enumerate(lines) if line == "{"]):
+        try:
+            return json.loads("\n".join(lines[start:]))
+        except ValueError:
+            continue
+    return None
 
 
 def record_column(plan: MatrixPlan, version_set: VersionSet, traces_root: pathlib.Path) -> Column:
@@ -393,9 +402,18 @@ def column_cell(column: Column, key) -> Cell:
     return Cell(NOT_RUN, None, "this set did not run this job (the spec or implementation is not in it)")
 
 
-def row_keys(columns) -> list:
-    """Every (spec, implementation) any column has, sorted."""
-    return sorted({key for column in columns for key in column.cells})
+def row_keys(columns, planned=()) -> list:
+    """Every (spec, implementation) any column has or the plan runs (``planned``), sorted."""
+    return sorted({key for column in columns for key in column.cells} | set(planned))
+
+
+def planned_keys(plan: MatrixPlan) -> list:
+    """The (spec, implementation) jobs the plan runs in every set, as ``fpemu record`` chooses them."""
+    from fpemu.harness.jobs import implementations_for
+    from fpemu.harness.run import implementation_key
+    from fpemu.specs import load_specs
+    return [(scenario.name, implementation_key(impl)) for scenario in load_specs(plan.specs)
+            for impl in implementations_for(scenario, list(plan.implementations or ()) or None)]
 
 
 # Cells that say nothing about the release's behaviour: a change point is looked for across them.
@@ -449,19 +467,20 @@ def row_results(cells: list, labels: list, reference: Optional[Trace]) -> list:
     return out
 
 
-def matrix_results(name: str, columns, references: dict, description: str = "", **extra) -> dict:
+def matrix_results(name: str, columns, references: dict, description: str = "", planned=(), **extra) -> dict:
     """The results file of a matrix (written by :func:`fpemu.reports.upgrades.write_results`): its
     columns (labels, requirements, the versions installed), and one row per (spec, implementation)
     with :func:`row_results`'s cells.  Nothing of the host: notes are :func:`host_free`.
 
     Args:
       references: spec name -> fpemu's reference trace of that spec (for the model column).
+      planned: the jobs the plan runs (:func:`planned_keys`): a row each even where no set recorded it.
       extra: more top-level entries (``bisect``: what a bisection tested).
     """
     import sys
     labels = [column.version_set.label for column in columns]
     rows = []
-    for spec, implementation in row_keys(columns):
+    for spec, implementation in row_keys(columns, planned):
         cells = [column_cell(column, (spec, implementation)) for column in columns]
         rows.append({"spec": spec, "implementation": implementation,
                      "cells": row_results(cells, labels, references.get(spec))})
@@ -498,4 +517,4 @@ def run_matrix(plan: MatrixPlan, traces_root=None, progress=lambda done, total, 
         progress(index - 1, len(plan.sets), f"{version_set.label}: installing and recording")
         columns.append(record_column(plan, version_set, root))
         progress(index, len(plan.sets), version_set.label)
-    return matrix_results(plan.name, columns, reference_traces(plan.specs), plan.description)
+    return matrix_results(plan.name, columns, reference_traces(plan.specs), plan.description, planned_keys(plan))

@@ -137,7 +137,9 @@ def section(results: dict, plot: str = None) -> list:
 
 
 def _grid(results: dict, reports: pathlib.Path):
-    """The behaviour grid of one matrix as a PNG under reports/plots/, or None without matplotlib."""
+    """The behaviour grid of one matrix as a PNG under reports/plots/, or None without matplotlib or rows."""
+    if not results["rows"]:
+        return None
     try:
         from fpemu.reports.plots import behaviour_grid
         path = reports / "plots" / f"upgrades_{results['name']}.png"
