@@ -312,7 +312,7 @@ def test_matrix_over_two_jax_releases_marks_the_change(tmp_path, monkeypatch, ca
     assert code == 0
     body = read_results(tmp_path / "reports" / "upgrades" / "two_jax.json")
     assert [cell["behaviour"] for cell in body["rows"][0]["cells"]] == ["A", "B"]
-    assert body["columns"][1]["packages"] == {"jax": "0.4.33", "jaxlib": "0.4.33"}
+    assert body["columns"][1]["packages"] == {"jax": "0.4.33", "jaxlib": "0.4.33", "ml_dtypes": "0.6.0", "numpy": "2.4.6"}
 
 
 @needs_env_builds
