@@ -87,9 +87,13 @@ def _cmd_bisect(args) -> int:
     listed = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else pip_versions(args.package)
     versions = versions_in_range(listed, args.low, args.high, args.pre)
     from fpemu.specs import load_specs
-    load_specs(args.specs)  # bad specs are bad input before anything is installed
+    implementations = ", ".join(args.impl) if args.impl else "each spec's own implementations"
+    described = (f"Where {args.package} changed the behaviour of {', '.join(s.name for s in load_specs(args.specs))} "
+                 f"({implementations}): `fpemu bisect "
+                 f"{args.package} --from {versions[0]} --to {versions[-1]} --stride {args.stride}`"
+                 + (f" with {' '.join(args.with_)}." if args.with_ else "."))
     plan = MatrixPlan(name, tuple(str(pathlib.Path(s).resolve()) for s in args.specs), (),
-                      tuple(args.impl) if args.impl else None)
+                      tuple(args.impl) if args.impl else None, described)
     show = _stderr_line(args)
     first = len(dict.fromkeys(versions[::args.stride] + versions[-1:]))
     cost = (f"one environment per version" if args.stride == 1 else
