@@ -723,6 +723,8 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--out", type=pathlib.Path, default=DEFAULT_REPORTS / "emulate",
                          help="output folder (default reports/emulate)")
     _add_env_commands(sub)
+    from fpemu._matrix_cli import add_matrix_commands
+    add_matrix_commands(command, specs_help, impl_help)
     return parser
 
 

@@ -42,7 +42,7 @@ def test_console_script_usage_error_exits_2():
 def test_help_on_every_command():
     commands = build_parser()._subparsers._group_actions[0].choices
     assert set(commands) == {"golden", "record", "diff", "audit", "compare", "report", "run", "simulate", "underflow",
-                             "env", "recipe", "emulate"}
+                             "env", "recipe", "emulate", "matrix", "bisect"}
     for command in [[], *([c] for c in commands)]:
         proc = subprocess.run([sys.executable, "-m", "fpemu.cli", *command, "--help"], capture_output=True, text=True)
         assert proc.returncode == 0 and "usage: fpemu" in proc.stdout

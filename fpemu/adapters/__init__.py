@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 from typing import Optional
 
 from fpemu.ranks import LAYOUTS
@@ -23,6 +24,7 @@ from fpemu.traces.format import OBSERVED_FIELDS
 SCALER, STEP, RECIPE, RANKS = "scaler", "step", "recipe", "ranks"
 BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py
 ADAPTER_KINDS = (SCALER, STEP, RECIPE, RANKS, BLOCKS)
+IN_VERSION_SET = "FPEMU_IN_VERSION_SET"  # "1": this process runs in a matrix's environment (Adapter.isolated_in)
 DEVICES = ("cpu", "cuda")
 
 
@@ -93,6 +95,13 @@ class Adapter:
         """The entry point, imported now."""
         return _imported(self.entry)
 
+    @property
+    def isolated_in(self) -> Optional[str]:
+        """The environment its calls go to, or None to run here: an adapter with an ``environment``
+        runs here when this process is itself a version set's environment (``fpemu matrix`` sets
+        :data:`IN_VERSION_SET`), whose packages are the ones to drive."""
+        return None if os.environ.get(IN_VERSION_SET) == "1" else self.environment
+
     def extra_versions(self) -> dict:
         """What its ``versions`` hook reports ({} without one)."""
         return _imported(self.versions)() if self.versions else {}
@@ -125,6 +134,14 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             profile="flax", verified=_JAX_VERIFIED + ("flax 0.12.8",)),
     Adapter("keras", SCALER, "fpemu.adapters.keras_scaler:record_keras", ("jax", "jaxlib", "keras"),
             ("jax", "keras"), profile="keras", verified=_JAX_VERIFIED + ("keras 3.15.1",)),
+    # API-level behaviour across Keras releases (matrices/keras3.toml): what the public
+    # ``iterations`` counts, and whether ``clipnorm=`` is accepted and what it clips.
+    Adapter("keras_iterations", SCALER, "fpemu.adapters.keras_scaler:record_keras_iterations",
+            ("jax", "jaxlib", "keras"), ("jax", "keras"), profile="keras", verified=_JAX_VERIFIED + ("keras 3.15.1",),
+            by_default=False),
+    Adapter("keras_clipnorm", SCALER, "fpemu.adapters.keras_scaler:record_keras_clipnorm",
+            ("jax", "jaxlib", "keras"), ("jax", "keras"), profile="keras", verified=_JAX_VERIFIED + ("keras 3.8.0",),
+            fields=OBSERVED_FIELDS + ("update_ratio",), by_default=False),
     Adapter("optax", SCALER, "fpemu.adapters.jax_scalers:record_optax", ("jax", "jaxlib", "optax"),
             ("jax", "optax"), profile="optax", verified=_JAX_VERIFIED + ("optax 0.2.8",)),
     Adapter("paddle_cpu", SCALER, "fpemu.adapters.paddle_scaler:record_paddle", ("paddlepaddle", "numpy"), ("paddle",),
@@ -172,6 +189,8 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("jax_step", STEP, "fpemu.adapters.jax_step:step_function", ("jax", "jaxlib"), ("jax",),
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
     Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),
+            devices=DEVICES, params={"unscale": ("divide", "reciprocal")}, verified=_TORCH_VERIFIED),
+    Adapter("torch_compile_step", STEP, "fpemu.adapters.torch_step:compiled_step_function", ("torch",), ("torch",),
             devices=DEVICES, params={"unscale": ("divide", "reciprocal")}, verified=_TORCH_VERIFIED),
     # fp8 recipes: TE's own Python recipe code run from its source tree (fpemu.adapters.te_recipes), torchao's casts
     Adapter("te_unfused", RECIPE, _TE + "record_delayed_unfused", ("torch", "pydantic"), ("torch", "pydantic"),
@@ -228,7 +247,7 @@ def unavailable_reason(name: str, device: str = "cpu"):
     adapter = ADAPTERS[name]
     if device not in adapter.devices:
         return f"{name} runs on {', '.join(adapter.devices)}, not {device}"
-    if adapter.environment is not None:
+    if adapter.isolated_in is not None:
         from fpemu.harness.environments import environment_python
         if environment_python(adapter.environment) is None:
             return (f"its environment {adapter.environment!r} is not built "
@@ -266,7 +285,7 @@ def record_scaler(name: str, overflows, device: str = "cpu", **params):
     """Drive the real scaler ``name`` through ``overflows``; returns a ScalerTrace."""
     adapter = _runnable(name, SCALER, device)
     args = ([bool(o) for o in overflows], params, device)
-    if adapter.environment is not None:
+    if adapter.isolated_in is not None:
         from fpemu.harness.environments import call_in_environment
         return call_in_environment(adapter.environment, adapter.entry, *args)
     return adapter.function()(*args)

@@ -75,3 +75,10 @@ def torch_step(params, x, y, loss_scale, good_steps, lr, growth_interval, *, com
 def step_function(compute: str, device: str, params: dict):
     """The adapter table's entry: the eager step as a function of one step's arguments."""
     return lambda **case: torch_step(**case, compute=compute, device=device, unscale=params["unscale"])
+
+
+def compiled_step_function(compute: str, device: str, params: dict):
+    """The adapter table's entry for torch.compile: the same step with its forward and backward
+    compiled by inductor (what a torch.compile'd training step computes)."""
+    return lambda **case: torch_step(**case, compute=compute, device=device, unscale=params["unscale"],
+                                     compiled=True)

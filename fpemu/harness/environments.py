@@ -107,13 +107,15 @@ def core_requirements() -> tuple:
         return tuple(tomllib.load(handle)["project"]["dependencies"])
 
 
-def _install_list(name: str) -> tuple:
-    return requirements_of(name) + core_requirements()
+def _install_list(name: str, requirements=None) -> tuple:
+    """What environment ``name`` installs: its row of :data:`ENVIRONMENTS`, or ``requirements`` for an
+    environment made on the fly (a version set of ``fpemu matrix``), then fpemu's core dependencies."""
+    return (requirements_of(name) if requirements is None else tuple(requirements)) + core_requirements()
 
 
-def environment_dir(name: str) -> pathlib.Path:
+def environment_dir(name: str, requirements=None) -> pathlib.Path:
     """Where environment ``name`` is (or would be) built: a hash of what it installs and the Python."""
-    key = "\n".join((f"python {sys.version_info[0]}.{sys.version_info[1]}", *_install_list(name)))
+    key = "\n".join((f"python {sys.version_info[0]}.{sys.version_info[1]}", *_install_list(name, requirements)))
     return environments_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -121,15 +123,15 @@ def _python_in(folder: pathlib.Path) -> pathlib.Path:
     return folder / "bin" / "python"
 
 
-def environment_python(name: str) -> Optional[pathlib.Path]:
+def environment_python(name: str, requirements=None) -> Optional[pathlib.Path]:
     """The Python of environment ``name``, or None when it has not been built."""
-    folder = environment_dir(name)
+    folder = environment_dir(name, requirements)
     return _python_in(folder) if (folder / MANIFEST).is_file() else None
 
 
-def environment_manifest(name: str) -> Optional[dict]:
+def environment_manifest(name: str, requirements=None) -> Optional[dict]:
     """What the build of ``name`` recorded (packages installed, seconds, size), or None if not built."""
-    path = environment_dir(name) / MANIFEST
+    path = environment_dir(name, requirements) / MANIFEST
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
@@ -171,15 +173,24 @@ def _folder_bytes(folder: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _build_into(name: str, folder: pathlib.Path, timeout: float) -> dict:
+def _installer(python: str) -> list:
+    """The install command for the venv of ``python``: uv's when uv is on PATH (much faster), else pip's;
+    both reuse their download cache, so a wheel is fetched once for every environment."""
+    uv = shutil.which("uv")
+    if uv:
+        return [uv, "pip", "install", "--python", python]
+    return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+
+
+def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=None) -> dict:
     """Make the venv in ``folder`` and install everything; returns the manifest."""
     started = time.monotonic()
     env = _isolated_env()
     _run_build_step(name, "python -m venv", [sys.executable, "-m", "venv", str(folder)], timeout, env=env)
     python = str(_python_in(folder))
-    pip = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-    _run_build_step(name, "pip install " + " ".join(_install_list(name)), pip + list(_install_list(name)),
-                    timeout, env=env)
+    pip = _installer(python)
+    install = list(_install_list(name, requirements))
+    _run_build_step(name, "pip install " + " ".join(install), pip + install, timeout, env=env)
     with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
         source = _staged_source(_checkout_root(), pathlib.Path(stage))
         _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
@@ -189,7 +200,7 @@ def _build_into(name: str, folder: pathlib.Path, timeout: float) -> dict:
     if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(folder.resolve()):
         raise EnvironmentBuildError(f"environment {name!r}: fpemu imported from {check['fpemu_file']}, "
                                     "not from the environment")
-    return {"name": name, "requirements": list(_install_list(name)), "python": sys.version.split()[0],
+    return {"name": name, "requirements": install, "python": sys.version.split()[0],
             "packages": check["packages"], "build_seconds": round(time.monotonic() - started, 1),
             "size_bytes": _folder_bytes(folder)}
 
@@ -212,26 +223,28 @@ def _sweep_abandoned(final: pathlib.Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def build_environment(name: str, timeout: float = 1800.0) -> pathlib.Path:
+def build_environment(name: str, timeout: float = 1800.0, requirements=None) -> pathlib.Path:
     """Build environment ``name`` (see the module docstring) and return its folder; instant when built.
 
     Args:
       timeout: seconds each build step (venv, pip install, import check) may take.
+      requirements: what to install instead of ``name``'s row of :data:`ENVIRONMENTS` (an environment
+        made on the fly; ``name`` then only labels its folder and messages).
     """
-    final = environment_dir(name)
-    if environment_python(name) is not None:
+    final = environment_dir(name, requirements)
+    if environment_python(name, requirements) is not None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _sweep_abandoned(final)
     building = pathlib.Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.building-{os.getpid()}-"))
     building.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache private
     try:
-        manifest = _build_into(name, building, timeout)
+        manifest = _build_into(name, building, timeout, requirements)
         (building / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         try:
             os.rename(building, final)
         except OSError:
-            if environment_python(name) is None:  # not another build finishing first
+            if environment_python(name, requirements) is None:  # not another build finishing first
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)

@@ -44,7 +44,7 @@ def package_versions(packages, environment=None) -> dict:
 def adapter_versions(adapter) -> dict:
     """The versions of everything ``adapter`` runs: its packages (in its environment, if it has one)
     and what its ``versions`` hook reports (a DeepSpeed tree outside site-packages)."""
-    return {**package_versions(adapter.packages, adapter.environment), **adapter.extra_versions()}
+    return {**package_versions(adapter.packages, adapter.isolated_in), **adapter.extra_versions()}
 
 
 def skip_reason(impl: Implementation):

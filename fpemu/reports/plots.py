@@ -150,3 +150,35 @@ def draw_ulp_histogram(title: str, distances: dict):
 def ulp_histogram(path, title: str, distances: dict) -> pathlib.Path:
     """Histogram of ulp distances per output field (0 = bit-exact)."""
     return _save(draw_ulp_histogram(title, distances), path)
+
+
+def draw_behaviour_grid(title: str, rows: list, columns: list, letters: list, changed: list):
+    """The figure of :func:`behaviour_grid` (not saved)."""
+    plt = _pyplot()
+    palette = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(columns), 0.9 + 0.42 * len(rows)))
+    for r, row in enumerate(letters):
+        for c, letter in enumerate(row):
+            traced = len(letter) == 1 or letter.startswith("#")
+            color = palette((ord(letter[0]) - ord("A")) % 10) if traced else (0.85, 0.85, 0.85)
+            ax.add_patch(plt.Rectangle((c, r), 1, 1, facecolor=color, edgecolor="white", linewidth=1))
+            ax.text(c + 0.5, r + 0.5, letter if traced else letter.replace(" ", "\n"), ha="center", va="center",
+                    fontsize=9 if traced else 6)
+    for r, row in enumerate(changed):  # outlines last: a neighbour's white edge must not cover them
+        for c, marked in enumerate(row):
+            if marked:
+                ax.add_patch(plt.Rectangle((c + 0.04, r + 0.06), 0.92, 0.88, fill=False, edgecolor="black",
+                                           linewidth=2.2))
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([c + 0.5 for c in range(len(columns))], columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks([r + 0.5 for r in range(len(rows))], rows, fontsize=8)
+    ax.tick_params(length=0)
+    ax.set_title(title + " (a letter per behaviour; outlined: changed)", fontsize=10)
+    return fig
+
+
+def behaviour_grid(path, title: str, rows: list, columns: list, letters: list, changed: list) -> pathlib.Path:
+    """A row per spec and implementation, a column per version set: each cell coloured by its
+    behaviour letter (grey: no trace), outlined where the behaviour changed from the column before."""
+    return _save(draw_behaviour_grid(title, rows, columns, letters, changed), path)

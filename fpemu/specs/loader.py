@@ -55,7 +55,7 @@ _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "im
 # Scenario kinds beyond scaler and step specs: the top-level table that marks one -> its parser
 # ("module:function", taking (checker, raw TOML, text, path)).
 SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec", "recipe": "fpemu.specs.recipes:parse_recipe_spec"}
-STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "seed")
+STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "torch_cpu_compiled", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
     "bernoulli": {"rate", "seed"},

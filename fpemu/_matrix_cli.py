@@ -1,0 +1,146 @@
+"""The ``fpemu matrix`` and ``fpemu bisect`` subcommands (added to the parser by fpemu.cli)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from fpemu.errors import FpemuInputError
+
+_MATRIX_HELP = ("record the specs in one isolated environment per set of package versions and write "
+                "reports/upgrades.md: a row per spec and implementation, a column per version, the change points "
+                "marked (exit 0 when written: changes and failing cells are results; 3 when fpemu crashed in a set)")
+_BISECT_HELP = ("find each released version of a package where a recorded behaviour changed (changes may flip "
+                "back); tests every --stride-th version, then bisects each gap whose ends differ; writes its "
+                "section of reports/upgrades.md")
+
+
+def _stderr_line(args):
+    def show(text):
+        if not args.quiet:
+            print(f"fpemu {args.command}: {text}", file=sys.stderr, flush=True)
+    return show
+
+
+def _axes(args) -> dict:
+    from fpemu.harness.matrix import PACKAGES
+    return {package: getattr(args, _dest(package)) for package in PACKAGES if getattr(args, _dest(package))}
+
+
+def _dest(package: str) -> str:
+    return "versions_" + package.replace("-", "_")
+
+
+def _column_lines(results) -> list:
+    from fpemu.harness.matrix import RECORDED
+    lines = []
+    for index, column in enumerate(results["columns"]):
+        statuses = {}
+        for row in results["rows"]:
+            status = row["cells"][index]["status"]
+            statuses[status] = statuses.get(status, 0) + 1
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items(), key=lambda item: item[0] != RECORDED))
+        lines.append(f"{column['label']}: {counts or 'no jobs'}" + (f" ({column['problem']})" if column["problem"] else ""))
+    return lines
+
+
+def _exit_code(results) -> int:
+    from fpemu.compare.diff import INTERNAL_ERROR
+    crashed = any(c["problem_status"] == INTERNAL_ERROR for c in results["columns"])
+    crashed |= any(cell["status"] == INTERNAL_ERROR for row in results["rows"] for cell in row["cells"])
+    return 3 if crashed else 0
+
+
+def _finish(args, results, extra_lines=()) -> int:
+    from fpemu.cli import _emit, _written_lines
+    from fpemu.reports.upgrades import change_lines, write_results
+    written = write_results(args.reports, results)
+    code = _exit_code(results)
+    _emit(args, {**results, "written": [str(p) for p in written], "exit_code": code},
+          _column_lines(results) + list(extra_lines) + ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)]
+          + _written_lines(written))
+    return code
+
+
+def _cmd_matrix(args) -> int:
+    from fpemu.harness.matrix import load_plan, plan_from_options, run_matrix
+    axes = _axes(args)
+    if args.plan is not None:
+        if axes or args.specs or args.name:
+            raise FpemuInputError("give either a plan file or --name, --specs and version options, not both")
+        plan = load_plan(args.plan)
+    else:
+        if not (args.name and args.specs and axes):
+            raise FpemuInputError("without a plan file, give --name, --specs and at least one version option "
+                                  "(e.g. --jax 0.4.31,0.10.2)")
+        plan = plan_from_options(args.name, args.specs, axes, tuple(args.with_ or ()), args.impl)
+    show = _stderr_line(args)
+    show(f"{len(plan.sets)} version sets; environments are cached, a new one takes a pip install")
+    results = run_matrix(plan, args.traces, lambda done, total, label: show(f"[{done}/{total}] {label}"))
+    return _finish(args, results)
+
+
+def _cmd_bisect(args) -> int:
+    from fpemu.harness.bisect import bisect_package, bisection_results, pip_versions, versions_in_range
+    from fpemu.harness.matrix import MatrixPlan, default_traces_root
+    name = args.name or f"bisect_{args.package.replace('-', '_')}"
+    listed = [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else pip_versions(args.package)
+    versions = versions_in_range(listed, args.low, args.high, args.pre)
+    from fpemu.specs import load_specs
+    implementations = ", ".join(args.impl) if args.impl else "each spec's own implementations"
+    described = (f"Where {args.package} changed the behaviour of {', '.join(s.name for s in load_specs(args.specs))} "
+                 f"({implementations}): `fpemu bisect "
+                 f"{args.package} --from {versions[0]} --to {versions[-1]} --stride {args.stride}`"
+                 + (f" with {' '.join(args.with_)}." if args.with_ else "."))
+    plan = MatrixPlan(name, tuple(str(pathlib.Path(s).resolve()) for s in args.specs), (),
+                      tuple(args.impl) if args.impl else None, described)
+    show = _stderr_line(args)
+    first = len(dict.fromkeys(versions[::args.stride] + versions[-1:]))
+    cost = (f"one environment per version" if args.stride == 1 else
+            f"{first} environments first, then about log2({args.stride}) more per change found")
+    show(f"{len(versions)} versions of {args.package} ({versions[0]} to {versions[-1]}); stride {args.stride}: {cost}")
+    found = bisect_package(plan, args.package, versions, args.stride, args.traces or default_traces_root(name),
+                           tuple(args.with_ or ()), lambda done, version: show(f"[{done} tested] {args.package} {version}"))
+    cost = (f"{len(found.tested)} environments for {len(versions)} versions"
+            + (f"; {len(found.cannot_install)} could not install: {', '.join(found.cannot_install)}"
+               if found.cannot_install else ""))
+    return _finish(args, bisection_results(name, args.package, plan, found), [cost])
+
+
+def add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
+    """Add ``matrix`` and ``bisect`` through fpemu.cli's ``command(name, help, handler)`` factory."""
+    from fpemu.harness.matrix import PACKAGES
+    from fpemu.reports.upgrades import REPORT
+    matrix = command("matrix", _MATRIX_HELP, _cmd_matrix)
+    matrix.add_argument("plan", nargs="?", type=pathlib.Path,
+                        help="a TOML plan (name, specs, impl, with, [versions] axes and/or [[set]] tables; see "
+                             "matrices/ in the checkout) instead of the options below")
+    matrix.add_argument("--name", help="the matrix's name: its section of upgrades.md and its results file")
+    matrix.add_argument("--specs", nargs="+", type=pathlib.Path, help=specs_help)
+    for package in PACKAGES:
+        matrix.add_argument(f"--{package}", dest=_dest(package), metavar="V1,V2",
+                            help=f"{package} versions, one column each (several options: every combination)")
+    _shared(matrix, impl_help, REPORT)
+
+    bisect = command("bisect", _BISECT_HELP, _cmd_bisect)
+    bisect.add_argument("package", help="the package whose releases to search (jax, flax, keras, ...)")
+    bisect.add_argument("--specs", nargs="+", type=pathlib.Path, required=True, help=specs_help)
+    bisect.add_argument("--from", dest="low", metavar="VERSION", help="the oldest version to consider")
+    bisect.add_argument("--to", dest="high", metavar="VERSION", help="the newest version to consider")
+    bisect.add_argument("--stride", type=int, default=4,
+                        help="test every N-th version first (default 4); 1 tests every version and assumes nothing "
+                             "(cost: one environment per version)")
+    bisect.add_argument("--versions", metavar="V1,V2,...", help="search these versions instead of those pip lists")
+    bisect.add_argument("--pre", action="store_true", help="include pre-releases")
+    bisect.add_argument("--name", help="its section of upgrades.md (default bisect_PACKAGE)")
+    _shared(bisect, impl_help, REPORT)
+
+
+def _shared(cmd, impl_help: str, report: str) -> None:
+    cmd.add_argument("--with", dest="with_", nargs="+", metavar="REQ",
+                     help="requirements added to every set (numpy==2.4.6, flax==0.10.0, ...)")
+    cmd.add_argument("--impl", nargs="+", help=impl_help + " (default: each spec's own)")
+    cmd.add_argument("--reports", type=pathlib.Path, default=pathlib.Path("reports"),
+                     help=f"folder of {report} and its results files (default reports/)")
+    cmd.add_argument("--traces", type=pathlib.Path,
+                     help="folder for the recorded traces, one subfolder per set (default ~/.cache/fpemu/matrix/NAME)")
