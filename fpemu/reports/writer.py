@@ -86,7 +86,7 @@ def _driven_against(profile: str) -> str:
     from fpemu.adapters import adapters_of_kind
     versions = [", ".join(a.verified) + (f" (environment {a.environment})" if a.environment else "")
                 for a in adapters_of_kind("scaler").values() if a.profile == profile]
-    return "; ".join(versions) or "-"
+    return "; ".join(dict.fromkeys(versions)) or "-"  # several adapters of one profile share their versions
 
 
 def _floor_cell(name: str, params: dict) -> str:
