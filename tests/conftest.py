@@ -1,6 +1,18 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hypothesis_budget  # noqa: E402,F401  (registers and loads the hypothesis profiles)
+
+
+@pytest.fixture
+def torch_one_thread():
+    """torch's intra-op pool on a shared 2-core machine makes small ops many times slower; restored after."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

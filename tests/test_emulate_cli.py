@@ -11,14 +11,7 @@ from fpemu.cli import main  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
 
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 MODEL = '''

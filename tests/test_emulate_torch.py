@@ -23,14 +23,7 @@ from fpemu.formats import FORMATS  # noqa: E402
 from trace_checks import bits32  # noqa: E402
 
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """torch's intra-op pool on a shared machine makes small ops many times slower; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 D, V, T, B = 16, 32, 8, 4
