@@ -79,13 +79,13 @@ def _loop_growth_child(mode: str, steps: int) -> None:
 def _statistics_growth_child(elements: int) -> None:
     """Prints MiB: peak resident-set growth while the recorder measures one gradient of ``elements``."""
     import torch
-    from fpemu.recorders.torch_run import _class_bounds, _piece_measures, _pieces
+    from fpemu.recorders.torch_run import _batch_measures, _class_bounds, _pieces
     grad = torch.empty(elements).normal_(std=1e-4)  # one allocation: no larger transient before
     edges = _class_bounds(torch, "fp16", "cpu")
-    _piece_measures(torch, grad[:1024], edges)
+    _batch_measures(torch, [grad[:1024]], edges)
     before = _max_rss_mib()
     for piece in _pieces(grad):  # as TorchRecorder._measure does: one piece at a time
-        _piece_measures(torch, piece, edges)
+        _batch_measures(torch, [piece], edges)
     print(_max_rss_mib() - before)
 
 
