@@ -76,10 +76,30 @@ def _flat(tensors):
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
 
 
+# Gradient elements copied to the host at once for the first update's range statistics: small gradients
+# are measured together up to this many (one call instead of one per tensor), a larger one alone.
+_HOST_BATCH = 1 << 22
+
+
+def _host_batches(grads):
+    """The gradients as float32 host arrays, consecutive small ones concatenated up to _HOST_BATCH elements."""
+    torch = _torch()
+    batch, size = [], 0
+    for grad in grads:
+        if batch and size + grad.numel() > _HOST_BATCH:
+            yield torch.cat(batch).numpy()
+            batch, size = [], 0
+        batch.append(grad.detach().float().reshape(-1).cpu())
+        size += grad.numel()
+    if batch:
+        yield torch.cat(batch).numpy()
+
+
 def _range_stats_per_tensor(params, fmt) -> RangeStats:
-    """range_stats of all the parameters' gradients together (no gradient: zeros), read one tensor at a
-    time, so the host holds one gradient's copy at most."""
-    parts = [range_stats(p.grad.detach().float().reshape(-1).cpu().numpy(), fmt) for p in params if p.grad is not None]
+    """range_stats of all the parameters' gradients together (no gradient: zeros), read a few at a time
+    (range_stats counts element by element, so the parts add up), so the host holds at most one
+    gradient's copy or _HOST_BATCH elements."""
+    parts = [range_stats(values, fmt) for values in _host_batches([p.grad for p in params if p.grad is not None])]
     missing = sum(p.numel() for p in params if p.grad is None)
     counts = {name: sum(getattr(part, name) for part in parts) for name in ("total", "zeros", "underflow",
                                                                             "subnormal", "overflow", "nan")}
