@@ -113,13 +113,12 @@ def _batch_measures(torch, pieces, edges) -> tuple:
     # the edges are float32 numbers: wider grads compare in float32 (abs commutes with the rounding)
     magnitude = torch.cat([p if p.dtype == torch.float32 else p.float() for p in pieces]).abs_()
     lengths = [p.numel() for p in pieces]
-    # how many values of each piece are <= each edge: a running count read at the pieces' ends (NaN is
-    # <= nothing, so it counts in the top class, as bucketize would put it)
-    ends = torch.tensor(lengths, device=magnitude.device).cumsum(0) - 1
-    at_most = torch.stack([(magnitude <= edge).cumsum(0, dtype=torch.int32)[ends] for edge in edges], 1)
-    at_most = torch.diff(at_most, dim=0, prepend=torch.zeros_like(at_most[:1]))
-    sizes = torch.tensor(lengths, dtype=torch.int32, device=magnitude.device)
-    counts = torch.diff(torch.cat([at_most, sizes[:, None]], 1), dim=1, prepend=torch.zeros_like(sizes[:, None]))
+    # how many values of each piece are <= each edge (NaN is <= nothing, so it counts in the top class, as
+    # bucketize would put it): one comparison over the batch, then a sum per piece
+    below = magnitude[None, :] <= edges[:, None]
+    at_most = torch.stack([part.sum(1) for part in below.split(lengths, 1)])
+    sizes = torch.tensor(lengths, device=magnitude.device)[:, None]
+    counts = torch.diff(torch.cat([at_most, sizes], 1), dim=1, prepend=torch.zeros_like(sizes))
     largest = torch._foreach_max(magnitude.split(lengths))
     # min_nonzero as -max(-x) (negation is exact): torch has no _foreach_min
     smallest = torch._foreach_max(torch.where(magnitude > 0, magnitude, math.inf).neg_().split(lengths))
