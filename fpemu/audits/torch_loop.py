@@ -7,7 +7,7 @@ unchanged while it watches, for the duration of the block:
   ``step`` reaches ``unscale_`` through them too);
 * each optimizer, through ``register_step_post_hook``, and its parameters, through a
   multi-grad hook that fires once per backward pass and a post-accumulate-grad hook that
-  records each gradient's norm as the backward leaves it;
+  notes each gradient the backward leaves (their norms are taken together when the pass ends);
 * the scheduler's ``step``;
 * ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched wherever a loaded
   module holds them: ``torch.nn.utils``, ``torch.nn.utils.clip_grad`` and every module that
@@ -131,6 +131,10 @@ class _OptimizerLog:
     carried_norm: Optional[float] = None
     # id(param) -> the norm of its .grad as the last backward pass left it (a 0-d float64 tensor)
     accumulated_norms: dict = dataclasses.field(default_factory=dict)
+    # (param, its .grad) the running backward pass has accumulated: their norms are taken at its end;
+    # the id of the autograd graph task whose end takes them
+    pending_norms: list = dataclasses.field(default_factory=list)
+    norms_task: Optional[int] = None
     # id(param) -> (id of its .grad, the grad's version counter) as the last backward pass left it
     left_as: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
@@ -412,8 +416,11 @@ class TorchLoopAudit:
     def _on_accumulated(self, log: _OptimizerLog, param) -> None:
         """Runs after a backward pass added into ``param.grad``."""
         torch = _torch()
-        # kept on the device: read only if an unscale_ follows, so no sync per parameter here
-        log.accumulated_norms[id(param)] = torch.linalg.vector_norm(param.grad.detach(), dtype=torch.float64)
+        task = torch._C._current_graph_task_id()
+        if task != log.norms_task:  # the pass's first accumulation: take all its norms when it ends
+            log.norms_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._take_norms, log))
+        log.pending_norms.append((param, param.grad))
         log.left_as[id(param)] = (id(param.grad), param.grad._version)
         if log.carried_norm is not None:
             self._report_carried(log, log.carried_norm)
@@ -426,6 +433,15 @@ class TorchLoopAudit:
                       f"this backward pass adds gradients multiplied by the scale {scale:g} to gradients "
                       f"already unscaled, and scaler.step will neither unscale them nor check them for "
                       f"inf/NaN: they count {scale:g}x too much")
+
+    def _take_norms(self, log: _OptimizerLog) -> None:
+        """At the end of a backward pass, the norm of each gradient it accumulated, in one call (the same
+        values as one torch.linalg.vector_norm per gradient; kept on the device: read only if an unscale_
+        follows, so no sync here)."""
+        torch = _torch()
+        pending, log.pending_norms, log.norms_task = log.pending_norms, [], None
+        norms = torch._foreach_norm([grad.detach() for _, grad in pending], 2, dtype=torch.float64)
+        log.accumulated_norms.update((id(param), norm) for (param, _), norm in zip(pending, norms))
 
     def _report_carried(self, log: _OptimizerLog, carried: float) -> None:
         """A backward pass adds scaled gradients to ones the last attempt unscaled and stepped with."""
