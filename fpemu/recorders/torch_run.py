@@ -87,7 +87,8 @@ def _class_bounds(torch, fmt, device):
 
 def _pieces(grad):
     """A gradient as flat pieces of at most CHUNK elements."""
-    return grad.detach().reshape(-1).split(CHUNK)
+    flat = grad.detach().reshape(-1)
+    return (flat,) if flat.numel() <= CHUNK else flat.split(CHUNK)  # most are small: no split call
 
 
 def _batches(pieces):
