@@ -322,7 +322,7 @@ class TorchLoopAudit:
         torch = _torch()
         graph = torch.autograd.graph
         trainable = [p for log in self._logs for p in log.params() if p.requires_grad]
-        if trainable:
+        if trainable and len(self._logs) > 1:  # one optimizer: its own hook counts the passes (one hook less)
             hook = graph.register_multi_grad_hook(trainable, self._count_backward, mode="any")
             self._undo.append(hook.remove)
         for log in self._logs:
@@ -398,6 +398,8 @@ class TorchLoopAudit:
         """Runs before this backward pass adds into the optimizer's .grad tensors."""
         if self._paused:
             return
+        if len(self._logs) == 1:  # the same parameters as the counting hook's, which is left out
+            self._count_backward(_grads)
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
