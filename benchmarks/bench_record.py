@@ -24,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 from benchmarks._common import write_report  # noqa: E402
+from fpemu.recorders.torch_run import CHUNK  # noqa: E402
 
 MODES = {"plain": None, "watch only": dict(statistics=False), "statistics every step": dict(),
          "statistics + shadow every step": dict(shadow_every=1)}
@@ -140,11 +141,15 @@ def main(argv=None) -> dict:
              "Goal (issue 11): statistics every step cost at most 10% of a step.  The shadow row is the "
              "float32 forward+backward the shadow pass adds when it runs every step; shadow_every=N "
              "costs about 1/N of that difference per step.",
-             "Memory: statistics are computed one gradient tensor, and at most 2^22 elements, at a time on "
-             "the tensor's own device (about 10 bytes per element measured at once); measuring one "
+             f"Memory: statistics are computed at most 2^{CHUNK.bit_length() - 1} elements at a time (small "
+             "gradients together, a large one in pieces) on the tensors' own device; measuring one "
              f"2^26-element float32 gradient ({big * 4 / 2 ** 20:.0f} MiB) grew the peak resident set by "
-             f"{statistics_growth:.0f} MiB.  The trace keeps a few numbers per group per step.",
-             "Measured on a shared, contended 2-core machine: re-measure on a quiet one before quoting."]
+             f"{statistics_growth:.0f} MiB (about {statistics_growth * 2 ** 20 / CHUNK:.0f} bytes per element "
+             "measured at once).  The trace keeps a few numbers per group per step.",
+             "The per-step figures include once-per-run costs that need a step (the audit's range statistics "
+             "of the first update), spread over the block's steps.",
+             "Measured on a shared 2-core machine with other work running: re-measure on a quiet one before "
+             "quoting."]
     write_report("bench_record", "fpemu.record_torch overhead on a GPT-2-like step", result, rows, columns, notes)
     return result
 
