@@ -7,8 +7,8 @@ step record per update attempt:
 
 * when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
   scale: each parameter's gradient is measured there, on its own device, at most ``CHUNK`` elements
-  at a time (a large gradient in pieces, small ones together), so the temporaries stay under ~40 MiB whatever the model;
-  nothing is copied to the host but a handful of numbers per group;
+  at a time (a large gradient in pieces, small ones together), so the temporaries stay under
+  ~40 MiB whatever the model; nothing is copied to the host but a handful of numbers per group;
 * the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
   returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
   (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
