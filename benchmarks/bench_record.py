@@ -13,6 +13,7 @@ fresh process, and the peak growth while measuring one 2^26-element gradient (25
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import resource
 import subprocess
@@ -24,6 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 from benchmarks._common import write_report  # noqa: E402
+from fpemu.recorders.torch_run import CHUNK  # noqa: E402
 
 MODES = {"plain": None, "watch only": dict(statistics=False), "statistics every step": dict(),
          "statistics + shadow every step": dict(shadow_every=1)}
@@ -38,18 +40,21 @@ def _setup():
     return gpt2_loop, model, optimizer, scheduler, scaler
 
 
-def _block(mode, setup, data) -> float:
-    """CPU seconds of one block of steps in ``mode`` (entering and leaving the recorder included)."""
+def _block(mode, setup, data) -> tuple:
+    """(CPU seconds of the block's steps after the first, CPU seconds of entering, the first step and
+    leaving) in ``mode``: the first step carries once-per-run work (the audit's range statistics of the
+    first update), so it is timed with entering and leaving, apart from the steady steps."""
     import fpemu
     gpt2_loop, model, optimizer, scheduler, scaler = setup
     options = MODES[mode]
     start = time.process_time()
-    if options is None:
-        gpt2_loop.train(model, optimizer, scheduler, scaler, data)
-    else:
-        with fpemu.record_torch(scaler, optimizer, model, scheduler, **options) as rec:
-            gpt2_loop.train(model, optimizer, scheduler, scaler, data, recorder=rec)
-    return time.process_time() - start
+    with (contextlib.nullcontext() if options is None else
+          fpemu.record_torch(scaler, optimizer, model, scheduler, **options)) as rec:
+        gpt2_loop.train(model, optimizer, scheduler, scaler, data[:1], recorder=rec)
+        first = time.process_time()
+        gpt2_loop.train(model, optimizer, scheduler, scaler, data[1:], recorder=rec)
+        stepped = time.process_time()
+    return stepped - first, first - start + time.process_time() - stepped
 
 
 def _max_rss_mib() -> float:
@@ -79,21 +84,23 @@ def _loop_growth_child(mode: str, steps: int) -> None:
 def _statistics_growth_child(elements: int) -> None:
     """Prints MiB: peak resident-set growth while the recorder measures one gradient of ``elements``."""
     import torch
-    from fpemu.recorders.torch_run import _class_bounds, _piece_measures, _pieces
+    from fpemu.recorders.torch_run import _batch_measures, _class_bounds, _pieces
     grad = torch.empty(elements).normal_(std=1e-4)  # one allocation: no larger transient before
     edges = _class_bounds(torch, "fp16", "cpu")
-    _piece_measures(torch, grad[:1024], edges)
+    _batch_measures(torch, [grad[:1024]], edges)
     before = _max_rss_mib()
     for piece in _pieces(grad):  # as TorchRecorder._measure does: one piece at a time
-        _piece_measures(torch, piece, edges)
+        _batch_measures(torch, [piece], edges)
     print(_max_rss_mib() - before)
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="steps per block (at least 2)")
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step of a block is timed apart")
     warnings.simplefilter("ignore")
     import torch
     torch.set_num_threads(1)
@@ -104,12 +111,14 @@ def main(argv=None) -> dict:
     for mode in names:  # warm-up: lazy imports, allocator state
         _block(mode, setup, data[:1])
     best = {mode: float("inf") for mode in names}
-    fixed = {mode: float("inf") for mode in names}  # entering and leaving the recorder, no step
+    fixed = {mode: float("inf") for mode in names}  # entering and leaving the recorder
     for round_ in range(args.rounds):
         for mode in (names if round_ % 2 == 0 else reversed(names)):
-            best[mode] = min(best[mode], _block(mode, setup, data))
-            fixed[mode] = min(fixed[mode], _block(mode, setup, []))
-    per_step = {mode: max(best[mode] - fixed[mode], 0.0) / len(data) for mode in names}
+            steps, once = _block(mode, setup, data)
+            best[mode], fixed[mode] = min(best[mode], steps), min(fixed[mode], once)
+    per_step = {mode: best[mode] / (len(data) - 1) for mode in names}
+    # what entering, the first step and leaving add to a step (timing noise can take plain's below 0)
+    fixed = {mode: max(fixed[mode] - per_step[mode], 0.0) for mode in names}
     model = setup[1]
     grads = [p.numel() for p in model.parameters()]
     plain = per_step["plain"]
@@ -126,25 +135,30 @@ def main(argv=None) -> dict:
               "statistics_peak_growth_mib": {"elements": big, "gradient_mib": big * 4 / 2 ** 20,
                                              "growth_mib": statistics_growth}}
     columns = [("mode", "mode"), ("step_ms", "step, CPU time (ms)"), ("overhead", "overhead vs plain"),
-               ("fixed_ms", "enter + exit, once per run (ms)"),
+               ("fixed_ms", "once per run: enter, exit, first step's extra (ms)"),
                ("rss_growth_mib", "peak RSS growth over the loop (MiB)")]
     notes = [f"GPT-2 from transformers.GPT2Config(n_layer={MODEL['layers']}, n_embd={MODEL['width']}, "
              f"n_head={MODEL['heads']}, vocab {MODEL['vocab']}), random weights, {sum(grads):,} parameters; "
              f"batch {BATCH}x{LENGTH} tokens; AdamW, linear warmup, clip_grad_norm_(1.0), "
              "torch.autocast('cpu', float16), torch.amp.GradScaler('cpu').",
-             "Each mode runs blocks of steps on the same model, the modes taking turns (order flipped every "
-             "round); a step's time is (best block - best empty block) / steps, in process CPU time with one "
-             "torch thread.  The empty block is the once-per-run cost of entering and leaving the recorder "
-             "(mostly finding every loaded module's reference to the clipping functions, which grows with "
-             "the modules loaded: transformers loads thousands), left out of the per-step figure.",
+             f"Each mode runs {args.rounds} blocks of {args.steps} steps on the same model, the modes taking "
+             "turns (order flipped every round), in process CPU time with one torch thread.  A step's time is "
+             "the best block's time of its steps after the first, divided by their number.  Once per run "
+             "(best of the blocks): entering the recorder, the first step and leaving, less one step's time "
+             "(at least 0): "
+             "mostly finding every loaded module's reference to the clipping functions (which grows with "
+             "the modules loaded: transformers loads thousands) and the audit's range statistics of the first "
+             "update.",
              "Goal (issue 11): statistics every step cost at most 10% of a step.  The shadow row is the "
              "float32 forward+backward the shadow pass adds when it runs every step; shadow_every=N "
              "costs about 1/N of that difference per step.",
-             "Memory: statistics are computed one gradient tensor, and at most 2^22 elements, at a time on "
-             "the tensor's own device (about 10 bytes per element measured at once); measuring one "
+             f"Memory: statistics are computed at most 2^{CHUNK.bit_length() - 1} elements at a time (small "
+             "gradients together, a large one in pieces) on the tensors' own device; measuring one "
              f"2^26-element float32 gradient ({big * 4 / 2 ** 20:.0f} MiB) grew the peak resident set by "
-             f"{statistics_growth:.0f} MiB.  The trace keeps a few numbers per group per step.",
-             "Measured on a shared, contended 2-core machine: re-measure on a quiet one before quoting."]
+             f"{statistics_growth:.0f} MiB (about {statistics_growth * 2 ** 20 / CHUNK:.0f} bytes per element "
+             "measured at once).  The trace keeps a few numbers per group per step.",
+             "Measured on a shared 2-core machine with other work running: re-measure on a quiet one before "
+             "quoting."]
     write_report("bench_record", "fpemu.record_torch overhead on a GPT-2-like step", result, rows, columns, notes)
     return result
 

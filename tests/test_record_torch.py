@@ -231,6 +231,26 @@ def test_large_gradients_are_measured_in_pieces_with_the_same_result(monkeypatch
     assert whole["bias"].zero == 1.0 and whole["bias"].elements == 100
 
 
+def test_gradients_measured_together_count_as_each_alone():
+    """Small gradients of several dtypes measured in one batch: each one's class counts and extremes are
+    what bucketize, bincount, amin and amax give it alone (NaN and inf in a piece between others)."""
+    from fpemu.recorders import torch_run
+    generator = torch.Generator().manual_seed(0)
+    sizes = ((7, 1e-6), (300, 1e-3), (1, 1e-9), (64, 1e5))
+    pieces = [torch.randn(n, generator=generator) * scale for n, scale in sizes]
+    pieces[1][[0, 5, 9]] = torch.tensor([math.nan, math.inf, 0.0])
+    pieces += [pieces[0].double() * 1e-3, pieces[3].bfloat16(), torch.zeros(5)]
+    edges = torch_run._class_bounds(torch, "fp16", "cpu")
+    counts, extremes = torch_run._batch_measures(torch, pieces, edges)
+    for piece, piece_counts, (smallest, largest) in zip(pieces, counts.tolist(), extremes.tolist()):
+        magnitude = piece.abs().float()
+        expected = torch.bincount(torch.bucketize(magnitude, edges), minlength=4).tolist()
+        nonzero = magnitude[magnitude > 0]
+        assert piece_counts == expected
+        assert smallest == (float(nonzero.amin()) if nonzero.numel() else math.inf)
+        assert largest == float(magnitude.amax()) or (math.isnan(largest) and bool(magnitude.isnan().any()))
+
+
 def test_docstring_examples():
     import doctest
 

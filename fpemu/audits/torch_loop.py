@@ -7,7 +7,7 @@ unchanged while it watches, for the duration of the block:
   ``step`` reaches ``unscale_`` through them too);
 * each optimizer, through ``register_step_post_hook``, and its parameters, through a
   multi-grad hook that fires once per backward pass and a post-accumulate-grad hook that
-  records each gradient's norm as the backward leaves it;
+  notes each gradient the backward leaves (their norms are taken together when the pass ends);
 * the scheduler's ``step``;
 * ``torch.nn.utils.clip_grad_norm_`` and ``clip_grad_value_``, patched wherever a loaded
   module holds them: ``torch.nn.utils``, ``torch.nn.utils.clip_grad`` and every module that
@@ -76,10 +76,30 @@ def _flat(tensors):
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
 
 
+# Gradient elements copied to the host at once for the first update's range statistics: small gradients
+# are measured together up to this many (one call instead of one per tensor), a larger one alone.
+_HOST_BATCH = 1 << 22
+
+
+def _host_batches(grads):
+    """The gradients as float32 host arrays, consecutive small ones concatenated up to _HOST_BATCH elements."""
+    torch = _torch()
+    batch, size = [], 0
+    for grad in grads:
+        if batch and size + grad.numel() > _HOST_BATCH:
+            yield torch.cat(batch).numpy()
+            batch, size = [], 0
+        batch.append(grad.detach().float().reshape(-1).cpu())
+        size += grad.numel()
+    if batch:
+        yield torch.cat(batch).numpy()
+
+
 def _range_stats_per_tensor(params, fmt) -> RangeStats:
-    """range_stats of all the parameters' gradients together (no gradient: zeros), read one tensor at a
-    time, so the host holds one gradient's copy at most."""
-    parts = [range_stats(p.grad.detach().float().reshape(-1).cpu().numpy(), fmt) for p in params if p.grad is not None]
+    """range_stats of all the parameters' gradients together (no gradient: zeros), read a few at a time
+    (range_stats counts element by element, so the parts add up), so the host holds at most one
+    gradient's copy or _HOST_BATCH elements."""
+    parts = [range_stats(values, fmt) for values in _host_batches([p.grad for p in params if p.grad is not None])]
     missing = sum(p.numel() for p in params if p.grad is None)
     counts = {name: sum(getattr(part, name) for part in parts) for name in ("total", "zeros", "underflow",
                                                                             "subnormal", "overflow", "nan")}
@@ -111,6 +131,10 @@ class _OptimizerLog:
     carried_norm: Optional[float] = None
     # id(param) -> the norm of its .grad as the last backward pass left it (a 0-d float64 tensor)
     accumulated_norms: dict = dataclasses.field(default_factory=dict)
+    # (param, its .grad) the running backward pass has accumulated: their norms are taken at its end;
+    # the id of the autograd graph task whose end takes them
+    pending_norms: list = dataclasses.field(default_factory=list)
+    norms_task: Optional[int] = None
     # id(param) -> (id of its .grad, the grad's version counter) as the last backward pass left it
     left_as: dict = dataclasses.field(default_factory=dict)
     stepping: bool = False  # inside scaler.step(optimizer)
@@ -298,7 +322,7 @@ class TorchLoopAudit:
         torch = _torch()
         graph = torch.autograd.graph
         trainable = [p for log in self._logs for p in log.params() if p.requires_grad]
-        if trainable:
+        if trainable and len(self._logs) > 1:  # one optimizer: its own hook counts the passes (one hook less)
             hook = graph.register_multi_grad_hook(trainable, self._count_backward, mode="any")
             self._undo.append(hook.remove)
         for log in self._logs:
@@ -374,6 +398,8 @@ class TorchLoopAudit:
         """Runs before this backward pass adds into the optimizer's .grad tensors."""
         if self._paused:
             return
+        if len(self._logs) == 1:  # the same parameters as the counting hook's, which is left out
+            self._count_backward(_grads)
         scale = self._scale()
         if self._first_scale is None:
             self._first_scale = scale
@@ -392,8 +418,11 @@ class TorchLoopAudit:
     def _on_accumulated(self, log: _OptimizerLog, param) -> None:
         """Runs after a backward pass added into ``param.grad``."""
         torch = _torch()
-        # kept on the device: read only if an unscale_ follows, so no sync per parameter here
-        log.accumulated_norms[id(param)] = torch.linalg.vector_norm(param.grad.detach(), dtype=torch.float64)
+        task = torch._C._current_graph_task_id()
+        if task != log.norms_task:  # the pass's first accumulation: take all its norms when it ends
+            log.norms_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._take_norms, log))
+        log.pending_norms.append((param, param.grad))
         log.left_as[id(param)] = (id(param.grad), param.grad._version)
         if log.carried_norm is not None:
             self._report_carried(log, log.carried_norm)
@@ -406,6 +435,15 @@ class TorchLoopAudit:
                       f"this backward pass adds gradients multiplied by the scale {scale:g} to gradients "
                       f"already unscaled, and scaler.step will neither unscale them nor check them for "
                       f"inf/NaN: they count {scale:g}x too much")
+
+    def _take_norms(self, log: _OptimizerLog) -> None:
+        """At the end of a backward pass, the norm of each gradient it accumulated, in one call (the same
+        values as one torch.linalg.vector_norm per gradient; kept on the device: read only if an unscale_
+        follows, so no sync here)."""
+        torch = _torch()
+        pending, log.pending_norms, log.norms_task = log.pending_norms, [], None
+        norms = torch._foreach_norm([grad.detach() for _, grad in pending], 2, dtype=torch.float64)
+        log.accumulated_norms.update((id(param), norm) for (param, _), norm in zip(pending, norms))
 
     def _report_carried(self, log: _OptimizerLog, carried: float) -> None:
         """A backward pass adds scaled gradients to ones the last attempt unscaled and stepped with."""

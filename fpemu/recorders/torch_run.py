@@ -6,9 +6,9 @@ same wrappers and hooks ``audit_torch`` uses; ``rec.audit`` holds its findings) 
 step record per update attempt:
 
 * when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
-  scale: each parameter's gradient is measured there, on its own device, one tensor (and at most
-  ``CHUNK`` elements) at a time, so the temporaries stay under ~40 MiB whatever the model;
-  nothing is copied to the host but a handful of numbers per group;
+  scale: each parameter's gradient is measured there, on its own device, at most ``CHUNK`` elements
+  at a time (a large gradient in pieces, small ones together), so the temporaries stay under
+  ~40 MiB whatever the model; nothing is copied to the host but a handful of numbers per group;
 * the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
   returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
   (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
@@ -41,7 +41,8 @@ from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, S
 
 GROUPINGS = ("module", "parameter")
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
-# stay under ~40 MiB whatever the model (about 10 bytes per element measured).
+# stay under ~40 MiB whatever the model (about 10 bytes per element measured); smaller gradients are
+# measured together, up to CHUNK elements at once.
 CHUNK = 1 << 22
 
 
@@ -74,7 +75,8 @@ def _group_names(groups, model, optimizer) -> tuple:
 
 
 def _class_bounds(torch, fmt, device):
-    """Bucket edges for torch.bucketize: 0 zero, 1 subnormal, 2 normal, 3 beyond the range (or NaN)."""
+    """Class edges, as torch.bucketize takes them: x is in class i where edge[i-1] < x <= edge[i]; 0 zero,
+    1 subnormal, 2 normal, 3 beyond the range (or NaN)."""
     zero_at_most, normal_from, overflow_from = format_thresholds(fmt)
     edges = torch.tensor([zero_at_most, normal_from, overflow_from], dtype=torch.float32)
     # bucketize puts x in i where edge[i-1] < x <= edge[i]: the two upper edges are strict, so step
@@ -85,19 +87,44 @@ def _class_bounds(torch, fmt, device):
 
 def _pieces(grad):
     """A gradient as flat pieces of at most CHUNK elements."""
-    return grad.detach().reshape(-1).split(CHUNK)
+    flat = grad.detach().reshape(-1)
+    return (flat,) if flat.numel() <= CHUNK else flat.split(CHUNK)  # most are small: no split call
 
 
-def _piece_measures(torch, piece, edges) -> tuple:
-    """(class counts [zero, subnormal, normal, beyond-or-NaN], [min_nonzero, max_abs]) of one piece, on its
-    device, in eight tensor operations.  NaN is not > 0, so min_nonzero ignores it; max_abs does not,
-    so a piece with anything in the top class is measured again by _top_class_measures (rare: an
-    overflow)."""
-    magnitude = piece.abs()
-    if magnitude.dtype != torch.float32:  # the edges are float32 numbers; wider grads compare in float32
-        magnitude = magnitude.float()
-    classes = torch.bincount(torch.bucketize(magnitude, edges, out_int32=True), minlength=4)
-    return classes, torch.stack([torch.where(magnitude > 0, magnitude, math.inf).amin(), magnitude.amax()])
+def _batches(pieces):
+    """Consecutive (group, piece) pairs packed into lists of at most CHUNK elements on one device, so
+    a model's many small gradients are measured in a few tensor operations, not eight per tensor."""
+    batch, size = [], 0
+    for item in pieces:
+        elements = item[1].numel()
+        if batch and (size + elements > CHUNK or batch[-1][1].device != item[1].device):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += elements
+    if batch:
+        yield batch
+
+
+def _batch_measures(torch, pieces, edges) -> tuple:
+    """(class counts [zero, subnormal, normal, beyond-or-NaN] per piece, [min_nonzero, max_abs] per piece) of
+    non-empty pieces on one device, together at most CHUNK elements, as two tensors of shape (pieces, 4)
+    and (pieces, 2).  NaN is not > 0, so min_nonzero ignores it; max_abs does not, so a piece with
+    anything in the top class is measured again by _top_class_measures (rare: an overflow)."""
+    # the edges are float32 numbers: wider grads compare in float32 (abs commutes with the rounding)
+    magnitude = torch.cat([p if p.dtype == torch.float32 else p.float() for p in pieces]).abs_()
+    lengths = [p.numel() for p in pieces]
+    # how many values of each piece are <= each edge (NaN is <= nothing, so it counts in the top class, as
+    # bucketize would put it): one comparison over the batch per edge, then a count per piece
+    # (count_nonzero, not sum: sum copies the mask to int64 first, 8 bytes per element)
+    at_most = torch.stack([torch.stack([torch.count_nonzero(part) for part in (magnitude <= edge).split(lengths)])
+                           for edge in edges], 1)
+    sizes = torch.tensor(lengths, device=magnitude.device)[:, None]
+    counts = torch.diff(torch.cat([at_most, sizes], 1), dim=1, prepend=torch.zeros_like(sizes))
+    largest = torch._foreach_max(magnitude.split(lengths))
+    # min_nonzero as -max(-x) (negation is exact): torch has no _foreach_min
+    smallest = torch._foreach_max(torch.where(magnitude > 0, magnitude, math.inf).neg_().split(lengths))
+    return counts, torch.stack([torch.stack(smallest).neg_(), torch.stack(largest)], 1)
 
 
 def _top_class_measures(torch, piece) -> tuple:
@@ -105,19 +132,6 @@ def _top_class_measures(torch, piece) -> tuple:
     magnitude = piece.abs().float()
     nan = int(torch.isnan(magnitude).sum())
     return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
-
-
-def _to_host(tensors) -> list:
-    """The values of equally shaped tensors of one dtype, stacked: one transfer per device."""
-    torch = _torch()
-    by_device: dict = {}
-    for index, tensor in enumerate(tensors):
-        by_device.setdefault(tensor.device, []).append(index)
-    values = [None] * len(tensors)
-    for indices in by_device.values():
-        for index, value in zip(indices, torch.stack([tensors[i] for i in indices]).tolist()):
-            values[index] = value
-    return values
 
 
 def _group_stats(elements: int, measured: list) -> GroupStats:
@@ -290,19 +304,19 @@ class TorchRecorder:
         return self._edges
 
     def _measure(self) -> dict:
-        """GroupStats of every group at the gradients' current values (one transfer per device)."""
+        """GroupStats of every group at the gradients' current values (two transfers per CHUNK elements)."""
         torch = _torch()
         pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
-                  for piece in _pieces(p.grad)]
-        measured = [_piece_measures(torch, piece, self._bounds(piece.device)) for _, piece in pieces]
-        counts = _to_host([classes for classes, _ in measured])
-        extremes = _to_host([extreme for _, extreme in measured])
+                  for piece in _pieces(p.grad) if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
-        for (group, piece), piece_counts, (smallest, largest) in zip(pieces, counts, extremes):
-            nan = 0
-            if piece_counts[3]:
-                nan, largest = _top_class_measures(torch, piece)
-            by_group[group].append(([int(c) for c in piece_counts], largest, smallest, nan))
+        for batch in _batches(pieces):
+            tensors = [piece for _, piece in batch]
+            counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device))
+            for (group, piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(), extremes.tolist()):
+                nan = 0
+                if piece_counts[3]:
+                    nan, largest = _top_class_measures(torch, piece)
+                by_group[group].append((piece_counts, largest, smallest, nan))
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
 
