@@ -15,7 +15,7 @@ from fpemu import quantize, simulate_scaler  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 from fpemu.formats import get_format, range_stats  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces.recorded import GroupStats, recorded_steps  # noqa: E402
+from fpemu.traces.recorded import GroupStats, recorded_steps, rounding_limits  # noqa: E402
 from fpemu.recorders.jax_run import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
 from tests.trace_checks import bits64  # noqa: E402
 
@@ -28,7 +28,7 @@ def _awkward_values(seed=0):
     rng = np.random.default_rng(seed)
     values = [np.float32(2.0) ** rng.uniform(-150, 128, 4000)]
     for fmt in FORMATS:
-        limits = jax_run.rounding_limits(fmt)
+        limits = rounding_limits(fmt)
         values.append(np.array(limits, np.float32))
         values.append(np.nextafter(np.array(limits, np.float32), np.float32(np.inf)))
     values.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan], np.float32))

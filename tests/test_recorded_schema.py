@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fpemu.formats import quantize
 from fpemu.traces import dumps, loads
 from fpemu.traces.format import FIELDS, TraceError
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, format_thresholds,
@@ -87,6 +88,20 @@ def test_thresholds_classify_exactly_as_the_cast_rounds(fmt):
         assert cast(normal_from) == float(info.smallest_normal) and cast(below(normal_from)) < float(info.smallest_normal)
         assert math.isinf(cast(overflow_from)) and cast(below(overflow_from)) == float(info.max)
 
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp6_e2m3fn", "fp4_e2m1fn"])
+def test_overflow_edge_is_where_the_kernel_overflows(fmt):
+    # fp8_e4m3fn's largest finite mantissa is even, so the tie 464 rounds down to 448: a
+    # half-ulp formula put the edge at 464 and counted exactly-464 gradients as overflow.
+    from fpemu.formats import get_format
+    from fpemu.formats.rounding import round_to_format
+    overflow_from, fmt = format_thresholds(fmt)[2], get_format(fmt)
+    below = np.nextafter(np.float32(overflow_from), np.float32(0))
+    assert bool(round_to_format(np.float32([overflow_from]), fmt).overflowed[0])
+    assert not bool(round_to_format(np.array([below]), fmt).overflowed[0])
+    if fmt == "fp8_e4m3fn":
+        assert overflow_from > 464.0 and float(quantize(np.float32([464.0]), fmt)[0]) == 448.0
 
 def test_docstring_examples():
     import doctest

@@ -18,71 +18,20 @@ format, native to XLA or not, and the same counts :func:`fpemu.range_stats` give
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from fpemu._jax_states import scale_of, state_field
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
-from fpemu.formats.rounding import round_to_format
 from fpemu.traces.format import write_trace
-from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, recorded_metadata,
-                                   recorded_trace)
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, RoundingLimits, ShadowStats,
+                                   recorded_metadata, recorded_trace, rounding_limits)
 
 # What grad_stats and shadow_stats return per group, in the trace's order.
 STAT_NAMES = ("elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero")
 SHADOW_NAMES = ("elements", "underflow", "subnormal")
-_POSITIVE_FLOAT32_PATTERNS = (1, 0x7F800000)  # smallest subnormal .. +inf
-
-
-class RoundingLimits(NamedTuple):
-    """float32 magnitudes that split what rounding to a format does (nearest even, overflow to inf).
-
-    Attributes:
-      zero: the largest magnitude that rounds to zero.
-      subnormal: the largest magnitude whose result is below the format's min normal.
-      overflow: the smallest magnitude that overflows (inf or NaN, or saturates, beyond max finite).
-    """
-
-    zero: np.float32
-    subnormal: np.float32
-    overflow: np.float32
-
-
-def _first_pattern(predicate) -> int:
-    """Smallest positive float32 bit pattern p with ``predicate(magnitude of p)``, monotone in p."""
-    lo, hi = _POSITIVE_FLOAT32_PATTERNS
-    while lo < hi:
-        mid = (lo + hi) // 2
-        value = np.array([mid], np.uint32).view(np.float32)
-        lo, hi = (lo, mid) if predicate(value) else (mid + 1, hi)
-    return lo
-
-
-def _from_pattern(pattern: int) -> np.float32:
-    return np.array([pattern], np.uint32).view(np.float32)[0]
-
-
-@functools.lru_cache(maxsize=None)
-def rounding_limits(fmt) -> RoundingLimits:
-    """The float32 rounding boundaries of ``fmt`` (a Format or name), found with fpemu's kernel.
-
-    Example:
-      >>> limits = rounding_limits("fp16")
-      >>> float(limits.zero) == 2.0 ** -25, float(limits.overflow)
-      (True, 65520.0)
-    """
-    fmt = get_format(fmt)
-
-    def rounded(value):
-        return round_to_format(value, fmt)
-
-    zero = _first_pattern(lambda v: rounded(v).values[0] != 0) - 1
-    subnormal = _first_pattern(lambda v: abs(rounded(v).values[0]) >= fmt.min_normal) - 1
-    overflow = _first_pattern(lambda v: bool(rounded(v).overflowed[0]))
-    return RoundingLimits(_from_pattern(zero), _from_pattern(subnormal), _from_pattern(overflow))
 
 
 def _key_name(key) -> str:
@@ -504,6 +453,6 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
                        batch_size=batch_size, path=path, shadow_every=shadow_every)
 
 
-__all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "GroupCounts", "RoundingLimits", "rounding_limits", "grad_stats", "host_grad_stats",
+__all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "GroupCounts", "grad_stats", "host_grad_stats",
            "shadow_stats", "host_shadow_stats",
            "keras_scale_state", "JaxRecorder", "record_jax"]

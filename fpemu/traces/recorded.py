@@ -41,13 +41,17 @@ records with it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
+
+import numpy as np
 
 import fpemu
 from fpemu._host import host_provenance
 from fpemu.formats import get_format
+from fpemu.formats.rounding import round_to_format
 from fpemu.traces.format import Trace, TraceError, decode_value, float_fields
 
 SOURCE = "recorded_run"
@@ -243,23 +247,74 @@ class RecorderSettings:
         return dataclasses.asdict(self)
 
 
-def format_thresholds(fmt) -> tuple:
-    """Where round-to-nearest-even into ``fmt`` changes class: (zero_at_most, normal_from,
-    overflow_from).  ``|x| <= zero_at_most`` rounds to zero, ``|x| < normal_from`` (and above
-    zero_at_most) to a subnormal, ``|x| >= overflow_from`` beyond the largest finite value.
+_POSITIVE_FLOAT32_PATTERNS = (1, 0x7F800000)  # smallest subnormal .. +inf
 
-    At each boundary's midpoint the tie goes to the even neighbour: 0 below the smallest
-    subnormal, the smallest normal above the largest subnormal (odd), and past the largest
-    finite value (odd) at the top.  All three are exact in float32 for formats narrower than it.
+
+class RoundingLimits(NamedTuple):
+    """float32 magnitudes that split what rounding to a format does (nearest even, overflow to inf).
+
+    Attributes:
+      zero: the largest magnitude that rounds to zero.
+      subnormal: the largest magnitude whose result is below the format's min normal.
+      overflow: the smallest magnitude that overflows (inf or NaN, or saturates, beyond max finite).
+    """
+
+    zero: np.float32
+    subnormal: np.float32
+    overflow: np.float32
+
+
+def _first_pattern(predicate) -> int:
+    """Smallest positive float32 bit pattern p with ``predicate(magnitude of p)``, monotone in p."""
+    lo, hi = _POSITIVE_FLOAT32_PATTERNS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        value = np.array([mid], np.uint32).view(np.float32)
+        lo, hi = (lo, mid) if predicate(value) else (mid + 1, hi)
+    return lo
+
+
+def _from_pattern(pattern: int) -> np.float32:
+    return np.array([pattern], np.uint32).view(np.float32)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def rounding_limits(fmt) -> RoundingLimits:
+    """The float32 rounding boundaries of ``fmt`` (a Format or name), found with fpemu's kernel.
+
+    Example:
+      >>> limits = rounding_limits("fp16")
+      >>> float(limits.zero) == 2.0 ** -25, float(limits.overflow)
+      (True, 65520.0)
+    """
+    fmt = get_format(fmt)
+
+    def rounded(value):
+        return round_to_format(value, fmt)
+
+    zero = _first_pattern(lambda v: rounded(v).values[0] != 0) - 1
+    subnormal = _first_pattern(lambda v: abs(rounded(v).values[0]) >= fmt.min_normal) - 1
+    overflow = _first_pattern(lambda v: bool(rounded(v).overflowed[0]))
+    return RoundingLimits(_from_pattern(zero), _from_pattern(subnormal), _from_pattern(overflow))
+
+
+def format_thresholds(fmt) -> tuple:
+    """Where round-to-nearest-even into ``fmt`` changes class, as Python floats: (zero_at_most,
+    normal_from, overflow_from).  ``|x| <= zero_at_most`` rounds to zero, ``|x| < normal_from``
+    (and above zero_at_most) to a subnormal, ``|x| >= overflow_from`` beyond the largest finite
+    value.  They are :func:`rounding_limits`, found with fpemu's kernel, so every tie goes where the
+    kernel sends it: fp16's 65520 overflows (its largest finite mantissa is odd), fp8_e4m3fn's 464
+    rounds down to 448 (even), so its overflow starts one float32 value above.
 
     Example:
       >>> format_thresholds("fp16")
       (2.9802322387695312e-08, 6.1005353927612305e-05, 65520.0)
+      >>> format_thresholds("fp8_e4m3fn")[2] > 464.0
+      True
     """
-    fmt = get_format(fmt)
-    half_subnormal = fmt.min_subnormal / 2
-    top_half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2
-    return half_subnormal, fmt.min_normal - half_subnormal, fmt.max_finite + top_half_ulp
+    limits = rounding_limits(get_format(fmt))
+    normal_from = np.nextafter(limits.subnormal, np.float32(np.inf))
+    return float(limits.zero), float(normal_from), float(limits.overflow)
 
 
 def recorded_metadata(*, framework: str, name: str, device: str, profile: str, params: dict,
@@ -330,5 +385,5 @@ def recorder_settings(trace: Trace, path: str = "<trace>") -> RecorderSettings:
 
 
 __all__ = ["SOURCE", "FRAMEWORKS", "GroupStats", "ShadowStats", "RecordedStep", "RecorderSettings",
-           "to_step_record", "from_step_record", "format_thresholds", "recorded_metadata", "recorded_trace",
+           "to_step_record", "from_step_record", "format_thresholds", "RoundingLimits", "rounding_limits", "recorded_metadata", "recorded_trace",
            "is_recorded", "recorded_steps", "recorder_settings"]
