@@ -127,12 +127,18 @@ class _Checker:
             self.fail(key, f"expected a string, got {value!r}")
         return value
 
+    def source(self, raw, table: str, options, keys_by_kind: dict) -> str:
+        """The ``source`` of a [table] whose values come from one of ``options``; the table may
+        hold that source's keys (``keys_by_kind[source]``) only."""
+        if not isinstance(raw, dict) or "source" not in raw:
+            self.fail(f"{table}.source", f"expected one of {', '.join(options)}")
+        kind = self.choice(raw["source"], f"{table}.source", options)
+        self.table(raw, table, keys_by_kind[kind] | {"source"})
+        return kind
+
 
 def _overflow_source(check: _Checker, raw) -> OverflowSource:
-    if not isinstance(raw, dict) or "source" not in raw:
-        check.fail("overflow.source", f"expected one of {', '.join(OVERFLOW_SOURCES)}")
-    kind = check.choice(raw["source"], "overflow.source", OVERFLOW_SOURCES)
-    check.table(raw, "overflow", _SOURCE_KEYS[kind] | {"source"})
+    kind = check.source(raw, "overflow", OVERFLOW_SOURCES, _SOURCE_KEYS)
     fields = {"kind": kind}
     if kind == "explicit":
         sequence = raw.get("sequence")

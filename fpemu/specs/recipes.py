@@ -91,10 +91,7 @@ class RecipeScenario(_ScenarioBase):
 
 
 def _amax_source(check, raw) -> AmaxSource:
-    if not isinstance(raw, dict) or "source" not in raw:
-        check.fail("amax.source", f"expected one of {', '.join(AMAX_SOURCES)}")
-    kind = check.choice(raw["source"], "amax.source", AMAX_SOURCES)
-    check.table(raw, "amax", _SOURCE_KEYS[kind] | {"source"})
+    kind = check.source(raw, "amax", AMAX_SOURCES, _SOURCE_KEYS)
     fields = {"kind": kind}
     if kind == "explicit":
         sequence = raw.get("sequence")
