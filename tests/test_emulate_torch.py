@@ -108,6 +108,32 @@ def test_cpu_table_differs_from_cuda_where_torch_registers_differently():
     assert op_table("pure_fp16") == {}
 
 
+def test_composite_ops_are_classified_without_passing_their_shape_checks():
+    """conv2d, cross_entropy_loss, lstm_cell, ... check shapes in C++ before they dispatch: the probe
+    stops them below autocast, before any such check, so every registered op is classified."""
+    cpu, cuda = op_table("cpu_autocast_bf16"), op_table("cuda_autocast_fp16")
+    assert cpu["unclassified"] == [] == cuda["unclassified"]
+    assert {cpu["ops"][op] for op in ("aten::conv2d", "aten::conv3d", "aten::conv_transpose2d.input", "aten::prelu")} \
+        == {cuda["ops"][op] for op in ("aten::conv2d", "aten::einsum", "aten::lstm_cell", "aten::gru_cell")} == {"low"}
+    assert {cpu["ops"][op] for op in ("aten::cross_entropy_loss", "aten::fft_rfft", "aten::quantile", "aten::stft")} \
+        == {cuda["ops"][op] for op in ("aten::group_norm", "aten::rms_norm", "aten::cosine_embedding_loss")} == {"fp32"}
+    assert {cuda["ops"][op] for op in ("aten::bilinear", "aten::cross", "aten::index_put")} == {"promote"}
+
+
+def test_cpu_table_agrees_with_real_cpu_autocast_on_real_shapes():
+    """The probe's reading of AutocastCPU against torch's own CPU autocast running the ops."""
+    ops = op_table("cpu_autocast_bf16")["ops"]
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    logits, target = torch.randn(4, 5).bfloat16(), torch.tensor([0, 1, 2, 3])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dtypes = {"aten::conv2d": torch.nn.functional.conv2d(x, w).dtype,
+                  "aten::prelu": torch.nn.functional.prelu(x, torch.ones(1)).dtype,
+                  "aten::cross_entropy_loss": torch.nn.functional.cross_entropy(logits, target).dtype,
+                  "aten::fft_rfft": torch.fft.rfft(x.bfloat16()).real.dtype}
+    assert {op: ops[op] for op in dtypes} == {op: "low" if dtype == torch.bfloat16 else "fp32"
+                                              for op, dtype in dtypes.items()}
+
+
 def test_policies_refuse_bad_fields():
     with pytest.raises(FpemuInputError, match="unknown policy 'cuda_fp16'"):
         get_policy("cuda_fp16")
