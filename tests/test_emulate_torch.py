@@ -310,6 +310,58 @@ def test_low_accumulation_rounds_the_running_sum():
     assert ("forward", "aten::mm (partial sum)") in telemetry.summary().by_op
 
 
+def test_low_accumulation_models_sums_means_and_convolutions_forward_and_backward():
+    """Each accumulating op the policies place stalls where a bf16 running sum of ones stalls (256)."""
+    with fpemu.emulate_torch("pure_bf16", accumulation="low") as telemetry:
+        several_dims = torch.ones(2, 256, 2).sum([0, 1])                          # 512 terms each
+        mean = torch.ones(1024).mean()                                            # 256 / 1024
+        x = torch.ones(1, 512, 2, 2, requires_grad=True)
+        conv = torch.nn.Conv2d(512, 512, 1)
+        torch.nn.init.ones_(conv.weight)
+        torch.nn.init.zeros_(conv.bias)
+        out = conv(x)
+        out.backward(torch.ones_like(out))
+    assert several_dims.tolist() == [256.0, 256.0] and mean.item() == 0.25
+    assert out.unique().tolist() == [256.0] and x.grad.unique().tolist() == [256.0]   # 512 channels each way
+    assert conv.bias.grad.unique().tolist() == [4.0]                                   # 4 positions: exact
+    assert not any("accumulates in float32" in op for op in telemetry.summary().float32_ops)
+    batch = torch.ones(512, 1, 1, 1)
+    layer = torch.nn.Conv2d(1, 1, 1, bias=False)
+    with fpemu.emulate_torch("pure_bf16", accumulation="low"):
+        layer(batch).sum().backward()
+    assert layer.weight.grad.item() == 256.0                                           # 512 samples
+
+
+@pytest.mark.parametrize("transposed, groups", [(False, 1), (False, 2), (True, 1), (True, 2)])
+def test_low_accumulation_blocks_of_a_convolution_add_up_to_the_convolution(transposed, groups):
+    """With exact sums (small integers) and no rounding, the channel and batch blocks give torch's own
+    convolution and its gradients bit for bit: the blocks cover every term once."""
+    from fpemu.emulate._torch_accumulation import low_accumulated
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (3, 4, 5, 5), generator=generator).float()
+    shape = (4, 6 // groups, 3, 3) if transposed else (6, 4 // groups, 3, 3)
+    w = torch.randint(-3, 4, shape, generator=generator).float()
+    bias = torch.randint(-3, 4, (6,), generator=generator).float()
+    common = ([1, 1], [1, 1], [1, 1], transposed, [0, 0], groups)
+    expected = torch.ops.aten.convolution(x, w, bias, *common)
+    got = low_accumulated("aten::convolution", "aten::convolution", (x, w, bias, *common), {}, 1, lambda v: v)
+    assert torch.equal(got, expected)
+    grad = torch.randint(-3, 4, expected.shape, generator=generator).float()
+    backward = (grad, x, w, [6], *common, [True, True, True])
+    expected = torch.ops.aten.convolution_backward(*backward)
+    got = low_accumulated("aten::convolution_backward", "aten::convolution_backward", backward, {}, 1, lambda v: v)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_low_accumulation_refuses_the_accumulating_ops_it_does_not_model():
+    with pytest.raises(FpemuInputError, match=r"accumulation='low' cannot model aten::_softmax: .*accumulation='fp32'"):
+        with fpemu.emulate_torch("pure_bf16", accumulation="low"):
+            torch.softmax(torch.ones(4, 4), -1)
+    with pytest.raises(FpemuInputError, match=r"cannot model aten::addmm: the model takes no alpha"):
+        with fpemu.emulate_torch("pure_bf16", accumulation="low"):
+            torch.addmm(torch.ones(2, 2), torch.ones(2, 2), torch.ones(2, 2), alpha=2.0)
+
+
 def test_fp8_quantizes_forward_e4m3_and_gradients_e5m2():
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 16, bias=False)
@@ -379,7 +431,8 @@ def test_scaler_refuses_misuse():
     assert isinstance(Telemetry().summary().as_dict(), dict)
 
 
-@pytest.mark.parametrize("module", ["fpemu.emulate.policy", "fpemu.emulate._torch_rounding"])
+@pytest.mark.parametrize("module", ["fpemu.emulate.policy", "fpemu.emulate._torch_rounding",
+                                    "fpemu.emulate._torch_accumulation"])
 def test_docstring_examples(module):
     import doctest
     import importlib

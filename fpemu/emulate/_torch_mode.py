@@ -13,8 +13,9 @@ How it works (the WHY of each part):
 * Below autograd, the mode computes every op that has a low-format input or result in float32 from
   the exact float32 values of its inputs and rounds each low result once with fpemu's kernel
   (``_torch_rounding``).  Matmuls and reductions accumulate in float32 (``accumulation="fp32"``);
-  ``"low"`` rounds their running sums.  Ops the policy leaves in float32 run untouched and are
-  listed.  The optimizer step runs untouched too: float32 master weights.
+  ``"low"`` rounds their running sums (``_torch_accumulation``: matrix products, sums, means and
+  convolutions; it refuses the other accumulating ops by name).  Ops the policy leaves in float32
+  run untouched and are listed.  The optimizer step runs untouched too: float32 master weights.
 * Module attribution: forward ops take the innermost module whose forward is running (global module
   hooks).  When a module's forward returns, the autograd nodes it created (those reachable from its
   outputs, newer than its start) are mapped to it; a backward op takes the module of the node the
@@ -32,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
+from fpemu.emulate._torch_accumulation import low_accumulated
 from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, get_policy
 from fpemu.emulate.telemetry import Telemetry
@@ -41,8 +43,6 @@ ROOT = "<root>"
 # Ops whose bool argument asks for a float32 result from a low input (softmax's half_to_float): in
 # float32 compute the flag must be off, and the result is float32 either way.
 _FLOAT_FLAGS = {"aten::_softmax": 2, "aten::_log_softmax": 2}
-# The reductions ``accumulation="low"`` models (the others still accumulate in float32 and are listed).
-_LOW_ACCUMULATED = ("aten::mm", "aten::bmm", "aten::addmm", "aten::sum")
 _EXCLUDE_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 # Facts of the installed torch, the same for every emulation: each op's schema reading, and the
 # result dtypes of an op for a signature of argument dtypes (a meta run each).
@@ -275,10 +275,10 @@ class _Runtime:
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
-            if info.packet in _LOW_ACCUMULATED:
-                return _low_accumulated(info, args, kwargs, self.policy.accumulation_block,
-                                        lambda v: self.round(v, f"{info.name} (partial sum)", direction).float())
-            self.telemetry.left_in_float32(f"{info.name} (accumulates in float32)")
+            out = low_accumulated(info.name, info.packet, args, kwargs, self.policy.accumulation_block,
+                                  lambda v: self.round(v, f"{info.name} (partial sum)", direction).float())
+            if out is not None:
+                return out
         return func(*args, **kwargs)
 
     def _fp8(self, func, info, args, kwargs):
@@ -348,30 +348,6 @@ def _rebuild(structure, values):
     if isinstance(structure, (tuple, list)):
         return type(structure)(_rebuild(item, values) for item in structure)
     return next(values)
-
-
-def _low_accumulated(info, args, kwargs, block: int, round_sum):
-    """mm / bmm / addmm / sum with the running sum rounded after every ``block`` terms."""
-    if kwargs or (info.packet == "aten::addmm" and len(args) > 3):
-        raise FpemuInputError(f"accumulation='low' models {info.name} without beta, alpha, dtype or out "
-                              f"arguments; got {sorted(kwargs) or args[3:]}")
-    if info.packet == "aten::sum":
-        if len(args) < 2 or args[1] is None or len(args[1]) != 1:
-            return round_sum(args[0].sum()) if len(args) < 2 else round_sum(torch.sum(*args))
-        x, (dim,), keepdim = args[0], args[1], (args[2] if len(args) > 2 else False)
-        total = None
-        for start in range(0, x.shape[dim], block):
-            part = x.narrow(dim, start, min(block, x.shape[dim] - start)).sum(dim, keepdim=keepdim)
-            total = round_sum(part if total is None else total + part)
-        return total
-    bias, (a, b) = (args[0], args[1:3]) if info.packet == "aten::addmm" else (None, args[:2])
-    total = None
-    depth = a.shape[-1]
-    for start in range(0, depth, block):
-        stop = min(start + block, depth)
-        part = a[..., start:stop] @ b[..., start:stop, :]
-        total = round_sum(part if total is None else total + part)
-    return total if bias is None else round_sum(total + bias)
 
 
 class _Mode(TorchDispatchMode):

@@ -46,7 +46,8 @@ class Policy:
       rounding, overflow, subnormals: how results round to the low format (as :func:`fpemu.quantize`).
       accumulation: ``fp32`` (matmuls and sums accumulate in float32 and round once, as cuBLAS and
         CUDA reductions do by default) or ``low`` (their running sum is rounded to the low format
-        after every ``accumulation_block`` terms of the reduced dimension).
+        after every ``accumulation_block`` terms of the reduced dimension: matrix products, sums,
+        means, convolutions; other accumulating ops are refused, see ``_torch_accumulation``).
       accumulation_block: terms per rounding of the running sum under ``low`` accumulation.
       update_rounding: None: the optimizer updates float32 master weights.  A rounding mode (e.g.
         ``stochastic``): after each optimizer step the weights are rounded to ``compute`` that way
