@@ -381,6 +381,35 @@ def test_fp8_quantizes_forward_e4m3_and_gradients_e5m2():
     assert np.array_equal(y.numpy(), (expected @ w_quantized.T).astype(np.float32))
 
 
+def test_fp8_delayed_scaling_takes_each_operands_scale_from_its_amax_history():
+    """Three forward steps of a Linear under fp8_delayed: each operand is cast with the scale
+    fpemu's DelayedScaling recipe gives after the earlier steps' amaxes (saturating, as TE's cast kernels)."""
+    from fpemu.scalers.fp8_recipes import DelayedScaling
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16, bias=False)
+    inputs = [(torch.rand(8, 16) * 2 - 1) * amax for amax in (4.0, 8.0, 1.0)]
+    for x, amax in zip(inputs, (4.0, 8.0, 1.0)):
+        x[0, 0] = amax                      # the second saturates at the scale from the first, 448 / 4
+    with torch.no_grad(), fpemu.emulate_torch("fp8_delayed", model=layer, amax_history_len=2) as telemetry:
+        outputs = [layer(x) for x in inputs]
+    recipe = DelayedScaling(amax_history_len=2)
+    w = layer.weight.detach()
+
+    def cast(value, scale):
+        scale = np.float32(scale)
+        quantized = fpemu.quantize(value.numpy() * scale, "fp8_e4m3fn", overflow="saturate")
+        return torch.from_numpy(quantized * (np.float32(1) / scale))
+    x_scales = [1.0] + list(recipe.run([float(x.abs().max()) for x in inputs]).scale)
+    w_scales = [1.0] + list(recipe.run([float(w.abs().max())] * 3).scale)
+    for step, (x, y) in enumerate(zip(inputs, outputs)):
+        assert torch.equal(y, cast(x, x_scales[step]) @ cast(w.T, w_scales[step])), step
+    assert x_scales[1] == 112.0 and telemetry.summary().by_op[("forward", "aten::mm")][0] == 3 * (8 * 16 + 16 * 16)
+    with pytest.raises(FpemuInputError, match="fp8_scaling='delayed' applies to placement 'fp8'"):
+        get_policy("pure_fp16", fp8_scaling="delayed")
+    with pytest.raises(FpemuInputError, match="delayed fp8 scaling: amax_compute_algo"):
+        get_policy("fp8_delayed", amax_compute_algo="mean")
+
+
 def test_stochastic_rounding_of_the_update_keeps_weights_in_the_format():
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 4)

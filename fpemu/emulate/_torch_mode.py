@@ -111,6 +111,9 @@ class _Runtime:
         self.rounding_calls = 0
         self._probe = torch.zeros((), requires_grad=True)
         self.cast_cache = {}  # autocast's cached weight casts, for one forward pass
+        # delayed fp8 scaling: each operand's recipe state, keyed by where it is cast (_fp8_key), and how
+        # many times each place was reached since the last forward began at the root
+        self.fp8_states, self.fp8_uses, self.fp8_recipes = {}, {}, {}
 
     # -- where an op runs ---------------------------------------------------
     def direction(self) -> str:
@@ -124,6 +127,7 @@ class _Runtime:
     def module_entered(self, module) -> None:
         if not self.module_stack:
             self.clear_casts()  # a new forward: weights may have changed since the last
+            self.fp8_uses.clear()
         start = self._probe.view(()).grad_fn._sequence_nr() if torch.is_grad_enabled() else None
         self.module_stack.append((self.names.get(id(module), type(module).__name__), start))
         self.telemetry.location = self.module_stack[-1][0]
@@ -148,6 +152,7 @@ class _Runtime:
     def step_finished(self, optimizer) -> None:
         self.node_modules.clear()
         self.clear_casts()
+        self.fp8_uses.clear()
         if self.policy.update_rounding is None:
             return
         with torch.no_grad():
@@ -297,7 +302,7 @@ class _Runtime:
             if name in operands and isinstance(value, torch.Tensor):
                 fmt = (self.policy.backward_format if direction == "backward" and _is_gradient(value)
                        else self.policy.compute)
-                scaled = self._fp8_quantized(value, info.name, direction, fmt)
+                scaled = self._fp8_quantized(value, info.name, name, direction, fmt)
                 if position < len(args):
                     args[position] = scaled
                 else:
@@ -307,12 +312,30 @@ class _Runtime:
             _tag_gradients(out)
         return out
 
-    def _fp8_quantized(self, value, op, direction, fmt):
-        """value quantized to fmt with its own power-of-two scale (amax -> at most max finite), dequantized."""
+    def _fp8_quantized(self, value, op, operand, direction, fmt):
+        """value quantized to fmt with its scale (the policy's fp8_scaling), dequantized (float32)."""
+        if self.policy.fp8_scaling == "delayed":
+            return self._fp8_delayed(value, op, operand, direction, fmt)
         amax = float(value.detach().abs().max()) if value.numel() else 0.0
         exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
         scale = 2.0 ** exponent
         return self.round(value * scale, op, direction, fmt=fmt) / scale
+
+    def _fp8_delayed(self, value, op, operand, direction, fmt):
+        """Transformer Engine's delayed scaling: cast with the scale the operand's amax history gave
+        (``fl32(x * scale)``, dequantized by ``fl32(1 / scale)``), then its amax enters the history."""
+        from fpemu.scalers.fp8_recipes import te_amax
+        place = (direction, self.module(direction), op, operand)
+        uses = self.fp8_uses[place] = self.fp8_uses.get(place, -1) + 1
+        key = place + (uses,)
+        if fmt.name not in self.fp8_recipes:
+            self.fp8_recipes[fmt.name] = self.policy.delayed_scaling(fmt)
+        recipe = self.fp8_recipes[fmt.name]
+        state = self.fp8_states.get(key) or recipe.init()
+        scale = torch.tensor(state.scale, dtype=torch.float32)
+        inverse = torch.tensor(1.0, dtype=torch.float32) / scale
+        self.fp8_states[key] = recipe.update(state, te_amax(value.detach().numpy()))
+        return self.round(value * scale, op, direction, fmt=fmt) * inverse
 
 
 def _argument(args, kwargs, position: int, name: str):
