@@ -298,6 +298,16 @@ def test_ops_the_policy_cannot_place_are_errors_naming_them():
         assert torch.softmax(torch.ones(2).half(), 0).dtype == torch.float16
 
 
+def test_autocast_placement_leaves_float64_alone_as_autocast_does():
+    """linalg_matrix_rank computes its tolerance in float64 inside: the pure placement refuses float64,
+    autocast runs it untouched."""
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    with fpemu.emulate_torch("cpu_autocast_fp16"):
+        rank = torch.linalg.matrix_rank(a.half())
+        doubled = torch.ones(2, dtype=torch.float64) * 2
+    assert rank.item() == 4 and doubled.dtype == torch.float64
+
+
 def test_low_accumulation_rounds_the_running_sum():
     """512 ones sum to 512 in float32 accumulation; a bf16 running sum stalls at 256 (256 + 1 rounds to 256)."""
     ones_row, ones_column = torch.ones(1, 512), torch.ones(512, 1)

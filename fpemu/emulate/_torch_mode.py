@@ -61,6 +61,7 @@ class _OpInfo:
     packet: str                  # aten::sum
     passthrough: bool            # views, prim ops, ops without tensor results: never rounded
     mutated: tuple               # (position, name) of the arguments the op writes (in-place, out=)
+    returns_list: bool           # a Tensor[] result, whose length its int arguments decide (split, unbind)
 
 
 def _op_info(func) -> _OpInfo:
@@ -69,7 +70,9 @@ def _op_info(func) -> _OpInfo:
     is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
     mutated = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                     if a.alias_info is not None and a.alias_info.is_write)
-    return _OpInfo(op_name(func), schema.name, func.namespace == "prim" or is_view or not returns_tensor, mutated)
+    returns_list = any(str(r.type).startswith("List[") for r in schema.returns)
+    return _OpInfo(op_name(func), schema.name, func.namespace == "prim" or is_view or not returns_tensor, mutated,
+                   returns_list)
 
 
 def _leaves(value, out: list) -> list:
@@ -192,9 +195,9 @@ class _Runtime:
         placement = self.policy.placement
         if placement == "fp8":
             return self._fp8(func, info, args, kwargs)
-        self._check_dtypes(info, floats)
-        if placement == "autocast":
+        if placement == "autocast":  # float64 too: autocast leaves it alone, and so do torch's own float64 ops
             return self._autocast(func, info, args, kwargs, floats)
+        self._check_dtypes(info, floats)
         return self._compute(func, info, args, kwargs, targets=None)
 
     def _check_dtypes(self, info: _OpInfo, floats) -> None:
@@ -207,7 +210,7 @@ class _Runtime:
 
     def _autocast(self, func, info, args, kwargs, floats):
         low = self.low
-        if all(t.dtype == torch.float32 for t in floats) and not any(v is low for v in _leaves((args, kwargs), [])):
+        if all(t.dtype != low for t in floats) and not any(v is low for v in _leaves((args, kwargs), [])):
             self.telemetry.left_in_float32(info.name)
             return func(*args, **kwargs)
         targets = self._targets(func, info, args, kwargs)
@@ -219,9 +222,12 @@ class _Runtime:
         """The dtypes of the op's results on the tensors' dtypes (a meta run, cached per signature)."""
         leaves = _leaves((args, kwargs), [])
         # what decides result dtypes: tensors' dtypes (0-dim ones promote less), dtype and bool arguments,
-        # and the Python type of scalars (int * 2.5 is float)
-        signature = tuple((v.dtype, v.dim() == 0) if isinstance(v, torch.Tensor)
-                          else v if isinstance(v, (torch.dtype, bool)) else type(v) for v in leaves)
+        # and the Python type of scalars (int * 2.5 is float); and, for a list result, how many tensors
+        # it holds, which shapes and int arguments decide (12 and 16 rows split by 4 would share an entry)
+        listed = info.returns_list
+        signature = tuple((v.dtype, tuple(v.shape) if listed else v.dim() == 0) if isinstance(v, torch.Tensor)
+                          else v if isinstance(v, (torch.dtype, bool)) or (listed and isinstance(v, int))
+                          else type(v) for v in leaves)
         key = (func, signature)
         targets = _RESULT_DTYPES.get(key)
         if targets is None:
