@@ -345,7 +345,7 @@ def test_low_accumulation_models_sums_means_and_convolutions_forward_and_backwar
 @pytest.mark.parametrize("transposed, groups", [(False, 1), (False, 2), (True, 1), (True, 2)])
 def test_low_accumulation_blocks_of_a_convolution_add_up_to_the_convolution(transposed, groups):
     """With exact sums (small integers) and no rounding, the channel and batch blocks give torch's own
-    convolution and its gradients bit for bit: the blocks cover every term once."""
+    convolution and its gradients (and addbmm's blocks its result) bit for bit: every term once."""
     from fpemu.emulate._torch_accumulation import low_accumulated
     generator = torch.Generator().manual_seed(0)
     x = torch.randint(-3, 4, (3, 4, 5, 5), generator=generator).float()
@@ -354,22 +354,35 @@ def test_low_accumulation_blocks_of_a_convolution_add_up_to_the_convolution(tran
     bias = torch.randint(-3, 4, (6,), generator=generator).float()
     common = ([1, 1], [1, 1], [1, 1], transposed, [0, 0], groups)
     expected = torch.ops.aten.convolution(x, w, bias, *common)
-    got = low_accumulated("aten::convolution", "aten::convolution", (x, w, bias, *common), {}, 1, lambda v: v)
+    got = low_accumulated(torch.ops.aten.convolution.default, "aten::convolution", "aten::convolution",
+                          (x, w, bias, *common), {}, 1, lambda v: v)
     assert torch.equal(got, expected)
     grad = torch.randint(-3, 4, expected.shape, generator=generator).float()
+    if not transposed and groups == 1:  # addbmm's terms: each batch's inner dimension, batch after batch
+        bias, batch1, batch2 = x[0, 0], x[:, 1], x[:, 2].transpose(1, 2)
+        assert torch.equal(low_accumulated(torch.ops.aten.addbmm.default, "aten::addbmm", "aten::addbmm",
+                                           (bias, batch1, batch2), {}, 1, lambda v: v), torch.addbmm(bias, batch1, batch2))
     backward = (grad, x, w, [6], *common, [True, True, True])
     expected = torch.ops.aten.convolution_backward(*backward)
-    got = low_accumulated("aten::convolution_backward", "aten::convolution_backward", backward, {}, 1, lambda v: v)
+    got = low_accumulated(torch.ops.aten.convolution_backward.default, "aten::convolution_backward",
+                          "aten::convolution_backward", backward, {}, 1, lambda v: v)
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
 
 
 def test_low_accumulation_refuses_the_accumulating_ops_it_does_not_model():
-    with pytest.raises(FpemuInputError, match=r"accumulation='low' cannot model aten::_softmax: .*accumulation='fp32'"):
-        with fpemu.emulate_torch("pure_bf16", accumulation="low"):
-            torch.softmax(torch.ones(4, 4), -1)
+    for name, call in (("aten::_softmax", lambda x: torch.softmax(x, -1)), ("aten::conv_tbc",
+                       lambda x: torch.conv_tbc(x[:, :, None], torch.ones(1, 1, 1), torch.zeros(1))),
+                       ("aten::_fft_r2c", torch.fft.rfft), ("aten::upsample_bilinear2d",
+                       lambda x: torch.nn.functional.interpolate(x[None, None], scale_factor=2, mode="bilinear"))):
+        with pytest.raises(FpemuInputError, match=rf"accumulation='low' cannot model {name}: .*accumulation='fp32'"):
+            with fpemu.emulate_torch("pure_bf16", accumulation="low"):
+                call(torch.ones(4, 4))
+    with fpemu.emulate_torch("pure_bf16", accumulation="low"):   # pointwise, data movement, selections: run
+        kept = torch.cat([torch.ones(2).exp(), torch.ones(2).amax(0, keepdim=True)]).sort().values
     with pytest.raises(FpemuInputError, match=r"cannot model aten::addmm: the model takes no alpha"):
         with fpemu.emulate_torch("pure_bf16", accumulation="low"):
             torch.addmm(torch.ones(2, 2), torch.ones(2, 2), torch.ones(2, 2), alpha=2.0)
+    assert kept.tolist() == [1.0, 2.71875, 2.71875]
 
 
 def test_fp8_quantizes_forward_e4m3_and_gradients_e5m2():

@@ -4,8 +4,9 @@ A GPU kernel that accumulates in the low format adds its terms in blocks and rou
 after each.  The model here: the reduced terms in order, in blocks of ``block`` terms, each block
 summed in float32 and added to the running sum, which is rounded (``round_sum``) after every block:
 
-* matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addmv``, ``mv``, ``dot``): blocks of
-  the inner dimension; the bias of the add* forms is added to the rounded total and rounded again;
+* matrix products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addmv``, ``mv``, ``dot``, ``addbmm``):
+  blocks of the inner dimension (addbmm: of the batch's inner dimensions one batch after the other);
+  the bias of the add* forms is added to the rounded total and rounded again;
 * ``sum`` and ``mean`` over any dims: the reduced elements in row-major order of the reduced dims;
   ``mean`` divides the rounded total by the count and rounds once more;
 * ``convolution`` (any groups, transposed or not): blocks of ``block`` input channels of each group
@@ -14,9 +15,10 @@ summed in float32 and added to the running sum, which is rounded (``round_sum``)
   blocks of ``block`` samples of the batch (each sample's positions summed in float32), the bias
   gradient as a ``sum`` of the output gradient over the batch and positions.
 
-Every other op that accumulates (``ACCUMULATING``: softmax, normalizations, losses, cumulative
-sums, ...) is refused under ``accumulation="low"``, naming it: it would otherwise accumulate in
-float32 silently.
+Every other op that may accumulate (any op that is not modelled, not tagged pointwise by torch and
+not data movement or a selection, ``NON_ACCUMULATING``: softmax, normalizations, losses, cumulative
+sums, factorizations, FFTs, interpolations, ...) is refused under ``accumulation="low"``, naming
+it: it would otherwise accumulate in float32 silently.
 """
 
 from __future__ import annotations
@@ -25,28 +27,30 @@ import torch
 
 from fpemu.errors import FpemuInputError
 
-# Overload packets of aten ops whose kernels accumulate a sum over a reduced dimension (matrix
-# products, convolutions, reductions and the ops built on one: softmax, normalizations, losses).
-ACCUMULATING = frozenset({
-    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv", "aten::mv",
-    "aten::dot", "aten::vdot", "aten::convolution", "aten::convolution_backward", "aten::sum", "aten::mean",
-    "aten::nansum", "aten::cumsum", "aten::cumprod", "aten::prod", "aten::logsumexp", "aten::logcumsumexp",
-    "aten::var", "aten::var_mean", "aten::std", "aten::std_mean", "aten::norm", "aten::linalg_vector_norm",
-    "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data",
-    "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
-    "aten::native_group_norm_backward", "aten::native_batch_norm", "aten::_native_batch_norm_legit",
-    "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
-    "aten::native_batch_norm_backward", "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward",
-    "aten::nll_loss_forward", "aten::nll_loss2d_forward", "aten::mse_loss", "aten::l1_loss",
-    "aten::smooth_l1_loss", "aten::huber_loss", "aten::binary_cross_entropy",
-    "aten::binary_cross_entropy_with_logits", "aten::embedding_dense_backward", "aten::_embedding_bag",
-    "aten::index_add", "aten::scatter_add", "aten::scatter_reduce", "aten::index_put", "aten::_cdist_forward",
-    "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_efficient_attention_backward",
-    "aten::_upsample_bilinear2d_aa_backward", "aten::avg_pool2d_backward", "aten::adaptive_avg_pool2d",
-    "aten::_adaptive_avg_pool2d_backward", "aten::avg_pool2d", "aten::avg_pool3d", "aten::_adaptive_avg_pool3d",
-    "aten::trace", "aten::_weight_norm_interface",
+# Ops that do not accumulate, beside those torch tags pointwise: data movement, selections (max,
+# sort, max pooling) and factories.  An op in none of the three is refused under accumulation="low":
+# it might accumulate, and would then do so in float32 silently.
+NON_ACCUMULATING = frozenset({
+    "aten::_to_copy", "aten::clone", "aten::copy_", "aten::_unsafe_view", "aten::cat", "aten::stack",
+    "aten::unsafe_split", "aten::unsafe_chunk", "aten::split_with_sizes_copy", "aten::constant_pad_nd",
+    "aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d", "aten::replication_pad1d",
+    "aten::replication_pad2d", "aten::replication_pad3d", "aten::empty_like", "aten::zeros_like", "aten::ones_like",
+    "aten::full_like", "aten::fill_", "aten::zero_", "aten::masked_fill_", "aten::index_select", "aten::index",
+    "aten::index_copy", "aten::gather", "aten::scatter", "aten::embedding", "aten::triu", "aten::tril", "aten::flip",
+    "aten::roll", "aten::repeat", "aten::sort", "aten::topk", "aten::max", "aten::min", "aten::amax", "aten::amin",
+    "aten::argmax", "aten::argmin", "aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices",
+    "aten::max_pool2d_with_indices_backward", "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
+    "aten::fractional_max_pool2d", "aten::fractional_max_pool3d", "aten::max_unpool2d", "aten::max_unpool3d",
+    "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+    "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d", "aten::_upsample_nearest_exact3d",
+    "aten::_prelu_kernel", "aten::nll_loss_backward", "aten::nll_loss2d_backward", "aten::linalg_cross",
+    "aten::fake_quantize_per_tensor_affine_cachemask", "aten::polar", "aten::native_dropout",
+    "aten::native_dropout_backward", "aten::bernoulli_", "aten::uniform_", "aten::normal_",
 })
+
+
+def _accumulates(func, packet: str) -> bool:
+    return not (packet in NON_ACCUMULATING or torch.Tag.pointwise in func.tags or torch.Tag.inplace_view in func.tags)
 
 
 def _running_sum(parts, round_sum):
@@ -66,6 +70,14 @@ def _product(a, b, block, round_sum):
     def part(start, stop):
         return torch.matmul(a[..., start:stop], b[start:stop] if b.dim() == 1 else b[..., start:stop, :])
     return _running_sum((part(*span) for span in _blocks(a.shape[-1], block)), round_sum)
+
+
+def _batched_product(bias, batch1, batch2, block, round_sum):
+    """addbmm: bias + the sum over the batch of batch1[i] @ batch2[i], whose terms are the batch's
+    inner dimensions one after the other (batch by batch)."""
+    a = batch1.permute(1, 0, 2).reshape(batch1.shape[1], -1)
+    b = batch2.reshape(-1, batch2.shape[2])
+    return round_sum(_product(a, b, block, round_sum) + bias)
 
 
 def _reduced(x, dims, keepdim: bool, block: int, round_sum):
@@ -141,31 +153,34 @@ def _convolution_backward(args, block, round_sum):
 _PRODUCTS = {"aten::mm": (None, 0, 1), "aten::bmm": (None, 0, 1), "aten::mv": (None, 0, 1), "aten::dot": (None, 0, 1),
              "aten::addmm": (0, 1, 2), "aten::baddbmm": (0, 1, 2), "aten::addmv": (0, 1, 2)}
 _REDUCTIONS = ("aten::sum", "aten::sum.dim_IntList", "aten::mean", "aten::mean.dim")
-MODELLED = frozenset(_PRODUCTS) | frozenset(_REDUCTIONS) | {"aten::convolution", "aten::convolution_backward"}
+MODELLED = frozenset(_PRODUCTS) | frozenset(_REDUCTIONS) | {"aten::addbmm", "aten::convolution",
+                                                              "aten::convolution_backward"}
 
 
 def _refuse(name: str, why: str):
     raise FpemuInputError(f"accumulation='low' cannot model {name}: {why}; use accumulation='fp32'")
 
 
-def low_accumulated(name: str, packet: str, args, kwargs, block: int, round_sum):
-    """The op ``name`` (an overload of ``packet``) on float32 ``args`` with its running sum rounded by
-    ``round_sum`` after every ``block`` terms; None if the op does not accumulate.
+def low_accumulated(func, name: str, packet: str, args, kwargs, block: int, round_sum):
+    """The op ``func`` (``name``, an overload of ``packet``) on float32 ``args`` with its running sum
+    rounded by ``round_sum`` after every ``block`` terms; None if the op does not accumulate.
 
     Raises:
-      FpemuInputError: an op that accumulates but is not modelled (``ACCUMULATING`` less ``MODELLED``),
-        or a modelled one called with arguments the model does not take (alpha, beta, out=, ...).
+      FpemuInputError: an op that may accumulate but is not modelled (not in ``MODELLED``, not
+        pointwise, not in ``NON_ACCUMULATING``), or a modelled one called with arguments the model
+        does not take (alpha, beta, out=, ...).
 
     Example:
       >>> ones = torch.ones(1, 512)
       >>> bf16 = lambda v: v.bfloat16().float()
-      >>> low_accumulated("aten::mm", "aten::mm", (ones, ones.T), {}, 1, bf16).item()
+      >>> low_accumulated(torch.ops.aten.mm.default, "aten::mm", "aten::mm", (ones, ones.T), {}, 1, bf16).item()
       256.0
     """
-    if packet not in ACCUMULATING:
-        return None
     if name not in MODELLED:
-        _refuse(name, "fpemu models the low-precision accumulation of " + ", ".join(sorted(MODELLED)) + " only")
+        if not _accumulates(func, packet):
+            return None
+        _refuse(name, "it is neither pointwise nor data movement, so it may accumulate, and fpemu models the "
+                "low-precision accumulation of " + ", ".join(sorted(MODELLED)) + " only")
     extra = {key: value for key, value in kwargs.items()
              if not (key == "dtype" and value in (None, torch.float32)) and not (key in ("alpha", "beta") and value == 1)}
     if extra:
@@ -179,6 +194,8 @@ def low_accumulated(name: str, packet: str, args, kwargs, block: int, round_sum)
         keepdim = len(args) > 2 and args[2]
         total = _reduced(x, dims, keepdim, block, round_sum)
         return round_sum(total / _count(x, dims)) if packet == "aten::mean" else total
+    if name == "aten::addbmm":
+        return _batched_product(*args[:3], block, round_sum)
     if name == "aten::convolution":
         return _convolution(args, block, round_sum)
     return _convolution_backward(args, block, round_sum)

@@ -286,7 +286,7 @@ class _Runtime:
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
-            out = low_accumulated(info.name, info.packet, args, kwargs, self.policy.accumulation_block,
+            out = low_accumulated(func, info.name, info.packet, args, kwargs, self.policy.accumulation_block,
                                   lambda v: self.round(v, f"{info.name} (partial sum)", direction).float())
             if out is not None:
                 return out
