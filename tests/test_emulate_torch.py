@@ -360,8 +360,9 @@ def test_low_accumulation_blocks_of_a_convolution_add_up_to_the_convolution(tran
     grad = torch.randint(-3, 4, expected.shape, generator=generator).float()
     if not transposed and groups == 1:  # addbmm's terms: each batch's inner dimension, batch after batch
         bias, batch1, batch2 = x[0, 0], x[:, 1], x[:, 2].transpose(1, 2)
-        assert torch.equal(low_accumulated(torch.ops.aten.addbmm.default, "aten::addbmm", "aten::addbmm",
-                                           (bias, batch1, batch2), {}, 1, lambda v: v), torch.addbmm(bias, batch1, batch2))
+        blocked = low_accumulated(torch.ops.aten.addbmm.default, "aten::addbmm", "aten::addbmm",
+                                  (bias, batch1, batch2), {}, 1, lambda v: v)
+        assert torch.equal(blocked, torch.addbmm(bias, batch1, batch2))
     backward = (grad, x, w, [6], *common, [True, True, True])
     expected = torch.ops.aten.convolution_backward(*backward)
     got = low_accumulated(torch.ops.aten.convolution_backward.default, "aten::convolution_backward",

@@ -182,7 +182,8 @@ def low_accumulated(func, name: str, packet: str, args, kwargs, block: int, roun
         _refuse(name, "it is neither pointwise nor data movement, so it may accumulate, and fpemu models the "
                 "low-precision accumulation of " + ", ".join(sorted(MODELLED)) + " only")
     extra = {key: value for key, value in kwargs.items()
-             if not (key == "dtype" and value in (None, torch.float32)) and not (key in ("alpha", "beta") and value == 1)}
+             if not (key == "dtype" and value in (None, torch.float32))
+             and not (key in ("alpha", "beta") and value == 1)}
     if extra:
         _refuse(name, f"the model takes no {', '.join(sorted(extra))} argument (got {extra})")
     if name in _PRODUCTS:
