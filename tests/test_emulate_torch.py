@@ -432,6 +432,8 @@ def test_fp8_delayed_scaling_takes_each_operands_scale_from_its_amax_history():
         get_policy("pure_fp16", fp8_scaling="delayed")
     with pytest.raises(FpemuInputError, match="delayed fp8 scaling: amax_compute_algo"):
         get_policy("fp8_delayed", amax_compute_algo="mean")
+    with pytest.raises(FpemuInputError, match="fp8 GEMMs accumulate in float32"):
+        get_policy("fp8", accumulation="low")
 
 
 def test_stochastic_rounding_of_the_update_keeps_weights_in_the_format():

@@ -14,7 +14,7 @@ How it works (the WHY of each part):
   the exact float32 values of its inputs and rounds each low result once with fpemu's kernel
   (``_torch_rounding``).  Matmuls and reductions accumulate in float32 (``accumulation="fp32"``);
   ``"low"`` rounds their running sums (``_torch_accumulation``: matrix products, sums, means and
-  convolutions; it refuses the other accumulating ops by name).  Ops the policy leaves in float32
+  convolutions; it refuses every other op that may accumulate, by name).  Ops the policy leaves in float32
   run untouched and are listed.  The optimizer step runs untouched too: float32 master weights.
 * Module attribution: forward ops take the innermost module whose forward is running (global module
   hooks).  When a module's forward returns, the autograd nodes it created (those reachable from its
@@ -114,8 +114,8 @@ class _Runtime:
         self.rounding_calls = 0
         self._probe = torch.zeros((), requires_grad=True)
         self.cast_cache = {}  # autocast's cached weight casts, for one forward pass
-        # delayed fp8 scaling: each operand's recipe state, keyed by where it is cast (_fp8_key), and how
-        # many times each place was reached since the last forward began at the root
+        # delayed fp8 scaling: each operand's recipe state, keyed by where it is cast (direction, module,
+        # op, operand, n-th such cast since the last forward began at the root), those counts, the recipes
         self.fp8_states, self.fp8_uses, self.fp8_recipes = {}, {}, {}
 
     # -- where an op runs ---------------------------------------------------

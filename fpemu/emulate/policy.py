@@ -101,6 +101,9 @@ class Policy:
             least = 1 if field == "accumulation_block" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise FpemuInputError(f"policy {self.name}: {field} must be an int >= {least}, got {value!r}")
+        if self.placement == "fp8" and self.accumulation == "low":
+            raise FpemuInputError(f"policy {self.name}: accumulation='low' applies to the autocast and pure "
+                                  "placements; fp8 GEMMs accumulate in float32 (their operands are fp8)")
         _choice("fp8_scaling", self.fp8_scaling, FP8_SCALINGS)
         if self.fp8_scaling == "delayed":
             if self.placement != "fp8":
