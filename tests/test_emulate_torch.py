@@ -121,6 +121,14 @@ def test_composite_ops_are_classified_without_passing_their_shape_checks():
     assert {cuda["ops"][op] for op in ("aten::bilinear", "aten::cross", "aten::index_put")} == {"promote"}
 
 
+def test_an_op_whose_cast_policy_cannot_be_read_is_refused_naming_it():
+    """None is unclassified on torch 2.13; one that a later torch leaves unread gets this kernel."""
+    from fpemu.emulate._torch_mode import _cast_kernel
+    kernel = _cast_kernel(torch.ops.aten.mm.default, "aten::mm", "unclassified", torch.float16, "cuda_autocast_fp16", {})
+    with pytest.raises(FpemuInputError, match="cuda_autocast_fp16 cannot place aten::mm: the cast policy"):
+        kernel(torch.ones(2, 2), torch.ones(2, 2))
+
+
 def test_cpu_table_agrees_with_real_cpu_autocast_on_real_shapes():
     """The probe's reading of AutocastCPU against torch's own CPU autocast running the ops."""
     ops = op_table("cpu_autocast_bf16")["ops"]
