@@ -314,6 +314,9 @@ def test_autocast_placement_leaves_float64_alone_as_autocast_does():
         rank = torch.linalg.matrix_rank(a.half())
         doubled = torch.ones(2, dtype=torch.float64) * 2
     assert rank.item() == 4 and doubled.dtype == torch.float64
+    with pytest.raises(FpemuInputError, match=r"cpu_autocast_bf16 cannot place aten::add.Tensor: it received a torch.float16"):
+        with fpemu.emulate_torch("cpu_autocast_bf16"):
+            torch.ones(2, dtype=torch.float16) + 1   # another low dtype than the policy's: not emulated, refused
 
 
 def test_low_accumulation_rounds_the_running_sum():

@@ -195,18 +195,21 @@ class _Runtime:
         placement = self.policy.placement
         if placement == "fp8":
             return self._fp8(func, info, args, kwargs)
-        if placement == "autocast":  # float64 too: autocast leaves it alone, and so do torch's own float64 ops
-            return self._autocast(func, info, args, kwargs, floats)
         self._check_dtypes(info, floats)
+        if placement == "autocast":
+            return self._autocast(func, info, args, kwargs, floats)
         return self._compute(func, info, args, kwargs, targets=None)
 
     def _check_dtypes(self, info: _OpInfo, floats) -> None:
-        allowed = (torch.float32, self.low)
+        # float64 under autocast: autocast leaves it alone, and torch's own float32 ops make some
+        # (linalg_matrix_rank's tolerance); the pure placement has no float64 to give it
+        allowed = (torch.float32, self.low) + ((torch.float64,) if self.policy.placement == "autocast" else ())
         for tensor in floats:
             if tensor.dtype not in allowed:
                 raise FpemuInputError(
                     f"policy {self.policy.name} cannot place {info.name}: it received a {tensor.dtype} tensor; "
-                    f"the policy computes in {self.policy.compute.name} and float32 only")
+                    f"the policy computes in {self.policy.compute.name} and "
+                    + ("float32 (float64 left alone)" if torch.float64 in allowed else "float32 only"))
 
     def _autocast(self, func, info, args, kwargs, floats):
         low = self.low
