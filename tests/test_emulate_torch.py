@@ -124,7 +124,8 @@ def test_composite_ops_are_classified_without_passing_their_shape_checks():
 def test_an_op_whose_cast_policy_cannot_be_read_is_refused_naming_it():
     """None is unclassified on torch 2.13; one that a later torch leaves unread gets this kernel."""
     from fpemu.emulate._torch_mode import _cast_kernel
-    kernel = _cast_kernel(torch.ops.aten.mm.default, "aten::mm", "unclassified", torch.float16, "cuda_autocast_fp16", {})
+    kernel = _cast_kernel(torch.ops.aten.mm.default, "aten::mm", "unclassified", torch.float16,
+                          "cuda_autocast_fp16", {})
     with pytest.raises(FpemuInputError, match="cuda_autocast_fp16 cannot place aten::mm: the cast policy"):
         kernel(torch.ones(2, 2), torch.ones(2, 2))
 
@@ -314,7 +315,8 @@ def test_autocast_placement_leaves_float64_alone_as_autocast_does():
         rank = torch.linalg.matrix_rank(a.half())
         doubled = torch.ones(2, dtype=torch.float64) * 2
     assert rank.item() == 4 and doubled.dtype == torch.float64
-    with pytest.raises(FpemuInputError, match=r"cpu_autocast_bf16 cannot place aten::add.Tensor: it received a torch.float16"):
+    with pytest.raises(FpemuInputError, match=r"cpu_autocast_bf16 cannot place aten::add.Tensor: it received a "
+                                              r"torch.float16"):
         with fpemu.emulate_torch("cpu_autocast_bf16"):
             torch.ones(2, dtype=torch.float16) + 1   # another low dtype than the policy's: not emulated, refused
 
