@@ -391,6 +391,9 @@ def test_low_accumulation_refuses_the_accumulating_ops_it_does_not_model():
         with pytest.raises(FpemuInputError, match=rf"accumulation='low' cannot model {name}: .*accumulation='fp32'"):
             with fpemu.emulate_torch("pure_bf16", accumulation="low"):
                 call(torch.ones(4, 4))
+    with pytest.raises(FpemuInputError, match=r"_for_cpu: .*attn_implementation='eager'"):
+        with fpemu.emulate_torch("cuda_autocast_bf16", accumulation="low"):
+            torch.nn.functional.scaled_dot_product_attention(*[torch.ones(1, 2, 4, 8)] * 3)
     with fpemu.emulate_torch("pure_bf16", accumulation="low"):   # pointwise, data movement, selections: run
         kept = torch.cat([torch.ones(2).exp(), torch.ones(2).amax(0, keepdim=True)]).sort().values
     with pytest.raises(FpemuInputError, match=r"cannot model aten::addmm: the model takes no alpha"):

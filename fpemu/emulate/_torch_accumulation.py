@@ -157,8 +157,16 @@ MODELLED = frozenset(_PRODUCTS) | frozenset(_REDUCTIONS) | {"aten::addbmm", "ate
                                                               "aten::convolution_backward"}
 
 
+# What a model can do instead, for the refused ops models use most.
+_ATTENTION = ("compute attention with explicit matrix products and softmax (transformers: "
+              "attn_implementation='eager'), or use accumulation='fp32'")
+_ALTERNATIVES = {"aten::_scaled_dot_product_flash_attention_for_cpu": _ATTENTION,
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _ATTENTION}
+
+
 def _refuse(name: str, why: str):
-    raise FpemuInputError(f"accumulation='low' cannot model {name}: {why}; use accumulation='fp32'")
+    raise FpemuInputError(f"accumulation='low' cannot model {name}: {why}; "
+                          + _ALTERNATIVES.get(name, "use accumulation='fp32'"))
 
 
 def low_accumulated(func, name: str, packet: str, args, kwargs, block: int, round_sum):
