@@ -69,6 +69,8 @@ def _product(a, b, block, round_sum):
     """a @ b (matrices, batches, vectors: torch.matmul's forms) over blocks of the inner dimension."""
     def part(start, stop):
         return torch.matmul(a[..., start:stop], b[start:stop] if b.dim() == 1 else b[..., start:stop, :])
+    if not a.shape[-1]:  # an empty inner dimension: zeros
+        return round_sum(torch.matmul(a, b))
     return _running_sum((part(*span) for span in _blocks(a.shape[-1], block)), round_sum)
 
 
