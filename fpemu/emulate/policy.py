@@ -13,7 +13,9 @@ A :class:`Policy` is a frozen value.  Its ``placement`` says how ops are placed:
   op stays float32.  ``fp8_scaling="current"``: a power-of-two scale from the tensor's own amax (it
   maps to at most the format's max finite).  ``"delayed"``: Transformer Engine's delayed scaling,
   :class:`fpemu.scalers.fp8_recipes.DelayedScaling`: the scale of a tensor comes from the amax
-  history of the same tensor in earlier steps (its module, op, operand and order in the pass).
+  history of the same tensor in earlier steps (its module, op, operand and order in the pass); the
+  histories live as long as the ``emulate_torch`` context (run every step inside one, as the
+  loss-scale loop does).
 
 The core of this module imports neither torch nor JAX: a JAX emulator reads the same policies.
 """
