@@ -17,7 +17,7 @@ from benchmarks._common import write_report
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "gpt2_emulate.py"
 PROTOTYPE_RATIO = 2.5  # the prototype: every op's output rounded per autocast's dtypes
-POLICIES = ("cuda_autocast_fp16", "cuda_autocast_bf16", "pure_bf16", "fp8")
+POLICIES = ("cuda_autocast_fp16", "cuda_autocast_bf16", "pure_bf16", "fp8", "fp8_delayed")
 
 
 def _example():

@@ -4,8 +4,9 @@ The emulation computes each op in float32 and rounds once (what CUDA kernels do 
 opmath and accumulators); torch's CPU low-precision kernels do the same for elementwise ops (0 ulp:
 tests/test_emulate_torch.py asserts it bit for bit) but accumulate matmuls and reductions in
 another order or in blocks, and evaluate some functions (erf, exp in gelu_backward) with other
-code.  Inputs: seeded standard normal values of the low format.  Writes reports/emulate_ops.md and
-.json.  Run: python -m benchmarks.emulate_ops
+code.  Inputs: seeded standard normal values of the low format.  Beside the larger ops above, every
+op of torch's autocast tables as fpemu/emulate/_op_samples.py calls it.  Writes reports/emulate_ops.md
+and .json.  Run: python -m benchmarks.emulate_ops
 """
 
 from __future__ import annotations
@@ -81,12 +82,62 @@ def histogram(expected, got, fmt) -> dict:
                                          "normwise": worst / scale if scale else 0.0}
 
 
+def _floating(value, torch) -> list:
+    """The floating results of an op as float32 arrays (complex ones as their real and imaginary parts)."""
+    out = []
+    for t in torch.utils._pytree.tree_leaves(value):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            t = torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+            out.append(t.float().numpy().ravel())
+    return out
+
+
+def _placement(name: str) -> dict:
+    """{op: policy} for every op of both autocast tables: ops autocast runs low or promotes under their
+    table's policy (the CUDA one where both place them), ops it runs in float32 under ``pure_<name>``."""
+    import fpemu
+    placed = {}
+    for device in ("cuda", "cpu"):
+        for op, category in fpemu.emulate.op_table(f"{device}_autocast_{name}")["ops"].items():
+            if category in ("low", "promote"):
+                placed.setdefault(op, f"{device}_autocast_{name}")
+    for device in ("cuda", "cpu"):
+        for op in fpemu.emulate.op_table(f"{device}_autocast_{name}")["ops"]:
+            placed.setdefault(op, f"pure_{name}")
+    return placed
+
+
+def _placed_ops(torch, name: str, low) -> tuple:
+    """([(op, policy, emulated values, torch's low kernel's values)], [ops with no CPU kernel in ``low``])."""
+    import warnings
+
+    import fpemu
+    from fpemu.emulate._autocast_table import resolve
+    from fpemu.emulate._op_samples import CPU_LESS, arguments, samples
+    compared, lacking = [], []
+    for op_name, policy in sorted(_placement(name).items()):
+        if op_name in CPU_LESS:
+            continue
+        op, (wide, narrow) = resolve(op_name), arguments(samples()[op_name], low)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated ops say so
+            try:
+                expected = _floating(op(*narrow), torch)
+            except RuntimeError:  # torch has no CPU kernel in the low format
+                lacking.append(op_name)
+                continue
+            with fpemu.emulate_torch(policy):
+                got = _floating(op(*wide), torch)
+        compared.append((op_name, policy, np.concatenate(got), np.concatenate(expected)))
+    return compared, lacking
+
+
 def main() -> dict:
     import torch
 
     import fpemu
     torch.set_num_threads(1)
-    rows = []
+    rows, lacking = [], {}
     for name, dtype, policy in (("fp16", torch.float16, "pure_fp16"), ("bf16", torch.bfloat16, "pure_bf16")):
         fmt = fpemu.get_format(name)
         for label, (op, shapes) in _ops(torch).items():
@@ -97,12 +148,24 @@ def main() -> dict:
             with fpemu.emulate_torch(policy):
                 got = op(wide_a, wide_b).numpy().ravel()
             rows.append({"format": name, "op": label, "values": expected.size, **histogram(expected, got, fmt)})
-    result = {"torch": torch.__version__, "rows": rows}
+
+        compared, lacking[name] = _placed_ops(torch, name, dtype)
+        for op_name, placed_by, got, expected in compared:
+            rows.append({"format": name, "op": f"{op_name} ({placed_by.removesuffix('_' + name)})",
+                         "values": expected.size, **histogram(expected, got, fmt)})
+    result = {"torch": torch.__version__, "rows": rows, "no_cpu_low_kernel": lacking}
     columns = [("format", "format"), ("op", "op"), ("values", "values")] + [(b, f"{b} ulp" if b[0].isdigit() else b)
                                                                            for b in BUCKETS] + [("max", "max ulp"),
                                                                            ("normwise", "max abs diff / max abs")]
     write_report("emulate_ops", "Emulated ops vs torch CPU's low-precision kernels (ulp histogram)", result, rows,
                  columns, [f"torch {torch.__version__}, CPU, one thread; inputs: seeded normal values of the format.",
+                           "The rows named by an aten op (and a policy) are every op of torch's AutocastCPU and "
+                           "AutocastCUDA tables, called as fpemu/emulate/_op_samples.py says (small shapes): ops "
+                           "autocast runs low or promotes under their table's policy, ops it runs in float32 under "
+                           "the pure policy (computed in the low format); tests/test_emulate_ops.py asserts the "
+                           "bit-exact ones bit for bit.  No CPU kernel in the low format (not compared): "
+                           + ", ".join(sorted(set(lacking.get("fp16", [])) | set(lacking.get("bf16", []))))
+                           + "; CUDA-only: " + ", ".join(sorted(_cpu_less())) + ".",
                            "A row with every value at 0 ulp agrees bit for bit on these inputs (the elementwise ops "
                            "are asserted bit for bit by tests/test_emulate_torch.py).",
                            "Matmuls, convolutions, layer_norm: torch's CPU low-precision kernels accumulate in another "
@@ -115,10 +178,21 @@ def main() -> dict:
                            "difference (last column) within about one epsilon of the format (fp16 2^-10, bf16 2^-7): "
                            "what rounding an intermediate result gives, where the emulation rounds once (measured; "
                            "not traced to the kernels' source).",
+                           "Ops autocast runs in float32, here computed in the low format (the '(pure)' rows): the "
+                           "reductions and losses (prod, logsumexp, mse_loss, nll_loss, rms_norm, renorm) 1 ulp where "
+                           "the CPU kernel accumulates otherwise; grid samplers and linear, bicubic and trilinear "
+                           "upsampling further apart where the CPU low kernels compute their interpolation weights "
+                           "in the low format (measured; autocast keeps these ops in float32, so its policies never "
+                           "compute them low).",
                            "gelu (erf): float32 gives +0 where the low kernels give -0 (x << 0): counted as 0 ulp "
                            "here (the sign of zero is tested separately); gelu_backward: the low kernels evaluate "
                            "erf and exp with other code."])
     return result
+
+
+def _cpu_less() -> dict:
+    from fpemu.emulate._op_samples import CPU_LESS
+    return CPU_LESS
 
 
 if __name__ == "__main__":

@@ -714,7 +714,8 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--format", help="the policy's compute format: a format name (fp8_e5m2, tf32, fp6_e3m2fn, "
                          "...; autocast policies take fp16 or bf16; custom formats: Policy(compute=make_format(...)))")
     emulate.add_argument("--rounding", help="rounding mode (nearest_even, toward_zero, stochastic, ...)")
-    emulate.add_argument("--accumulation", choices=("fp32", "low"), help="matmul and sum accumulation (default fp32)")
+    emulate.add_argument("--accumulation", choices=("fp32", "low"),
+                         help="matmul, sum and conv accumulation (default fp32; low refuses other ops that may accumulate)")
     emulate.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     emulate.add_argument("--seed", type=int, default=0, help="passed to the file's build(seed)")
     emulate.add_argument("--no-plot", action="store_true", help="write no PNG (the page still has the tables)")

@@ -2,17 +2,25 @@
 
 Autocast's casts live in C++ wrappers registered at the ``AutocastCUDA`` / ``AutocastCPU`` dispatch
 keys (``aten/src/ATen/autocast_mode.cpp``); which ops have one is listed by the dispatcher
-(``_dispatch_get_registrations_for_dispatch_key``), but the cast policy of each is compiled in.  It
-is observed instead: each registered op is called under autocast on fake tensors of the key's device
-(``FakeTensorMode`` makes CUDA tensors on a machine without CUDA) and a dispatch mode below autocast
-records the dtypes of the floating arguments that arrive after autocast's casts, then stops the call
-before any kernel runs (so the dummy arguments need not have valid shapes):
+(``_dispatch_get_registrations_for_dispatch_key``), but the cast policy of each is compiled in (the
+dispatcher's dump names only the file and line of the registration block, the same for every op of
+a key).  It is observed instead: each registered op is called under autocast on fake tensors of the
+key's device (``FakeTensorMode`` makes CUDA tensors on a machine without CUDA).  A wrapper casts the
+arguments and calls the op again with its autocast key excluded, so the next kernel the dispatcher
+runs is the op's at the device's Autograd key; a Python kernel registered there for the duration
+(for every overload of the op: ``fp32_append_dtype`` wrappers call the overload taking a dtype)
+records the dtypes the floating arguments arrive with and stops the call.  No kernel of the op runs,
+so the size-1 dummy arguments need not pass its shape checks (composite ops such as conv2d or
+cross_entropy_loss check shapes in C++ before dispatching anything below them):
 
 - float32 arguments arrive low: ``low`` (autocast's ``lower_precision_fp``);
 - low arguments arrive as float32, or with a float32 ``dtype`` argument added: ``fp32`` (``fp32``,
   ``fp32_set_opt_dtype``, ``fp32_append_dtype``: all compute in float32);
 - a low and a float32 argument both arrive float32, two low ones stay low: ``promote``;
 - autocast raises that the op is unsafe: ``banned``.
+
+An op whose call never reaches the interception (its wrapper calls an op of another name) stays
+unclassified; emulate_torch refuses it by name.
 """
 
 from __future__ import annotations
@@ -24,26 +32,28 @@ import warnings
 
 CATEGORIES = ("low", "fp32", "promote", "banned")
 _LOW_DTYPES = ("float16", "bfloat16")
+_AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
+# The key the dispatcher calls after autocast's wrapper, on a dense tensor of the device.
+_AUTOGRAD_KEYS = {"cuda": "AutogradCUDA", "cpu": "AutogradCPU"}
 
 
 class _Stop(Exception):
-    """Raised by the recorder to end a probe call before any kernel runs."""
+    """Raised by the interception kernel to end a probe call before any kernel of the op runs."""
 
 
-# Plain values for the non-tensor arguments of a probe call (schema type -> value); sizes of 1
-# everywhere make most shape checks pass (a 1x1 matmul, a 1-channel 1x1 convolution, ...).
+# Plain values for the non-tensor arguments of a probe call (schema type -> value).
 _PLAIN_VALUES = {"int": 1, "SymInt": 1, "float": 1.0, "number": 1.0, "bool": False, "str": "none",
                  "List[int]": [1], "List[SymInt]": [1], "List[float]": [1.0], "List[bool]": [False, False, False]}
 
 
-def _arguments(schema, dtypes, device, rank: int):
-    """Positional arguments for ``schema``: size-1 tensors of rank ``rank`` taking ``dtypes`` in turn
-    (cycling), plain values for the rest; None where the schema has no value to give."""
+def _arguments(schema, dtypes, device):
+    """Positional arguments for ``schema``: size-1 vectors taking ``dtypes`` in turn (cycling), plain
+    values for the rest (index lists: an integer vector); None where the schema has no value to give."""
     import torch
     args, tensors = [], iter(dtypes * 8)
 
     def tensor():
-        return torch.empty((1,) * rank, dtype=next(tensors), device=device)
+        return torch.empty((1,), dtype=next(tensors), device=device)
 
     for argument in schema.arguments:
         if argument.kwarg_only:
@@ -51,8 +61,10 @@ def _arguments(schema, dtypes, device, rank: int):
         kind = str(argument.type)
         if kind in ("Tensor", "Optional[Tensor]"):
             args.append(tensor())
-        elif kind in ("List[Tensor]", "List[Optional[Tensor]]"):
+        elif kind == "List[Tensor]":
             args.append([tensor(), tensor()])
+        elif kind == "List[Optional[Tensor]]":  # indices (index, index_put): integers, never cast
+            args.append([torch.zeros((1,), dtype=torch.long, device=device)])
         elif argument.has_default_value():
             break
         elif kind.startswith("Optional["):
@@ -72,44 +84,40 @@ def _floating(values) -> list:
                   | {str(v).removeprefix("torch.") for v in flat if isinstance(v, torch.dtype)})
 
 
-def _observed_dtypes(op, schema, dtypes, device_type: str, low):
-    """What autocast makes of the op called on tensors of ``dtypes``: the floating dtypes of its
-    result (a fake run: shapes and dtypes only), or, where the dummy arguments fail the op's shape
-    checks, those its arguments arrive with below autocast; 'banned'; None if neither works."""
-    for rank in (2, 4):
-        args = _arguments(schema, dtypes, device_type, rank)
-        if args is None:
-            return None
-        try:
-            with _autocast_on(device_type, low):
-                return _floating(op(*args))
-        except RuntimeError as error:
-            if "unsafe to autocast" in str(error):
-                return "banned"
-        except Exception:
-            pass
-    return _arrived_dtypes(op, _arguments(schema, dtypes, device_type, 2), device_type, low)
-
-
-def _arrived_dtypes(op, args, device_type: str, low):
-    """The floating dtypes the op's arguments have after autocast's casts (None: the probe failed)."""
+@contextlib.contextmanager
+def _intercepted(names, device_type: str):
+    """Every overload of the ops ``names`` stops at the device's Autograd key, raising the floating
+    dtypes of the arguments it received."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Recorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, call_args=(), kwargs=None):
-            # autocast's own casts, and the device queries made on the way to them
-            if func is torch.ops.aten._to_copy.default or func.namespace == "prim":
-                return func(*call_args, **(kwargs or {}))
-            raise _Stop(_floating((call_args, kwargs or {})))
+    def stop(*args, **kwargs):
+        raise _Stop(_floating((args, kwargs)))
 
+    library = torch.library.Library("aten", "IMPL")
     try:
-        with _autocast_on(device_type, low), Recorder():
+        for packet in sorted({name.removeprefix("aten::").partition(".")[0] for name in names}):
+            for overload in getattr(torch.ops.aten, packet).overloads():
+                library.impl(packet if overload == "default" else f"{packet}.{overload}", stop,
+                             _AUTOGRAD_KEYS[device_type])
+        yield
+    finally:
+        library._destroy()
+
+
+def _arrived_dtypes(op, dtypes, device_type: str, low):
+    """The floating dtypes the op's arguments arrive with after autocast's casts, when called on
+    tensors of ``dtypes``; 'banned'; None if the call never reached the interception."""
+    args = _arguments(op._schema, dtypes, device_type)
+    if args is None:
+        return None
+    try:
+        with _autocast_on(device_type, low):
             op(*args)
     except _Stop as stop:
         return stop.args[0]
-    except Exception:
-        return None
+    except Exception as error:  # noqa: BLE001 - a wrapper that calls another op fails its checks: unread
+        if "unsafe to autocast" in str(error):
+            return "banned"
     return None
 
 
@@ -134,7 +142,7 @@ def _classify(op, device_type: str, low) -> str | None:
     low_name = str(low).removeprefix("torch.")
 
     def observed(dtypes):
-        return _observed_dtypes(op, op._schema, dtypes, device_type, low)
+        return _arrived_dtypes(op, dtypes, device_type, low)
 
     from_fp32 = observed([torch.float32])
     if from_fp32 == "banned":
@@ -161,31 +169,33 @@ def observe(device_type: str, low_dtype: str) -> dict:
 def _observe_cached(device_type: str, low_dtype: str) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    key = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}[device_type]
     low = getattr(torch, low_dtype)
+    names = registered(device_type)
     table, unclassified = {}, []
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
-    fake_log.setLevel(logging.CRITICAL)  # the probes' shape errors are expected, not news
-    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
-        warnings.simplefilter("ignore")
-        for name in registered(device_type):
-            op = resolve(name)
-            category = None if op is None else _classify(op, device_type, low)
-            if category is None:
-                unclassified.append(name)
-            else:
-                table[name] = category
-    fake_log.setLevel(level)
-    return {"torch": torch.__version__, "key": key, "low": low_dtype, "ops": table,
+    fake_log.setLevel(logging.CRITICAL)  # a probe the interception misses may fail the op's checks: expected
+    try:
+        # warnings: the registrations override kernels (the point), and deprecated ops warn when called
+        with warnings.catch_warnings(), _intercepted(names, device_type), FakeTensorMode(allow_non_fake_inputs=True):
+            warnings.simplefilter("ignore")
+            for name in names:
+                op = resolve(name)
+                category = None if op is None else _classify(op, device_type, low)
+                if category is None:
+                    unclassified.append(name)
+                else:
+                    table[name] = category
+    finally:
+        fake_log.setLevel(level)
+    return {"torch": torch.__version__, "key": _AUTOCAST_KEYS[device_type], "low": low_dtype, "ops": table,
             "unclassified": unclassified}
 
 
 def registered(device_type: str) -> list:
     """Every op with a kernel at the device's autocast key (``aten::mm``, ...)."""
     import torch
-    key = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}[device_type]
-    return sorted(torch._C._dispatch_get_registrations_for_dispatch_key(key))
+    return sorted(torch._C._dispatch_get_registrations_for_dispatch_key(_AUTOCAST_KEYS[device_type]))
 
 
 def resolve(name: str):

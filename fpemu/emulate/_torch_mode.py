@@ -13,8 +13,9 @@ How it works (the WHY of each part):
 * Below autograd, the mode computes every op that has a low-format input or result in float32 from
   the exact float32 values of its inputs and rounds each low result once with fpemu's kernel
   (``_torch_rounding``).  Matmuls and reductions accumulate in float32 (``accumulation="fp32"``);
-  ``"low"`` rounds their running sums.  Ops the policy leaves in float32 run untouched and are
-  listed.  The optimizer step runs untouched too: float32 master weights.
+  ``"low"`` rounds their running sums (``_torch_accumulation``: matrix products, sums, means and
+  convolutions; it refuses every other op that may accumulate, by name).  Ops the policy leaves in float32
+  run untouched and are listed.  The optimizer step runs untouched too: float32 master weights.
 * Module attribution: forward ops take the innermost module whose forward is running (global module
   hooks).  When a module's forward returns, the autograd nodes it created (those reachable from its
   outputs, newer than its start) are mapped to it; a backward op takes the module of the node the
@@ -32,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
+from fpemu.emulate._torch_accumulation import low_accumulated
 from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, get_policy
 from fpemu.emulate.telemetry import Telemetry
@@ -41,8 +43,6 @@ ROOT = "<root>"
 # Ops whose bool argument asks for a float32 result from a low input (softmax's half_to_float): in
 # float32 compute the flag must be off, and the result is float32 either way.
 _FLOAT_FLAGS = {"aten::_softmax": 2, "aten::_log_softmax": 2}
-# The reductions ``accumulation="low"`` models (the others still accumulate in float32 and are listed).
-_LOW_ACCUMULATED = ("aten::mm", "aten::bmm", "aten::addmm", "aten::sum")
 _EXCLUDE_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 # Facts of the installed torch, the same for every emulation: each op's schema reading, and the
 # result dtypes of an op for a signature of argument dtypes (a meta run each).
@@ -61,6 +61,7 @@ class _OpInfo:
     packet: str                  # aten::sum
     passthrough: bool            # views, prim ops, ops without tensor results: never rounded
     mutated: tuple               # (position, name) of the arguments the op writes (in-place, out=)
+    returns_list: bool           # a Tensor[] result, whose length its int arguments decide (split, unbind)
 
 
 def _op_info(func) -> _OpInfo:
@@ -69,7 +70,9 @@ def _op_info(func) -> _OpInfo:
     is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
     mutated = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                     if a.alias_info is not None and a.alias_info.is_write)
-    return _OpInfo(op_name(func), schema.name, func.namespace == "prim" or is_view or not returns_tensor, mutated)
+    returns_list = any(str(r.type).startswith("List[") for r in schema.returns)
+    return _OpInfo(op_name(func), schema.name, func.namespace == "prim" or is_view or not returns_tensor, mutated,
+                   returns_list)
 
 
 def _leaves(value, out: list) -> list:
@@ -111,6 +114,9 @@ class _Runtime:
         self.rounding_calls = 0
         self._probe = torch.zeros((), requires_grad=True)
         self.cast_cache = {}  # autocast's cached weight casts, for one forward pass
+        # delayed fp8 scaling: each operand's recipe state, keyed by where it is cast (direction, module,
+        # op, operand, n-th such cast since the last forward began at the root), those counts, the recipes
+        self.fp8_states, self.fp8_uses, self.fp8_recipes = {}, {}, {}
 
     # -- where an op runs ---------------------------------------------------
     def direction(self) -> str:
@@ -124,6 +130,7 @@ class _Runtime:
     def module_entered(self, module) -> None:
         if not self.module_stack:
             self.clear_casts()  # a new forward: weights may have changed since the last
+            self.fp8_uses.clear()
         start = self._probe.view(()).grad_fn._sequence_nr() if torch.is_grad_enabled() else None
         self.module_stack.append((self.names.get(id(module), type(module).__name__), start))
         self.telemetry.location = self.module_stack[-1][0]
@@ -148,6 +155,7 @@ class _Runtime:
     def step_finished(self, optimizer) -> None:
         self.node_modules.clear()
         self.clear_casts()
+        self.fp8_uses.clear()
         if self.policy.update_rounding is None:
             return
         with torch.no_grad():
@@ -193,16 +201,19 @@ class _Runtime:
         return self._compute(func, info, args, kwargs, targets=None)
 
     def _check_dtypes(self, info: _OpInfo, floats) -> None:
-        allowed = (torch.float32, self.low)
+        # float64 under autocast: autocast leaves it alone, and torch's own float32 ops make some
+        # (linalg_matrix_rank's tolerance); the pure placement has no float64 to give it
+        allowed = (torch.float32, self.low) + ((torch.float64,) if self.policy.placement == "autocast" else ())
         for tensor in floats:
             if tensor.dtype not in allowed:
                 raise FpemuInputError(
                     f"policy {self.policy.name} cannot place {info.name}: it received a {tensor.dtype} tensor; "
-                    f"the policy computes in {self.policy.compute.name} and float32 only")
+                    f"the policy computes in {self.policy.compute.name} and "
+                    + ("float32 (float64 left alone)" if torch.float64 in allowed else "float32 only"))
 
     def _autocast(self, func, info, args, kwargs, floats):
         low = self.low
-        if all(t.dtype == torch.float32 for t in floats) and not any(v is low for v in _leaves((args, kwargs), [])):
+        if all(t.dtype != low for t in floats) and not any(v is low for v in _leaves((args, kwargs), [])):
             self.telemetry.left_in_float32(info.name)
             return func(*args, **kwargs)
         targets = self._targets(func, info, args, kwargs)
@@ -214,9 +225,12 @@ class _Runtime:
         """The dtypes of the op's results on the tensors' dtypes (a meta run, cached per signature)."""
         leaves = _leaves((args, kwargs), [])
         # what decides result dtypes: tensors' dtypes (0-dim ones promote less), dtype and bool arguments,
-        # and the Python type of scalars (int * 2.5 is float)
-        signature = tuple((v.dtype, v.dim() == 0) if isinstance(v, torch.Tensor)
-                          else v if isinstance(v, (torch.dtype, bool)) else type(v) for v in leaves)
+        # and the Python type of scalars (int * 2.5 is float); and, for a list result, how many tensors
+        # it holds, which shapes and int arguments decide (12 and 16 rows split by 4 would share an entry)
+        listed = info.returns_list
+        signature = tuple((v.dtype, tuple(v.shape) if listed else v.dim() == 0) if isinstance(v, torch.Tensor)
+                          else v if isinstance(v, (torch.dtype, bool)) or (listed and isinstance(v, int))
+                          else type(v) for v in leaves)
         key = (func, signature)
         targets = _RESULT_DTYPES.get(key)
         if targets is None:
@@ -275,10 +289,10 @@ class _Runtime:
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
-            if info.packet in _LOW_ACCUMULATED:
-                return _low_accumulated(info, args, kwargs, self.policy.accumulation_block,
-                                        lambda v: self.round(v, f"{info.name} (partial sum)", direction).float())
-            self.telemetry.left_in_float32(f"{info.name} (accumulates in float32)")
+            out = low_accumulated(func, info.name, info.packet, args, kwargs, self.policy.accumulation_block,
+                                  lambda v: self.round(v, f"{info.name} (partial sum)", direction).float())
+            if out is not None:
+                return out
         return func(*args, **kwargs)
 
     def _fp8(self, func, info, args, kwargs):
@@ -297,7 +311,7 @@ class _Runtime:
             if name in operands and isinstance(value, torch.Tensor):
                 fmt = (self.policy.backward_format if direction == "backward" and _is_gradient(value)
                        else self.policy.compute)
-                scaled = self._fp8_quantized(value, info.name, direction, fmt)
+                scaled = self._fp8_quantized(value, info.name, name, direction, fmt)
                 if position < len(args):
                     args[position] = scaled
                 else:
@@ -307,12 +321,30 @@ class _Runtime:
             _tag_gradients(out)
         return out
 
-    def _fp8_quantized(self, value, op, direction, fmt):
-        """value quantized to fmt with its own power-of-two scale (amax -> at most max finite), dequantized."""
+    def _fp8_quantized(self, value, op, operand, direction, fmt):
+        """value quantized to fmt with its scale (the policy's fp8_scaling), dequantized (float32)."""
+        if self.policy.fp8_scaling == "delayed":
+            return self._fp8_delayed(value, op, operand, direction, fmt)
         amax = float(value.detach().abs().max()) if value.numel() else 0.0
         exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
         scale = 2.0 ** exponent
         return self.round(value * scale, op, direction, fmt=fmt) / scale
+
+    def _fp8_delayed(self, value, op, operand, direction, fmt):
+        """Transformer Engine's delayed scaling: cast with the scale the operand's amax history gave
+        (``fl32(x * scale)``, dequantized by ``fl32(1 / scale)``), then its amax enters the history."""
+        from fpemu.scalers.fp8_recipes import te_amax
+        place = (direction, self.module(direction), op, operand)
+        uses = self.fp8_uses[place] = self.fp8_uses.get(place, -1) + 1
+        key = place + (uses,)
+        if fmt.name not in self.fp8_recipes:
+            self.fp8_recipes[fmt.name] = self.policy.delayed_scaling(fmt)
+        recipe = self.fp8_recipes[fmt.name]
+        state = self.fp8_states.get(key) or recipe.init()
+        scale = torch.tensor(state.scale, dtype=torch.float32)
+        inverse = torch.tensor(1.0, dtype=torch.float32) / scale
+        self.fp8_states[key] = recipe.update(state, te_amax(value.detach().numpy()))
+        return self.round(value * scale, op, direction, fmt=fmt) * inverse
 
 
 def _argument(args, kwargs, position: int, name: str):
@@ -348,30 +380,6 @@ def _rebuild(structure, values):
     if isinstance(structure, (tuple, list)):
         return type(structure)(_rebuild(item, values) for item in structure)
     return next(values)
-
-
-def _low_accumulated(info, args, kwargs, block: int, round_sum):
-    """mm / bmm / addmm / sum with the running sum rounded after every ``block`` terms."""
-    if kwargs or (info.packet == "aten::addmm" and len(args) > 3):
-        raise FpemuInputError(f"accumulation='low' models {info.name} without beta, alpha, dtype or out "
-                              f"arguments; got {sorted(kwargs) or args[3:]}")
-    if info.packet == "aten::sum":
-        if len(args) < 2 or args[1] is None or len(args[1]) != 1:
-            return round_sum(args[0].sum()) if len(args) < 2 else round_sum(torch.sum(*args))
-        x, (dim,), keepdim = args[0], args[1], (args[2] if len(args) > 2 else False)
-        total = None
-        for start in range(0, x.shape[dim], block):
-            part = x.narrow(dim, start, min(block, x.shape[dim] - start)).sum(dim, keepdim=keepdim)
-            total = round_sum(part if total is None else total + part)
-        return total
-    bias, (a, b) = (args[0], args[1:3]) if info.packet == "aten::addmm" else (None, args[:2])
-    total = None
-    depth = a.shape[-1]
-    for start in range(0, depth, block):
-        stop = min(start + block, depth)
-        part = a[..., start:stop] @ b[..., start:stop, :]
-        total = round_sum(part if total is None else total + part)
-    return total if bias is None else round_sum(total + bias)
 
 
 class _Mode(TorchDispatchMode):

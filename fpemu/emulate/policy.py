@@ -9,8 +9,13 @@ A :class:`Policy` is a frozen value.  Its ``placement`` says how ops are placed:
 * ``pure``: every floating op, forward and backward, rounds its inputs and its result to ``compute``
   (any fpemu format); the optimizer step updates float32 master weights.
 * ``fp8``: the matrix products (``GEMM_OPS``) read their operands quantized to ``compute`` in the
-  forward pass and to ``backward`` in the backward pass, each tensor with its own power-of-two scale
-  (its amax maps to at most the format's max finite); every other op stays float32.
+  forward pass and to ``backward`` in the backward pass, each tensor with its own scale; every other
+  op stays float32.  ``fp8_scaling="current"``: a power-of-two scale from the tensor's own amax (it
+  maps to at most the format's max finite).  ``"delayed"``: Transformer Engine's delayed scaling,
+  :class:`fpemu.scalers.fp8_recipes.DelayedScaling`: the scale of a tensor comes from the amax
+  history of the same tensor in earlier steps (its module, op, operand and order in the pass); the
+  histories live as long as the ``emulate_torch`` context (run every step inside one, as the
+  loss-scale loop does).
 
 The core of this module imports neither torch nor JAX: a JAX emulator reads the same policies.
 """
@@ -24,6 +29,7 @@ from fpemu.errors import FpemuInputError
 from fpemu.formats import OVERFLOW_MODES, ROUNDING_MODES, Format, get_format
 
 PLACEMENTS = ("autocast", "pure", "fp8")
+FP8_SCALINGS = ("current", "delayed")
 ACCUMULATIONS = ("fp32", "low")
 TABLE_DEVICES = ("cuda", "cpu")
 # The matrix products fp8 places (aten overload packets, as torch names them below autograd), and the
@@ -46,12 +52,16 @@ class Policy:
       rounding, overflow, subnormals: how results round to the low format (as :func:`fpemu.quantize`).
       accumulation: ``fp32`` (matmuls and sums accumulate in float32 and round once, as cuBLAS and
         CUDA reductions do by default) or ``low`` (their running sum is rounded to the low format
-        after every ``accumulation_block`` terms of the reduced dimension).
+        after every ``accumulation_block`` terms of the reduced dimension: matrix products, sums,
+        means, convolutions; other accumulating ops are refused, see ``_torch_accumulation``).
       accumulation_block: terms per rounding of the running sum under ``low`` accumulation.
       update_rounding: None: the optimizer updates float32 master weights.  A rounding mode (e.g.
         ``stochastic``): after each optimizer step the weights are rounded to ``compute`` that way
         (low-precision weights without a master copy, with stochastic rounding of the update).
       seed: seed of stochastic rounding (each rounding call draws from its own stream).
+      fp8_scaling: ``current`` or ``delayed`` (fp8 placement; see the module docstring).
+      amax_history_len, amax_compute_algo, fp8_margin: delayed scaling's history length, ``max`` or
+        ``most_recent``, and margin (as Transformer Engine's ``DelayedScaling`` recipe; its defaults).
 
     Example:
       >>> p = get_policy("pure_bf16", rounding="toward_zero")
@@ -71,6 +81,10 @@ class Policy:
     accumulation_block: int = 1
     update_rounding: Optional[str] = None
     seed: int = 0
+    fp8_scaling: str = "current"
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    fp8_margin: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "compute", _format(self.compute, "compute"))
@@ -89,6 +103,16 @@ class Policy:
             least = 1 if field == "accumulation_block" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise FpemuInputError(f"policy {self.name}: {field} must be an int >= {least}, got {value!r}")
+        if self.placement == "fp8" and self.accumulation == "low":
+            raise FpemuInputError(f"policy {self.name}: accumulation='low' applies to the autocast and pure "
+                                  "placements; fp8 GEMMs accumulate in float32 (their operands are fp8)")
+        _choice("fp8_scaling", self.fp8_scaling, FP8_SCALINGS)
+        if self.fp8_scaling == "delayed":
+            if self.placement != "fp8":
+                raise FpemuInputError(f"policy {self.name}: fp8_scaling='delayed' applies to placement 'fp8', "
+                                      f"not {self.placement!r}")
+            self.delayed_scaling(self.compute)  # the recipe checks its fields and formats
+            self.delayed_scaling(self.backward_format)
         if self.placement == "autocast":
             _choice("table_device", self.table_device, TABLE_DEVICES)
             if self.compute.name not in ("fp16", "bf16"):
@@ -99,6 +123,19 @@ class Policy:
     @property
     def backward_format(self) -> Format:
         return self.backward or self.compute
+
+    def delayed_scaling(self, fmt: Format):
+        """The :class:`DelayedScaling` recipe of operands cast to ``fmt`` (``compute`` or ``backward``).
+
+        Raises:
+          FpemuInputError: a format the recipe does not take, or a bad history length, algo or margin.
+        """
+        from fpemu.scalers.fp8_recipes import DelayedScaling
+        try:
+            return DelayedScaling(fp8_format=fmt.name, margin=self.fp8_margin, amax_history_len=self.amax_history_len,
+                                  amax_compute_algo=self.amax_compute_algo)
+        except ValueError as error:
+            raise FpemuInputError(f"policy {self.name}: delayed fp8 scaling: {error}") from None
 
     def describe(self) -> dict:
         """The policy as plain JSON values (formats by name and layout), for traces."""
@@ -135,6 +172,9 @@ POLICIES = {
     "pure_fp16": dict(placement="pure", compute="fp16"),
     "pure_bf16": dict(placement="pure", compute="bf16"),
     "fp8": dict(placement="fp8", compute="fp8_e4m3fn", backward="fp8_e5m2"),
+    # Transformer Engine's delayed scaling, whose cast kernels saturate
+    "fp8_delayed": dict(placement="fp8", compute="fp8_e4m3fn", backward="fp8_e5m2", fp8_scaling="delayed",
+                        overflow="saturate"),
 }
 
 

@@ -61,14 +61,14 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
     The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
     the run's scaler followed, so the trace reads like every other model trace.
     """
-    from fpemu.harness.run import _steps, _summary  # the one layout of model-trace steps and summaries
+    from fpemu.harness._trace_layout import trace_steps, trace_summary  # the one layout of steps and summaries
     chosen = get_profile(profile)
     simulated = simulate_scaler([r.overflow for r in records], chosen.name, **params)
     columns = {"loss": [r.loss for r in records]}
     for record in records:
         for name, value in _shares(record.telemetry).items():
             columns.setdefault(name, []).append(value)
-    steps = _steps(simulated, fields_recorded_by("model"), columns)
+    steps = trace_steps(simulated, fields_recorded_by("model"), columns)
     steps = tuple({**step, "module_underflow": module_underflow(r.telemetry),
                    "module_underflow_forward": module_underflow(r.telemetry, "forward")}
                   for step, r in zip(steps, records))
@@ -78,4 +78,4 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
                 "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},
                 "packages": packages, "device": "cpu", "verified": chosen.verified,
                 "policy": policy, "op_table": op_table, "telemetry": run_telemetry.as_dict()}
-    return Trace(metadata, steps, _summary(simulated))
+    return Trace(metadata, steps, trace_summary(simulated))

@@ -29,8 +29,8 @@ from fpemu.adapters._trace import observed_trace
 from fpemu.adapters.torch_ranks import unavailable  # imports no torch: a GPU count is asked for on cuda only
 from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
 from fpemu.harness.jobs import job_failure, matches, parse_implementation
-from fpemu.harness.run import (REFERENCE, _metadata, _steps, _summary, adapter_versions, implementation_key,
-                               package_versions, skip_reason)
+from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
+from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
 from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, predict
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs import Implementation, RanksScenario, load_specs
@@ -92,9 +92,9 @@ def _case_trace(scenario, name: str, rank: int, implementation: str, scaler_trac
                        "scaler": scenario.scaler, "inject": inject}}
     if implementation == REFERENCE:
         extra["verified"] = profile.verified
-    metadata = _metadata(scenario, implementation, profile.name, {**profile.defaults, **scenario.params},
+    metadata = trace_metadata(scenario, implementation, profile.name, {**profile.defaults, **scenario.params},
                          versions, device, **extra)
-    return Trace(metadata, _steps(scaler_trace, scenario.record), _summary(scaler_trace))
+    return Trace(metadata, trace_steps(scaler_trace, scenario.record), trace_summary(scaler_trace))
 
 
 def _reference_traces(scenario, name, case, prediction) -> tuple:

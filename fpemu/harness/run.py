@@ -6,8 +6,7 @@ import importlib.metadata
 
 import numpy as np
 
-import fpemu
-from fpemu._host import host_provenance
+from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.adapters import get_adapter, record_scaler, step_function, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
@@ -17,7 +16,6 @@ from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
 from fpemu.traces import Trace, float_fields
 from fpemu.traces.format import encode_float
 
-REFERENCE = "reference"
 STEP_PROFILE = "seed_step"  # the profile named in step traces: seed 002's own scale rule
 
 
@@ -52,18 +50,6 @@ def skip_reason(impl: Implementation):
     return unavailable_reason(impl.name, impl.device)
 
 
-def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, profile: str, params: dict,
-              versions: dict, device: str, **extra) -> dict:
-    """The metadata every trace carries (see fpemu.traces.format)."""
-    return {"fpemu_version": fpemu.__version__,
-            "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
-            "implementation": implementation, "profile": profile, "params": params,
-            "packages": versions, "device": device,
-            # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
-            # so a golden regenerated on another machine is byte-identical.
-            **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
-
-
 def scenario_flags(scenario: ScalerScenario):
     """The overflow flags of every step, and the model's per-step records when a model decides them."""
     if scenario.overflow.kind == "recorded":
@@ -88,38 +74,6 @@ def scenario_flags(scenario: ScalerScenario):
 def _model_columns(run) -> dict:
     return {"loss": run.losses, "underflow_share": run.shares("underflow").tolist(),
             "subnormal_share": run.shares("subnormal").tolist(), "overflow_share": run.shares("overflow").tolist()}
-
-
-def _steps(scaler_trace, fields, model_columns=None) -> tuple:
-    ratios = scaler_trace.update_ratios() if "update_ratio" in fields else None
-    records = []
-    for step in range(scaler_trace.attempts):
-        record = {"step": step}
-        if "scale" in fields:
-            record.update(float_fields("scale", scaler_trace.scales[step]))
-        if "overflow" in fields:
-            record["overflow"] = bool(scaler_trace.overflow[step])
-        if "applied" in fields:
-            record["applied"] = bool(scaler_trace.applied[step])
-        if "growth_counter" in fields:
-            record["growth_counter"] = int(scaler_trace.growth_counter[step])
-        if "hysteresis" in fields and scaler_trace.hysteresis is not None:
-            record["hysteresis"] = scaler_trace.hysteresis[step]
-        if "update_ratio" in fields:
-            record.update(float_fields("update_ratio", ratios[step]))
-        if model_columns is not None:
-            for field, column in model_columns.items():
-                if field in fields:
-                    record.update(float_fields(field, column[step]))
-        records.append(record)
-    return tuple(records)
-
-
-def _summary(scaler_trace) -> dict:
-    return {"attempts": scaler_trace.attempts, "completed_updates": scaler_trace.completed_updates,
-            "skipped_updates": scaler_trace.skipped_updates, **float_fields("final_scale", scaler_trace.final_scale),
-            "stopped_at": scaler_trace.stopped_at,
-            "events": [[step, text] for step, text in scaler_trace.events]}
 
 
 def _run_steps(scenario: StepScenario, step_fn) -> tuple:
@@ -165,7 +119,7 @@ def _reference_step_trace(scenario: StepScenario) -> Trace:
     source = scenario.step
     steps, summary = _run_steps(scenario, lambda **case: mixed_precision_step(**case, compute=source.compute,
                                                                               mode=source.mode))
-    metadata = _metadata(scenario, REFERENCE, STEP_PROFILE, {"mode": source.mode, "compute": source.compute},
+    metadata = trace_metadata(scenario, REFERENCE, STEP_PROFILE, {"mode": source.mode, "compute": source.compute},
                          package_versions(["numpy", "ml_dtypes"]), "cpu", verified="driven")
     return Trace(metadata, steps, summary)
 
@@ -184,7 +138,7 @@ def _recorded_step_trace(scenario: StepScenario, impl: Implementation) -> Trace:
     params = step_params(scenario, impl)
     steps, summary = _run_steps(scenario, step_function(impl.name, scenario.step.compute, impl.device, **params))
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), impl.name, params, adapter_versions(adapter), impl.device)
+    metadata = trace_metadata(scenario, implementation_key(impl), impl.name, params, adapter_versions(adapter), impl.device)
     return Trace(metadata, steps, summary)
 
 
@@ -193,14 +147,14 @@ def reference_trace(scenario: ScalerScenario | StepScenario | RecipeScenario) ->
     if isinstance(scenario, StepScenario):
         return _reference_step_trace(scenario)
     if isinstance(scenario, RecipeScenario):
-        return reference_recipe_trace(scenario, lambda profile, params, verified: _metadata(
+        return reference_recipe_trace(scenario, lambda profile, params, verified: trace_metadata(
             scenario, REFERENCE, profile, params, package_versions(["numpy", "ml_dtypes"]), "cpu", verified=verified))
     flags, model_columns = scenario_flags(scenario)
     simulated = simulate_scaler(flags, scenario.profile, **scenario.params)
     profile = get_profile(scenario.profile)
-    metadata = _metadata(scenario, REFERENCE, scenario.profile, {**profile.defaults, **scenario.params},
+    metadata = trace_metadata(scenario, REFERENCE, scenario.profile, {**profile.defaults, **scenario.params},
                          package_versions(["numpy", "ml_dtypes"]), "cpu", verified=profile.verified)
-    return Trace(metadata, _steps(simulated, scenario.record, model_columns), _summary(simulated))
+    return Trace(metadata, trace_steps(simulated, scenario.record, model_columns), trace_summary(simulated))
 
 
 def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) -> Trace:
@@ -208,12 +162,12 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     if isinstance(scenario, StepScenario):
         return _recorded_step_trace(scenario, impl)
     if isinstance(scenario, RecipeScenario):
-        return recorded_recipe_trace(scenario, impl, lambda profile, params: _metadata(
+        return recorded_recipe_trace(scenario, impl, lambda profile, params: trace_metadata(
             scenario, implementation_key(impl), profile, params, adapter_versions(get_adapter(impl.name)), impl.device))
     flags, _ = scenario_flags(scenario)
     observed = record_scaler(impl.name, flags.tolist(), impl.device, **impl.params)
     adapter = get_adapter(impl.name)
-    metadata = _metadata(scenario, implementation_key(impl), observed.profile, observed.params,
+    metadata = trace_metadata(scenario, implementation_key(impl), observed.profile, observed.params,
                          adapter_versions(adapter), impl.device)
     fields = tuple(f for f in scenario.record if f in adapter.fields)
-    return Trace(metadata, _steps(observed, fields), _summary(observed))
+    return Trace(metadata, trace_steps(observed, fields), trace_summary(observed))

@@ -1,0 +1,61 @@
+"""The layout of a trace's metadata, step records and summary, shared by every trace builder.
+
+fpemu.harness.run (reference and recorded traces), fpemu.harness.ranks (per-rank traces) and
+fpemu.emulate.trace (emulated runs) all write model and scaler traces through these functions, so
+the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import fpemu
+from fpemu._host import host_provenance
+from fpemu.traces import float_fields
+
+REFERENCE = "reference"
+
+
+def trace_metadata(scenario, implementation: str, profile: str, params: dict,
+                   versions: dict, device: str, **extra) -> dict:
+    """The metadata every trace carries (see fpemu.traces.format) for a scenario (its ``name``, ``path``,
+    ``sha256`` and ``text``) run by ``implementation`` (``REFERENCE``: no host provenance)."""
+    return {"fpemu_version": fpemu.__version__,
+            "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
+            "implementation": implementation, "profile": profile, "params": params,
+            "packages": versions, "device": device,
+            # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
+            # so a golden regenerated on another machine is byte-identical.
+            **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
+
+
+def trace_steps(scaler_trace, fields, model_columns=None) -> tuple:
+    """The step records of a ScalerTrace: the ``fields`` it has, and each model column in ``fields``."""
+    ratios = scaler_trace.update_ratios() if "update_ratio" in fields else None
+    records = []
+    for step in range(scaler_trace.attempts):
+        record = {"step": step}
+        if "scale" in fields:
+            record.update(float_fields("scale", scaler_trace.scales[step]))
+        if "overflow" in fields:
+            record["overflow"] = bool(scaler_trace.overflow[step])
+        if "applied" in fields:
+            record["applied"] = bool(scaler_trace.applied[step])
+        if "growth_counter" in fields:
+            record["growth_counter"] = int(scaler_trace.growth_counter[step])
+        if "hysteresis" in fields and scaler_trace.hysteresis is not None:
+            record["hysteresis"] = scaler_trace.hysteresis[step]
+        if "update_ratio" in fields:
+            record.update(float_fields("update_ratio", ratios[step]))
+        if model_columns is not None:
+            for field, column in model_columns.items():
+                if field in fields:
+                    record.update(float_fields(field, column[step]))
+        records.append(record)
+    return tuple(records)
+
+
+def trace_summary(scaler_trace) -> dict:
+    """The summary of a ScalerTrace in the trace layout."""
+    return {"attempts": scaler_trace.attempts, "completed_updates": scaler_trace.completed_updates,
+            "skipped_updates": scaler_trace.skipped_updates, **float_fields("final_scale", scaler_trace.final_scale),
+            "stopped_at": scaler_trace.stopped_at,
+            "events": [[step, text] for step, text in scaler_trace.events]}
