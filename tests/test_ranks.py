@@ -120,7 +120,8 @@ def test_ranks_spec_builds_a_case_per_world_size_and_injection():
 
 
 @pytest.mark.parametrize("change,words", [
-    (('layout = "fsdp1"', 'layout = "ddp"'), "ranks.inject: 'shard' needs a sharded layout"),
+    (('layout = "fsdp1"', 'layout = "ddp"'), r"ranks.inject: 'shard' needs a layout whose shards split the probe .*\(fsdp1, fsdp2\)"),
+    (('layout = "fsdp1"', 'layout = "zero2"'), "ranks.scaler: 'torch' does not run on layout 'zero2'; expected one of deepspeed"),
     (("[ranks.overflow.1]", "[ranks.overflow.2]"), "ranks.overflow.2: expected a rank 0..1"),
     (('scaler = "torch"', 'scaler = "apex"'), "ranks.scaler: expected one of torch, torch_sharded"),
     (("world_sizes = [2, 4]", "world_sizes = [1]"), r"ranks.world_sizes\[0\]: expected an integer >= 2"),

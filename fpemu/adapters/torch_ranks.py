@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
+import importlib
 import os
 import queue as queue_errors
 import tempfile
@@ -44,6 +46,8 @@ class RankRecord:
     final_scale: float
     final_params: list
     findings: tuple = ()
+    scaler_params: dict = dataclasses.field(default_factory=dict)
+    recorded: object = None  # the fpemu.record_torch trace of a case run with ``record``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +79,12 @@ def _model(torch, world_size: int):
 
         @staticmethod
         def forward(ctx, weight, index):
-            ctx.index, ctx.shape, ctx.device = index, weight.shape, weight.device
+            ctx.index, ctx.shape, ctx.device, ctx.dtype = index, weight.shape, weight.device, weight.dtype
             return weight.sum() * 0.0
 
         @staticmethod
         def backward(ctx, _upstream):
-            grad = torch.zeros(ctx.shape, device=ctx.device)
+            grad = torch.zeros(ctx.shape, device=ctx.device, dtype=ctx.dtype)  # fp16 under DeepSpeed
             if ctx.index is not None:
                 grad[ctx.index] = float("inf")
             return grad, None
@@ -147,69 +151,175 @@ def _audit(scaler, optimizer):
     return audit_torch(scaler, optimizer)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Rig:
-    """One rank's model, its wrapped form, the optimizer (``calls`` counts its real steps), the scaler
-    and this rank's data."""
-
-    probe: object
-    wrapped: object
-    optimizer: object
-    scaler: object
-    calls: list
-    data: object
+def _batch(torch, generator, device: str, dtype):
+    return (torch.randn(4, 8, generator=generator).to(device, dtype),
+            torch.randn(4, _OUT, generator=generator).to(device))
 
 
-def _rig(torch, case: dict, rank: int, device: str) -> _Rig:
-    model, probe_type = _model(torch, torch.distributed.get_world_size())
-    probe = model[0]  # before wrapping: FSDP1's auto-wrap puts its own module in that slot
-    wrapped = _wrap(torch, case["layout"], model, probe_type, device)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
-    calls = []
-    real_step = optimizer.step
-    optimizer.step = lambda *args, **kwargs: (calls.append(True), real_step(*args, **kwargs))[1]
-    scaler = _scaler(torch, case["scaler"], case["params"], device)
-    return _Rig(probe, wrapped, optimizer, scaler, calls, torch.Generator().manual_seed(1000 + rank))
+class _TorchRig:
+    """One rank's model in a torch wrapper (DDP, FSDP1, FSDP2), SGD (``calls`` counts its real steps) and a
+    torch scaler."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        model, probe_type = _model(torch, torch.distributed.get_world_size())
+        self.torch, self.case, self.rank, self.device = torch, case, rank, device
+        self.probe = model[0]  # before wrapping: FSDP1's auto-wrap puts its own module in that slot
+        self.wrapped = _wrap(torch, case["layout"], model, probe_type, device)
+        self.optimizer = torch.optim.SGD(self.wrapped.parameters(), lr=0.05)
+        self.calls = []
+        real_step = self.optimizer.step
+        self.optimizer.step = lambda *args, **kwargs: (self.calls.append(True), real_step(*args, **kwargs))[1]
+        self.scaler = _scaler(torch, case["scaler"], case["params"], device)
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        from fpemu.adapters.torch_amp import _read_back
+        self.read_back = _read_back(self.scaler)
+
+    def running(self):
+        """The context the case's steps run in: fpemu.record_torch or fpemu.audit_torch when the case asks."""
+        if self.case.get("record"):
+            from fpemu.recorders.torch_run import record_torch
+            return record_torch(self.scaler, self.optimizer, statistics=False, name=f"rank{self.rank}")
+        return _audit(self.scaler, self.optimizer) if self.case.get("audit") else contextlib.nullcontext()
+
+    def scale(self) -> float:
+        return float(self.scaler._scale.item())
+
+    def step(self, bad: bool) -> tuple:
+        """One training step, the inf injected where the case says when ``bad``; (scale used, found-inf,
+        applied, growth tracker)."""
+        torch, case = self.torch, self.case
+        x, y = _batch(torch, self.data, self.device, torch.float32)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(self.wrapped(x), y)
+        if bad and case["inject"] == "loss":
+            loss = loss * float("inf")
+        scaled = self.scaler.scale(loss)  # the scale exists from the first call on (GradScaler is lazy)
+        scale = self.scale()
+        scaled.backward()
+        if bad and case["inject"] == "grad_after_reduce":
+            _poison_after_reduce(self.wrapped)
+        before = len(self.calls)
+        self.scaler.step(self.optimizer)
+        found = sum(float(v.item()) for v in self.scaler._found_inf_per_device(self.optimizer).values())
+        self.scaler.update()
+        applied = len(self.calls) > before
+        if case.get("step_keyed_collective") and applied and len(self.calls) % _SYNC_EVERY == 0:
+            # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
+            torch.distributed.all_reduce(torch.zeros(_SYNC_SIZE, device=self.device))
+        return scale, found > 0, applied, int(self.scaler._growth_tracker.item())
+
+    def local_params(self) -> list:
+        return [_local(p.detach()).reshape(-1).double().cpu() for p in self.wrapped.parameters()]
+
+
+@functools.lru_cache(maxsize=None)
+def _deepspeed(rank: int):
+    """DeepSpeed's communication on this rank's process group (already joined), without building
+    deepspeed_shm_comm (see fpemu.adapters.deepspeed_scaler)."""
+    import logging
+    os.environ["LOCAL_RANK"] = str(rank)  # the engine asserts that a launcher set it
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.utils import logger
+    logger.setLevel(logging.WARNING)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def _zero_partition(optimizer):
+    """The first non-empty gradient of the rank's partition, as ZeRO's overflow check reads it
+    (``averaged_gradients``: a list per group, or one compact flat buffer)."""
+    for grads in optimizer.averaged_gradients.values():
+        for grad in [grads] if hasattr(grads, "view") else grads or ():
+            if grad is not None and grad.numel():
+                return grad
+    raise RuntimeError("ZeRO holds no gradient partition on this rank after backward")
+
+
+class _ZeroRig:
+    """One rank's model under ``deepspeed.initialize`` (fp16, ZeRO stage 1 or 2, torch SGD).
+
+    The scaled gradients are fp16, so the case's scale must leave them finite (a scale of 2^16 on a
+    gradient of 1.0 is 65536, above fp16's 65504: ZeRO then skips step 0 on every rank, as a world of
+    one does; that is a real overflow, not a cross-rank effect)."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        from fpemu.adapters.deepspeed_scaler import _engine_config, _fp16_on_this_cpu, _stable_counter
+        from fpemu.ranks import LAYOUTS
+        deepspeed = _deepspeed(rank)
+        self.torch, self.case, self.rank, self.device, self.counter = torch, case, rank, device, _stable_counter
+        self.fp16 = _fp16_on_this_cpu()
+        overridden = self.fp16.__enter__()  # held while the engine trains: its reducer asks again
+        world = torch.distributed.get_world_size()
+        model, _ = _model(torch, world)
+        self.probe = model[0]
+        config = {"train_batch_size": world, "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
+                  "zero_optimization": {"stage": LAYOUTS[case["layout"]].zero_stage},
+                  "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
+        self.wrapped, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                                config=config)
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        scaler = self.wrapped.optimizer.loss_scaler
+        self.read_back = {"init_scale": float(scaler.cur_scale), "scale_window": scaler.scale_window,
+                          "min_scale": scaler.min_scale, "delayed_shift": scaler.delayed_shift,
+                          "consecutive_hysteresis": scaler.consecutive_hysteresis,
+                          "raise_error_at_min_scale": scaler.raise_error_at_min_scale}
+        self.fp16_probe_overridden = overridden
+
+    @contextlib.contextmanager
+    def running(self):
+        try:
+            yield None
+        finally:
+            self.fp16.__exit__(None, None, None)
+
+    def scale(self) -> float:
+        return float(self.wrapped.optimizer.loss_scale)
+
+    def step(self, bad: bool) -> tuple:
+        torch, case, engine = self.torch, self.case, self.wrapped
+        scale = self.scale()
+        x, y = _batch(torch, self.data, self.device, torch.float16)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+        if bad and case["inject"] == "loss":
+            loss = loss * float("inf")
+        engine.backward(loss)  # the gradient reduction; the rank's partition is in averaged_gradients after it
+        if bad and case["inject"] == "grad_after_reduce":
+            _zero_partition(engine.optimizer).view(-1)[0] = float("inf")
+        engine.step()
+        scaler = engine.optimizer.loss_scaler
+        return (scale, bool(engine.optimizer.overflow), engine.was_step_applied(),
+                self.counter(scaler.cur_iter, scaler.last_overflow_iter, scaler.scale_window))
+
+    def local_params(self) -> list:
+        return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.module.parameters()]
+
+
+def _rig(torch, case: dict, rank: int, device: str):
+    from fpemu.ranks import LAYOUTS
+    kind = _TorchRig if LAYOUTS[case["layout"]].zero_stage is None else _ZeroRig
+    return kind(torch, case, rank, device)
 
 
 def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     """Drive one case on this rank (every rank runs the same collectives unless the scaler lets them part)."""
     rig = _rig(torch, case, rank, device)
-    record = RankRecord(rank, [], [], [], [], [], 0.0, [])
-    with _audit(rig.scaler, rig.optimizer) if case.get("audit") else contextlib.nullcontext() as audit:
+    record = RankRecord(rank, [], [], [], [], [], 0.0, [], scaler_params=rig.read_back)
+    with rig.running() as watcher:
         for bad in case["overflow"][rank]:
-            _step(torch, case, rank, device, rig, bad, record)
-    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()])
+            scale, found, applied, growth = rig.step(bad)
+            record.scales.append(scale)
+            record.found_inf.append(found)
+            record.applied.append(applied)
+            record.growth_tracker.append(growth)
+            record.checksums.append(float(torch.cat(rig.local_params()).sum()))
+    audit = getattr(watcher, "audit", watcher)  # a recorder holds the audit that watched the run
     findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
-    return dataclasses.replace(record, final_scale=float(rig.scaler._scale.item()), final_params=final.tolist(),
-                               findings=findings)
-
-
-def _step(torch, case: dict, rank: int, device: str, rig: _Rig, bad: bool, record: RankRecord) -> None:
-    """One training step, the inf injected where the case says when ``bad``; appends to ``record``."""
-    x, y = torch.randn(4, 8, generator=rig.data).to(device), torch.randn(4, _OUT, generator=rig.data).to(device)
-    rig.probe.poison = _probe_index(case["inject"], rank) if bad else None
-    rig.optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(rig.wrapped(x), y)
-    if bad and case["inject"] == "loss":
-        loss = loss * float("inf")
-    scaled = rig.scaler.scale(loss)
-    record.scales.append(float(rig.scaler._scale.item()))
-    scaled.backward()
-    if bad and case["inject"] == "grad_after_reduce":
-        _poison_after_reduce(rig.wrapped)
-    before = len(rig.calls)
-    rig.scaler.step(rig.optimizer)
-    found = sum(float(v.item()) for v in rig.scaler._found_inf_per_device(rig.optimizer).values())
-    rig.scaler.update()
-    record.found_inf.append(found > 0)
-    record.applied.append(len(rig.calls) > before)
-    record.growth_tracker.append(int(rig.scaler._growth_tracker.item()))
-    local = [_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()]
-    record.checksums.append(float(torch.cat(local).sum()))
-    if case.get("step_keyed_collective") and len(rig.calls) > before and len(rig.calls) % _SYNC_EVERY == 0:
-        # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
-        torch.distributed.all_reduce(torch.zeros(_SYNC_SIZE, device=device))
+    return dataclasses.replace(record, final_scale=rig.scale(), final_params=torch.cat(rig.local_params()).tolist(),
+                               findings=findings, recorded=getattr(watcher, "trace", None))
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,
@@ -217,6 +327,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device:
     """A rank: one process group for every case, a barrier between cases."""
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 2)  # the C++ side's last words (gloo's abort) land here, for the parent to read
+    os.dup2(descriptor, 1)  # and what a framework prints (DeepSpeed logs to stdout), not into the parent's output
     if faulthandler.is_enabled():  # (pytest enables it on a copy of the old stderr): its dumps go here too
         faulthandler.enable(file=descriptor)  # a descriptor: sys.stderr may be a capture without one
     import torch
@@ -274,6 +385,23 @@ def _last_words(log: str) -> str:
     return (said or lines or [""])[-1][:300]
 
 
+# Imported lazily by the first case on every rank at once (seconds each, measured on torch 2.13 and
+# DeepSpeed 0.19.8): torch.optim's first optimizer imports torch._dynamo; deepspeed.initialize's ZeRO
+# sanity check imports its Muon optimizer, which calls torch.compile.  Imported before forking, the ranks
+# inherit them.
+_PRELOAD = {None: ("torch._dynamo",), "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2",
+                                                    "deepspeed.runtime.zero.muon.muon_optimizer")}
+
+
+def _preload(cases) -> None:
+    """Import here, before forking, what the cases' first steps would import on every rank."""
+    from fpemu.ranks import LAYOUTS
+    needs = {None} | {"deepspeed" for case in cases if LAYOUTS[case["layout"]].zero_stage is not None}
+    for module in (name for need in sorted(needs, key=str) for name in _PRELOAD[need]):
+        with contextlib.suppress(ImportError):  # a DeepSpeed without that module: the rank imports what it needs
+            importlib.import_module(module)
+
+
 class _Group:
     """The ranks of one launch (forked, or spawned from a parent holding a process group) and the queue they report on."""
 
@@ -285,6 +413,8 @@ class _Group:
         # make their own default group nor destroy the inherited one (a gloo destructor deadlocks after
         # fork).  Such a parent spawns fresh ranks instead.
         ctx = multiprocessing.get_context("spawn" if dist.is_available() and dist.is_initialized() else "fork")
+        if ctx.get_start_method() == "fork":
+            _preload(cases)
         self.results = ctx.Queue()
         self.logs = [os.path.join(folder, f"rank{rank}.log") for rank in range(world_size)]
         backend = "nccl" if device == "cuda" else "gloo"
@@ -377,8 +507,10 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
 
     Args:
       cases: dicts with ``layout``, ``scaler``, ``params``, ``inject``, ``overflow`` (per rank, per
-        step) and optionally ``step_keyed_collective`` and ``audit`` (run the loop under
-        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s).
+        step) and optionally ``step_keyed_collective``, ``audit`` (run the loop under
+        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s) and ``record``
+        (under fpemu.record_torch: each RankRecord's ``recorded`` is the rank's recorded trace, its
+        ``findings`` the recorder's audit's).
       world_size: the number of ranks (processes).
       device: ``cpu`` (gloo) or ``cuda`` (NCCL, a GPU per rank).
       case_timeout_s: a case with no result by then is a hang: the group is killed and the next

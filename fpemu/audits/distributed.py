@@ -91,6 +91,24 @@ class RankCheck:
                              f"scales {', '.join(f'{s:g}' for s in scales)}")]
 
 
+    def metadata(self, findings) -> dict:
+        """What a recorded trace keeps of the ranks (fpemu.record_torch on a distributed run).
+
+        Args:
+          findings: the audit's findings so far (its ``ranks_disagree`` is this check's).
+
+        Returns:
+          ``rank``, ``world_size``, ``found_inf_reduction`` (None: not reduced), and ``disagree``: None
+          where every rank agreed, else the first attempt at which they did not, with the ranks that
+          skipped and applied it and each rank's scale.
+        """
+        disagree = next((f for f in findings if f.kind == "ranks_disagree"), None)
+        return {"rank": self._rank, "world_size": self._world,
+                "found_inf_reduction": found_inf_reduction(self._scaler, self._params),
+                "disagree": None if disagree is None else {"attempt": disagree.step, **{
+                    key: list(disagree.effect[key]) for key in ("skipped_ranks", "applied_ranks", "scales")}}}
+
+
 def rank_check(scaler, params) -> Optional[RankCheck]:
     """A :class:`RankCheck` when torch.distributed runs more than one rank and there is a scaler, else None."""
     if scaler is None:

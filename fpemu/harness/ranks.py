@@ -87,13 +87,13 @@ def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Im
 
 def _case_trace(scenario, name: str, rank: int, implementation: str, scaler_trace, versions, device,
                 world_size: int, inject: str) -> Trace:
+    """A rank's trace; its parameters are the scaler trace's (the real scaler's, read back, for a real run)."""
     profile = get_profile(SCALERS[scenario.scaler].profile)
     extra = {"ranks": {"case": name, "rank": rank, "world_size": world_size, "layout": scenario.layout,
                        "scaler": scenario.scaler, "inject": inject}}
     if implementation == REFERENCE:
         extra["verified"] = profile.verified
-    metadata = _metadata(scenario, implementation, profile.name, {**profile.defaults, **scenario.params},
-                         versions, device, **extra)
+    metadata = _metadata(scenario, implementation, profile.name, scaler_trace.params, versions, device, **extra)
     return Trace(metadata, _steps(scaler_trace, scenario.record), _summary(scaler_trace))
 
 
@@ -110,7 +110,7 @@ def _observed_traces(scenario, name, case, impl, result) -> tuple:
     out = []
     for record in result.ranks:
         trace = observed_trace(profile, scenario.params, record.found_inf, record.scales, record.applied,
-                               record.growth_tracker, record.final_scale)
+                               record.growth_tracker, record.final_scale, read_back=record.scaler_params or None)
         out.append(_case_trace(scenario, name, record.rank, implementation_key(impl), trace, versions, impl.device,
                                case.world_size, case.inject))
     return tuple(out)
@@ -119,7 +119,7 @@ def _observed_traces(scenario, name, case, impl, result) -> tuple:
 def _drift(layout: str, result) -> Optional[tuple]:
     """(first step whose parameter checksums differ between ranks, largest final |difference|) for a
     replicated layout; None for a sharded one."""
-    if LAYOUTS[layout].sharded or not result.ranks:
+    if (LAYOUTS[layout].sharded and not LAYOUTS[layout].replicas) or not result.ranks:
         return None
     sums = [[float(v).hex() for v in r.checksums] for r in result.ranks]
     first = next((step for step in range(len(sums[0])) if len({s[step] for s in sums}) > 1), None)

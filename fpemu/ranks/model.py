@@ -46,6 +46,13 @@ class Layout:
       dtensor: gradients are DTensors, whose found-inf check reduces over their mesh itself.
       adapter: the fpemu.adapters.ADAPTERS row that runs it for real.
       wraps: what that run wraps the model in.
+      replicas: every rank holds all parameters after the step although gradients are sharded
+        (ZeRO 1/2 all-gather the updated partitions), so parameter drift between ranks is measurable.
+      probe_per_rank: the probe parameter's elements fall one per rank's shard (FSDP's units); ZeRO's
+        flat partitions put the whole probe in rank 0's, so the ``shard`` injection cannot be placed.
+      zero_stage: the DeepSpeed ZeRO stage the real run initialises (None: a torch wrapper and scaler).
+      packages: the distributions the real run imports; verified: the versions it was checked with
+        beyond torch's.
     """
 
     name: str
@@ -53,13 +60,25 @@ class Layout:
     dtensor: bool
     adapter: str
     wraps: str
+    replicas: bool = False
+    probe_per_rank: bool = False
+    zero_stage: Optional[int] = None
+    packages: tuple = ("torch",)
+    verified: tuple = ()
 
 
 LAYOUTS = {layout.name: layout for layout in [
     Layout("ddp", False, False, "torch_ddp", "torch.nn.parallel.DistributedDataParallel (gradients all-reduced in backward)"),
     Layout("fsdp1", True, False, "torch_fsdp1", "torch.distributed.fsdp.FullyShardedDataParallel (reduce-scatter; a FlatParameter "
-                                 "shard per rank; the probe wrapped as its own unit)"),
-    Layout("fsdp2", True, True, "torch_fsdp2", "torch.distributed.fsdp.fully_shard (DTensor gradients sharded on dim 0)"),
+                                 "shard per rank; the probe wrapped as its own unit)", probe_per_rank=True),
+    Layout("fsdp2", True, True, "torch_fsdp2", "torch.distributed.fsdp.fully_shard (DTensor gradients sharded on dim 0)",
+           probe_per_rank=True),
+    *(Layout(f"zero{stage}", True, False, f"deepspeed_zero{stage}_ranks",
+             f"deepspeed.initialize, fp16, ZeRO stage {stage} ({what}; the updated fp16 parameters all-gathered "
+             "to every rank)", replicas=True, zero_stage=stage, packages=("deepspeed", "torch"),
+             verified=("deepspeed 0.19.8",))
+      for stage, what in ((1, "optimizer state partitioned, gradients all-reduced then each rank keeps its "
+                              "partition"), (2, "gradients reduced into each rank's partition in backward"))),
 ]}
 
 
@@ -108,6 +127,7 @@ class Scaler:
 SCALERS = {scaler.name: scaler for scaler in [
     Scaler("torch", "torch", "torch.amp.GradScaler"),
     Scaler("torch_sharded", "torch_sharded", "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"),
+    Scaler("deepspeed", "deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
 ]}
 
 
@@ -116,7 +136,7 @@ class FoundInfReduction:
     """How one framework's scaler reduces found-inf across ranks (read in the installed source).
 
     Attributes:
-      framework: the scaler or optimizer (``torch``, ``torch_sharded``, ``deepspeed_zero1_2``, ...).
+      framework: the scaler (a :data:`SCALERS` key, or another framework's check: ``deepspeed_fp16``, ...).
       layouts: the layouts the row holds for (``*`` for any).
       ops: the collectives in order, each (op, group): MAX, or SUM (a SUM of 0/1 flags cannot
         overflow; a check that sums the gradients themselves can, see ``check``).
@@ -153,7 +173,7 @@ FOUND_INF_REDUCTIONS = (
                       "in unscale_, after the reduce-scatter: found-inf is reduced twice (torch warns that it "
                       "is implicitly replicated)", _AMP_CHECK, "torch 2.13.0",
                       "torch/distributed/tensor/_dispatch.py and fsdp/sharded_grad_scaler.py"),
-    FoundInfReduction("deepspeed_zero1_2", ("*",), ((MAX, "dp_process_group"), (MAX, "model_parallel_group")),
+    FoundInfReduction("deepspeed", ("zero1", "zero2"), ((MAX, "dp_process_group"), (MAX, "model_parallel_group")),
                       "after the gradient reduction, on the rank's partition of the averaged gradients",
                       "0.19.8: has_inf_or_nan (amax/amin of each gradient); 0.17.0: elementwise isnan or isinf, then max",
                       "deepspeed 0.19.8 and 0.17.0",

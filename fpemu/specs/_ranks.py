@@ -6,8 +6,8 @@
     steps = 12
 
     [ranks]
-    layout = "ddp"                       # fpemu.ranks.LAYOUTS: ddp | fsdp1 | fsdp2
-    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded
+    layout = "ddp"                       # fpemu.ranks.LAYOUTS: ddp | fsdp1 | fsdp2 | zero1 | zero2
+    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded | deepspeed
     world_sizes = [2, 4]                 # one case per world size and injection point
     inject = ["loss", "grad_before_reduce", "grad_after_reduce"]   # fpemu.ranks.INJECTIONS
     params = { init_scale = 65536.0, growth_interval = 3 }          # the scaler profile's names
@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fpemu.ranks import INJECTIONS, LAYOUTS, SCALERS, RanksCase
+from fpemu.ranks import FOUND_INF_REDUCTIONS, INJECTIONS, LAYOUTS, SCALERS, RanksCase, found_inf_reduction
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs.loader import _Checker, _overflow_source, _scenario
 from fpemu.specs.scenario import _ScenarioBase
@@ -144,9 +144,20 @@ def _expected(check: _Checker, raw, injections: tuple) -> dict:
 def _checked_injections(check: _Checker, raw, layout: Optional[str]) -> tuple:
     injections = _strings(check, raw, "ranks.inject", INJECTIONS)
     for inject in injections:
-        if layout is not None and INJECTIONS[inject].needs_shards and not LAYOUTS[layout].sharded:
-            check.fail("ranks.inject", f"{inject!r} needs a sharded layout (fsdp1, fsdp2); {layout} has no shards")
+        if layout is not None and INJECTIONS[inject].needs_shards and not LAYOUTS[layout].probe_per_rank:
+            able = ", ".join(name for name, row in LAYOUTS.items() if row.probe_per_rank)
+            check.fail("ranks.inject", f"{inject!r} needs a layout whose shards split the probe one element per "
+                                       f"rank ({able}); {layout} has no such shards")
     return injections
+
+
+def _reduction_known(check: _Checker, scaler: str, layout: str) -> None:
+    try:
+        found_inf_reduction(scaler, layout)
+    except ValueError:
+        usable = ", ".join(sorted({row.framework for row in FOUND_INF_REDUCTIONS if row.framework in SCALERS
+                                   and (layout in row.layouts or "*" in row.layouts)}))
+        check.fail("ranks.scaler", f"{scaler!r} does not run on layout {layout!r}; expected one of {usable}")
 
 
 def _params(check: _Checker, scaler: str, raw) -> dict:
@@ -174,6 +185,8 @@ def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksS
             check.attempt(check.fail, f"ranks.{required}", "missing required key")
     layout = check.attempt(check.choice, ranks.get("layout"), "ranks.layout", tuple(LAYOUTS)) if "layout" in ranks else None
     scaler = check.attempt(check.choice, ranks.get("scaler"), "ranks.scaler", tuple(SCALERS)) if "scaler" in ranks else None
+    if scaler and layout:
+        check.attempt(_reduction_known, check, scaler, layout)
     params = check.attempt(_params, check, scaler, ranks.get("params", {})) if scaler else None
     sizes = check.attempt(_world_sizes, check, ranks["world_sizes"]) if "world_sizes" in ranks else None
     injections = check.attempt(_checked_injections, check, ranks["inject"], layout) if "inject" in ranks else None
