@@ -230,10 +230,31 @@ def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that
     after = [[False, False, True, False], [False, True, False, False]]  # rank 1 overflows at step 1, after the all-reduce
     cases = [{"layout": layout, "scaler": scaler, "params": {}, "inject": "grad_after_reduce", "overflow": after,
               "audit": True} for layout, scaler in (("ddp", "torch"), ("ddp", "torch_sharded"), ("fsdp1", "torch"))]
-    ddp, sharded, fsdp1 = run_cases(cases, 2)
+    recorded = [{**case, "audit": False, "record": True} for case in cases[:2]]  # fpemu.record_torch on each rank
+    ddp, sharded, fsdp1, ddp_recorded, sharded_recorded = run_cases(cases + recorded, 2)
     assert [r.findings for r in ddp.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
     assert [r.findings for r in sharded.ranks] == [(), ()]  # the SUM all-reduce keeps them together
     assert all(r.findings[0] == ("found_inf_not_reduced", 0) for r in fsdp1.ranks)
+    # The recorder: one trace per rank, rank and world in its metadata, the same findings from its audit
+    assert [r.findings for r in ddp_recorded.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
+    for rank, record in enumerate(ddp_recorded.ranks):
+        ranks = record.recorded.metadata["ranks"]
+        assert (ranks["rank"], ranks["world_size"], ranks["found_inf_reduction"]) == (rank, 2, None)
+        assert ranks["disagree"] == {"attempt": 1, "skipped_ranks": [1], "applied_ranks": [0],
+                                     "scales": [65536.0, 65536.0]}
+        skips = [not flag for flag in after[rank]]  # each rank skips its own overflows only
+        assert [s["applied"] for s in record.recorded.steps] == record.applied == skips
+    for rank, record in enumerate(sharded_recorded.ranks):
+        ranks = record.recorded.metadata["ranks"]
+        assert ranks["found_inf_reduction"].startswith("SUM over its process group (2 ranks)") and ranks["rank"] == rank
+        assert ranks["disagree"] is None and record.findings == ()
+
+
+def test_recorder_writes_one_trace_per_rank():
+    from fpemu.recorders.torch_run import _rank_path
+    assert _rank_path("run.json", None) == "run.json"
+    assert _rank_path("out/run.json", {"rank": 1}) == pathlib.Path("out/run.rank1.json")
+    assert _rank_path(pathlib.Path("r{rank}/run.json"), {"rank": 3}) == pathlib.Path("r3/run.json")
 
 
 def test_model_docstring_examples():
