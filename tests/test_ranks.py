@@ -70,9 +70,9 @@ def test_four_ranks_shard_owner_and_sum_reduction():
     owner = predict(_case("fsdp1", "torch", "grad_before_reduce", world_size=4))
     assert (owner.verdict.step, owner.verdict.skipped, owner.verdict.applied) == (2, (0,), (1, 2, 3))
     summed = reduce_found_inf(np.array([[True], [True], [False], [True]]),
-                              FoundInfReduction("x", ("*",), ((SUM, "world"),), "", "", "", ""))
+                              FoundInfReduction("x", ("*",), ((SUM, "world", ""),), "", "", "", ""))
     assert summed.ravel().tolist() == [True] * 4
-    maxed = reduce_found_inf(np.array([[False], [False]]), FoundInfReduction("x", ("*",), ((MAX, "w"),), "", "", "", ""))
+    maxed = reduce_found_inf(np.array([[False], [False]]), FoundInfReduction("x", ("*",), ((MAX, "world", ""),), "", "", "", ""))
     assert maxed.ravel().tolist() == [False, False]
 
 
@@ -107,6 +107,42 @@ sequence = [false, true, false, false]
 step = 1
 reason = "own shard"
 """
+
+
+ZERO_SPEC = RANKS_SPEC.replace('layout = "fsdp1"', 'layout = "zero1"').replace('scaler = "torch"', 'scaler = "deepspeed"')\
+    .replace('["grad_before_reduce", "shard"]', '["grad_after_reduce"]').replace("[ranks.expect_divergence.shard]\nstep = 1\n"
+                                                                          'reason = "own shard"\n', "")
+
+
+@pytest.mark.parametrize("change,words", [
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2"), None),
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2\nreduce_over = [\"dp\"]"), None),
+    (("world_sizes = [2, 4]", "world_sizes = [2, 4]\nmodel_parallel = 2"),
+     "ranks.model_parallel: expected a divisor of every world size that leaves at least two data-parallel ranks, got 2 for 2"),
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nreduce_over = [\"world\"]"),
+     "ranks.reduce_over: expected some of deepspeed's own found-inf groups \\(dp, mp\\)"),
+])
+def test_model_parallel_spec_keys(change, words):
+    text = ZERO_SPEC.replace(*change)
+    if words is None:
+        [(_, case, _)] = parse_spec(text, "r.toml").cases()
+        assert case.model_parallel == 2 and case.reduce_over in (None, ("dp",))
+        return
+    with pytest.raises(SpecError, match=f"r.toml: .*{words}"):
+        parse_spec(text, "r.toml")
+    with pytest.raises(SpecError, match="ranks.model_parallel: layout fsdp1 runs data parallelism only"):
+        parse_spec(RANKS_SPEC.replace("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2"), "r.toml")
+
+
+def test_found_inf_reduced_over_the_data_parallel_group_only_parts_the_model_parallel_slices():
+    flags = tuple(FLAGS if rank == 1 else (False,) * 12 for rank in range(4))
+    both = predict(RanksCase(4, "zero1", "deepspeed", "grad_after_reduce", flags, {"init_scale": 256.0}, 2))
+    assert both.verdict.agree and [tuple(t.skipped) for t in both.traces] == [BAD_AT] * 4
+    dp_only = predict(RanksCase(4, "zero1", "deepspeed", "grad_after_reduce", flags, {"init_scale": 256.0}, 2, ("dp",)))
+    assert (dp_only.verdict.step, dp_only.verdict.skipped, dp_only.verdict.applied) == (2, (1, 3), (0, 2))
+    # before the reduction, the inf lands in element 0: the first rank of rank 1's data-parallel group, rank 1
+    early = predict(RanksCase(4, "zero1", "deepspeed", "grad_before_reduce", flags, {}, 2, ("dp",)))
+    assert early.visible[:, 2].tolist() == [False, True, False, False]
 
 
 def test_ranks_spec_builds_a_case_per_world_size_and_injection():

@@ -69,8 +69,9 @@ class CaseResult:
 # --- in each rank ------------------------------------------------------------------------
 
 
-def _model(torch, world_size: int):
-    """Probe + Linear + Tanh + Linear, the same on every rank (seeded)."""
+def _model(torch, world_size: int, seed: int = 0):
+    """Probe + Linear + Tanh + Linear, the same on every rank of a data-parallel group (seeded by the
+    rank's model-parallel index: each model-parallel rank holds another slice)."""
     nn = torch.nn
 
     class Poison(torch.autograd.Function):
@@ -99,7 +100,7 @@ def _model(torch, world_size: int):
         def forward(self, x):
             return x + Poison.apply(self.weight, self.poison)
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return nn.Sequential(Probe(), nn.Linear(8, _HIDDEN), nn.Tanh(), nn.Linear(_HIDDEN, _OUT)), Probe
 
 
@@ -228,6 +229,72 @@ def _deepspeed(rank: int):
     return deepspeed
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mpu:
+    """The model-parallel unit DeepSpeed's ``mpu`` argument reads (Megatron's parallel_state names), over
+    real torch.distributed subgroups (fpemu.ranks.group_members)."""
+
+    data_group: object
+    data_ranks: tuple
+    model_group: object
+    model_ranks: tuple
+
+    def get_data_parallel_group(self):
+        return self.data_group
+
+    def get_data_parallel_group_ranks(self):
+        return list(self.data_ranks)
+
+    def get_data_parallel_world_size(self):
+        return len(self.data_ranks)
+
+    def get_data_parallel_rank(self):
+        return self.data_ranks.index(_dist_rank())
+
+    def get_model_parallel_group(self):
+        return self.model_group
+
+    def get_model_parallel_world_size(self):
+        return len(self.model_ranks)
+
+    def get_model_parallel_rank(self):
+        return self.model_ranks.index(_dist_rank())
+
+
+def _dist_rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank()
+
+
+_SUBGROUPS = {}  # (kind, ranks) -> the process group, made once per process (every rank makes every group)
+
+
+def _subgroups(torch, world: int, model_parallel: int, kind: str) -> dict:
+    """rank -> (its group of ``kind``, that group's ranks); every rank creates every group, in one order."""
+    from fpemu.ranks import group_members
+    out = {}
+    for ranks in group_members(world, model_parallel, kind):
+        key = (kind, tuple(ranks))
+        if key not in _SUBGROUPS:
+            _SUBGROUPS[key] = torch.distributed.new_group(list(ranks))
+        out.update({rank: (_SUBGROUPS[key], tuple(ranks)) for rank in ranks})
+    return out
+
+
+def _mpu(torch, case: dict, rank: int) -> Optional[_Mpu]:
+    """The case's data- and model-parallel groups as an mpu (None for pure data parallelism with the
+    framework's own groups).  ``reduce_over`` without ``mp``: the model-parallel group handed over is the
+    rank alone, so DeepSpeed skips that collective (it all-reduces only over a group of several ranks)."""
+    from fpemu.ranks.model import DP, MP
+    model_parallel, over = case.get("model_parallel", 1), case.get("reduce_over")
+    if model_parallel == 1 and over is None:
+        return None
+    world = torch.distributed.get_world_size()
+    data = _subgroups(torch, world, model_parallel, DP)[rank]
+    model = _subgroups(torch, world, model_parallel if over is None or MP in over else 1, MP)[rank]
+    return _Mpu(*data, *model)
+
+
 def _zero_partition(optimizer):
     """The first non-empty gradient of the rank's partition, as ZeRO's overflow check reads it
     (``averaged_gradients``: a list per group, or one compact flat buffer)."""
@@ -252,14 +319,18 @@ class _ZeroRig:
         self.torch, self.case, self.rank, self.device, self.counter = torch, case, rank, device, _stable_counter
         self.fp16 = _fp16_on_this_cpu()
         overridden = self.fp16.__enter__()  # held while the engine trains: its reducer asks again
-        world = torch.distributed.get_world_size()
-        model, _ = _model(torch, world)
+        world, mpu = torch.distributed.get_world_size(), _mpu(torch, case, rank)
+        model, _ = _model(torch, world, rank % case.get("model_parallel", 1))
         self.probe = model[0]
-        config = {"train_batch_size": world, "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
+        config = {"train_batch_size": mpu.get_data_parallel_world_size() if mpu else world, "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
                   "zero_optimization": {"stage": LAYOUTS[case["layout"]].zero_stage},
                   "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
+        # The engine copies an mpu into deepspeed.utils.groups.mpu and never clears it (0.19.8, engine.py
+        # _configure_distributed_model), so an engine built after one with an mpu would take the old groups:
+        # each case's engine starts from its own, as one per process would.
+        deepspeed.utils.groups.mpu = mpu
         self.wrapped, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
-                                                config=config)
+                                                config=config, mpu=mpu)
         self.data = torch.Generator().manual_seed(1000 + rank)
         scaler = self.wrapped.optimizer.loss_scaler
         self.read_back = {"init_scale": float(scaler.cur_scale), "scale_window": scaler.scale_window,

@@ -34,6 +34,12 @@ from fpemu.scalers import ScalerTrace, simulate_scaler
 
 EVERY, FIRST_SHARD, OWN_SHARD = "every element", "element 0", "own shard"
 MAX, SUM = "max", "sum"
+# The groups a found-inf collective runs over.  With ``model_parallel`` m the world is dp x m ranks, the
+# model-parallel ranks adjacent (megatron's default order): rank r is model-parallel rank r % m of
+# data-parallel rank r // m.  "dp" is the ranks holding the same parameters (the gradient reduction's
+# group), "mp" the ranks holding the other slices of one replica.
+WORLD, DP, MP = "world", "dp", "mp"
+GROUPS = (WORLD, DP, MP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Layout:
       probe_per_rank: the probe parameter's elements fall one per rank's shard (FSDP's units); ZeRO's
         flat partitions put the whole probe in rank 0's, so the ``shard`` injection cannot be placed.
       zero_stage: the DeepSpeed ZeRO stage the real run initialises (None: a torch wrapper and scaler).
+      groups: the real run builds data- and model-parallel subgroups (``model_parallel``, ``reduce_over``).
       packages: the distributions the real run imports; verified: the versions it was checked with
         beyond torch's.
     """
@@ -63,6 +70,7 @@ class Layout:
     replicas: bool = False
     probe_per_rank: bool = False
     zero_stage: Optional[int] = None
+    groups: bool = False
     packages: tuple = ("torch",)
     verified: tuple = ()
 
@@ -75,7 +83,7 @@ LAYOUTS = {layout.name: layout for layout in [
            probe_per_rank=True),
     *(Layout(f"zero{stage}", True, False, f"deepspeed_zero{stage}_ranks",
              f"deepspeed.initialize, fp16, ZeRO stage {stage} ({what}; the updated fp16 parameters all-gathered "
-             "to every rank)", replicas=True, zero_stage=stage, packages=("deepspeed", "torch"),
+             "to every rank)", replicas=True, zero_stage=stage, groups=True, packages=("deepspeed", "torch"),
              verified=("deepspeed 0.19.8",))
       for stage, what in ((1, "optimizer state partitioned, gradients all-reduced then each rank keeps its "
                               "partition"), (2, "gradients reduced into each rank's partition in backward"))),
@@ -138,8 +146,9 @@ class FoundInfReduction:
     Attributes:
       framework: the scaler (a :data:`SCALERS` key, or another framework's check: ``deepspeed_fp16``, ...).
       layouts: the layouts the row holds for (``*`` for any).
-      ops: the collectives in order, each (op, group): MAX, or SUM (a SUM of 0/1 flags cannot
-        overflow; a check that sums the gradients themselves can, see ``check``).
+      ops: the collectives in order, each (op, group, the framework's name for it): MAX or SUM (a SUM
+        of 0/1 flags cannot overflow; a check that sums the gradients themselves can, see ``check``)
+        over a :data:`GROUPS` key.
       when: where it runs relative to the gradient reduction.
       check: how a rank decides its own found-inf before any reduction.
       versions: the versions read, and how others differ.
@@ -159,34 +168,37 @@ _AMP_CHECK = "_amp_foreach_non_finite_check_and_unscale_ (elementwise isfinite) 
 FOUND_INF_REDUCTIONS = (
     FoundInfReduction("torch", ("ddp", "fsdp1"), (), "none: GradScaler runs no collective", _AMP_CHECK,
                       "torch 2.13.0", "torch/amp/grad_scaler.py: GradScaler._unscale_grads_"),
-    FoundInfReduction("torch", ("fsdp2",), ((MAX, "the first gradient's mesh, its non-Replicate dims"),),
+    FoundInfReduction("torch", ("fsdp2",), ((MAX, DP, "the first gradient's mesh, its non-Replicate dims"),),
                       "inside unscale_, after the reduce-scatter: the DTensor dispatch of the check",
                       _AMP_CHECK + ", on each DTensor's local shard",
                       "torch 2.13.0 (added by PR #132816, 'GradScaler for DTensor')",
                       "torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler (Partial('max'), full_tensor)"),
-    FoundInfReduction("torch_sharded", ("ddp", "fsdp1"), ((SUM, "process_group (default: the world)"),),
+    FoundInfReduction("torch_sharded", ("ddp", "fsdp1"), ((SUM, WORLD, "process_group (default: the world)"),),
                       "in unscale_, after the gradient reduction; the CPU update tests found_inf >= 1.0",
                       _AMP_CHECK, "torch 2.13.0 (PR #115710 made the copy wait for the async all-reduce)",
                       "torch/distributed/fsdp/sharded_grad_scaler.py: ShardedGradScaler.unscale_"),
-    FoundInfReduction("torch_sharded", ("fsdp2",), ((MAX, "the first gradient's mesh (DTensor dispatch)"),
-                                                    (SUM, "process_group (default: the world)")),
+    FoundInfReduction("torch_sharded", ("fsdp2",), ((MAX, DP, "the first gradient's mesh (DTensor dispatch)"),
+                                                    (SUM, WORLD, "process_group (default: the world)")),
                       "in unscale_, after the reduce-scatter: found-inf is reduced twice (torch warns that it "
                       "is implicitly replicated)", _AMP_CHECK, "torch 2.13.0",
                       "torch/distributed/tensor/_dispatch.py and fsdp/sharded_grad_scaler.py"),
-    FoundInfReduction("deepspeed", ("zero1", "zero2"), ((MAX, "dp_process_group"), (MAX, "model_parallel_group")),
+    FoundInfReduction("deepspeed", ("zero1", "zero2"), ((MAX, DP, "dp_process_group (the mpu's data-parallel group)"),
+                                                        (MAX, MP, "model_parallel_group (the mpu's; skipped when "
+                                                                  "it has one rank)")),
                       "after the gradient reduction, on the rank's partition of the averaged gradients",
                       "0.19.8: has_inf_or_nan (amax/amin of each gradient); 0.17.0: elementwise isnan or isinf, then max",
                       "deepspeed 0.19.8 and 0.17.0",
                       "deepspeed/runtime/zero/stage_1_and_2.py: DeepSpeedZeroOptimizer.has_overflow"),
     FoundInfReduction("deepspeed_fp16", ("*",),
-                      ((MAX, "expert-parallel group (MoE); world if zero_reduce_scatter; DP then MP with an mpu "
+                      ((MAX, WORLD, "expert-parallel group (MoE); world if zero_reduce_scatter; DP then MP with an mpu "
                              "when backward all-reduce is off; else MP, or none"),),
                       "after the gradient all-reduce; plain data parallelism relies on identical gradients",
                       "0.17.0: float(x.float().sum()) is non-finite, which finite float32 gradients whose sum "
                       "overflows also are ([3e38, 3e38]); 0.19.8: amax/amin, no such false overflow",
                       "deepspeed 0.19.8 and 0.17.0", "deepspeed/runtime/utils.py: CheckOverflow.has_overflow"),
-    FoundInfReduction("megatron", ("*",), ((MAX, "get_grad_stats_parallel_group(): model-parallel for the "
-                                                 "ordinary optimizer, DP x MP for the distributed one"),),
+    FoundInfReduction("megatron", ("megatron",), ((MAX, MP, "get_grad_stats_parallel_group(): the model-parallel "
+                                                          "group for the ordinary optimizer (DP x MP for the "
+                                                          "distributed one, not driven here)"),),
                       "after the gradient reduction, on the main (fp32) gradients; a ChainedOptimizer ORs its "
                       "sub-optimizers' flags to skip, but each updates its own grad scaler with its own flag",
                       _AMP_CHECK.replace("local gradients", "main gradients"), "megatron-core 0.16.1",
@@ -199,8 +211,8 @@ def found_inf_reduction(scaler: str, layout: str) -> FoundInfReduction:
     """The :data:`FOUND_INF_REDUCTIONS` row of ``scaler`` on ``layout``.
 
     Example:
-      >>> [op for op, _ in found_inf_reduction("torch_sharded", "fsdp2").ops]
-      ['max', 'sum']
+      >>> [(op, group) for op, group, _ in found_inf_reduction("torch_sharded", "fsdp2").ops]
+      [('max', 'dp'), ('sum', 'world')]
     """
     for row in FOUND_INF_REDUCTIONS:
         if row.framework == scaler and (layout in row.layouts or "*" in row.layouts):
@@ -217,6 +229,10 @@ class RanksCase:
       layout, scaler, inject: keys of :data:`LAYOUTS`, :data:`SCALERS`, :data:`INJECTIONS`.
       overflow: per rank, per step, whether the rank overflows at that step.
       params: the scaler's parameters (its profile's names).
+      model_parallel: ranks per model replica (see :data:`GROUPS`); 1 is pure data parallelism.
+      reduce_over: the :data:`GROUPS` the real run's found-inf collectives are configured over (None:
+        the framework's own, its :data:`FOUND_INF_REDUCTIONS` row); a collective over another group
+        is left out, as when the framework is handed a model-parallel group of one rank.
     """
 
     world_size: int
@@ -225,15 +241,40 @@ class RanksCase:
     inject: str
     overflow: tuple
     params: dict = dataclasses.field(default_factory=dict)
+    model_parallel: int = 1
+    reduce_over: Optional[tuple] = None
 
     @property
     def steps(self) -> int:
         return len(self.overflow[0])
 
 
+def group_members(world_size: int, model_parallel: int, group: str) -> list:
+    """The ranks of each group of kind ``group`` (a :data:`GROUPS` key), a partition of the world.
+
+    Example:
+      >>> group_members(4, 2, "dp"), group_members(4, 2, "mp"), group_members(4, 1, "mp")
+      ([[0, 2], [1, 3]], [[0, 1], [2, 3]], [[0], [1], [2], [3]])
+    """
+    ranks = list(range(world_size))
+    if group == WORLD:
+        return [ranks]
+    if group == DP:
+        return [ranks[index::model_parallel] for index in range(model_parallel)]
+    return [ranks[start:start + model_parallel] for start in range(0, world_size, model_parallel)]
+
+
+def _within(flags: np.ndarray, members: list, combine) -> np.ndarray:
+    """``combine`` (axis 0) of ``flags`` within each group of ``members``, given back to every member."""
+    out = flags.copy()
+    for ranks in members:
+        out[ranks] = combine(flags[ranks])
+    return out
+
+
 def visible_overflow(case: RanksCase) -> np.ndarray:
     """(world_size, steps) bools: whether each rank's own gradients hold a non-finite value after
-    the gradient reduction, before any found-inf reduction.
+    the gradient reduction (over its data-parallel group), before any found-inf reduction.
 
     Example:
       >>> case = RanksCase(2, "fsdp1", "torch", "grad_before_reduce", ((False,), (True,)))
@@ -242,25 +283,34 @@ def visible_overflow(case: RanksCase) -> np.ndarray:
     """
     layout, injection = LAYOUTS[case.layout], INJECTIONS[case.inject]
     bad = np.array(case.overflow, dtype=bool)
-    anyone = bad.any(axis=0)
+    replicas = group_members(case.world_size, case.model_parallel, DP)
     if not injection.reduced:
         return bad
     if not layout.sharded or injection.lands_on == EVERY:
-        return np.broadcast_to(anyone, bad.shape).copy()
-    if injection.lands_on == FIRST_SHARD:
-        seen = np.zeros_like(bad)
-        seen[0] = anyone
-        return seen
+        return _within(bad, replicas, lambda rows: rows.any(axis=0))
+    if injection.lands_on == FIRST_SHARD:  # element 0 is in the replica group's first rank's shard
+        return _within(bad, replicas, lambda rows: np.eye(len(rows), 1, dtype=bool) & rows.any(axis=0))
     return bad
 
 
-def reduce_found_inf(visible: np.ndarray, reduction: FoundInfReduction) -> np.ndarray:
-    """Each rank's found-inf after the reduction's collectives (every group here is the world)."""
+def reduce_found_inf(visible: np.ndarray, reduction: FoundInfReduction, model_parallel: int = 1,
+                     reduce_over: Optional[tuple] = None) -> np.ndarray:
+    """Each rank's found-inf after the reduction's collectives, each within its group (those in
+    ``reduce_over`` only, when given).
+
+    Example:
+      >>> row = found_inf_reduction("deepspeed", "zero1")
+      >>> seen = np.array([[False], [True], [False], [False]])   # rank 1 of 2 dp x 2 mp
+      >>> reduce_found_inf(seen, row, 2).ravel().tolist(), reduce_found_inf(seen, row, 2, ("dp",)).ravel().tolist()
+      ([True, True, True, True], [False, True, False, True])
+    """
     flags = visible.astype(np.float32)
-    for op, _group in reduction.ops:
+    for op, group, _ in reduction.ops:
+        if reduce_over is not None and group not in reduce_over:
+            continue
         # A SUM of 0/1 flags is at most world_size; the scalers test it as >= 1 (sharded) or > 0.
-        combined = flags.max(axis=0) if op == MAX else flags.sum(axis=0, dtype=np.float32)
-        flags = np.broadcast_to(combined, flags.shape).copy()
+        combine = (lambda rows: rows.max(axis=0)) if op == MAX else (lambda rows: rows.sum(axis=0, dtype=np.float32))
+        flags = _within(flags, group_members(len(flags), model_parallel, group), combine)
     return flags > 0
 
 
@@ -345,7 +395,7 @@ def predict(case: RanksCase) -> RanksPrediction:
     """Per rank the scale, skips and growth counter, and whether ranks agree (see the module doc)."""
     reduction = found_inf_reduction(case.scaler, case.layout)
     visible = visible_overflow(case)
-    found = reduce_found_inf(visible, reduction)
+    found = reduce_found_inf(visible, reduction, case.model_parallel, case.reduce_over)
     profile = SCALERS[case.scaler].profile
     traces = tuple(simulate_scaler(flags, profile, **case.params) for flags in found)
     verdict = cross_rank_verdict([t.scales for t in traces], [t.applied for t in traces])
