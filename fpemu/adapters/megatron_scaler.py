@@ -34,6 +34,28 @@ def _on_device(device):
     return CudaTo()
 
 
+def _cuda_typed():
+    """A TorchFunctionMode under which a CPU tensor's ``type()`` names its CUDA twin.
+
+    Float16OptimizerWithFloat16Params (megatron-core 0.16.1, optimizer.py) sorts its parameters by
+    ``param.type()`` and raises TypeError for anything but ``torch.cuda.{Half,BFloat16,Float}Tensor``;
+    nothing else on its CPU path needs CUDA (the found-inf all-reduce, the unscale, the copies run on
+    CPU tensors), so the multi-rank adapter builds it under this mode (with :func:`_on_device`) and
+    runs it as it is.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CudaTyped(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            named = func(*args, **(kwargs or {}))
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu":
+                return named.replace("torch.", "torch.cuda.", 1)
+            return named
+
+    return CudaTyped()
+
+
 def _check_device(device):
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")

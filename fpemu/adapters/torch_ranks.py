@@ -25,6 +25,7 @@ import os
 import queue as queue_errors
 import tempfile
 import time
+import warnings
 from datetime import timedelta
 from typing import Optional
 
@@ -369,9 +370,73 @@ class _ZeroRig:
         return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.module.parameters()]
 
 
+class _MegatronRig:
+    """One rank's fp16 model in torch DDP over its data-parallel group, megatron-core's
+    Float16OptimizerWithFloat16Params and DynamicGradScaler (built on the CPU under the adapter's modes:
+    fpemu.adapters.megatron_scaler), its found-inf all-reduced (MAX) over ``grad_stats_parallel_group``,
+    which get_megatron_optimizer sets to the model-parallel group for the non-distributed optimizer."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+        from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+        from fpemu.adapters.megatron_scaler import _cuda_typed, _on_device
+        from fpemu.ranks.model import DP, MP
+        from fpemu.scalers.profiles import get_profile
+        self.torch, self.case, self.rank, self.device = torch, case, rank, device
+        world, model_parallel = torch.distributed.get_world_size(), case.get("model_parallel", 1)
+        data = _subgroups(torch, world, model_parallel, DP)[rank]
+        grad_stats = _subgroups(torch, world, model_parallel, MP)[rank]
+        model, _ = _model(torch, world, rank % model_parallel)
+        self.probe = model[0]
+        model = model.to(device).half()
+        self.wrapped = model
+        if len(data[1]) > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            self.wrapped = DistributedDataParallel(model, process_group=data[0])
+        self.cpu = _on_device(device)  # megatron allocates its found_inf and scale with device='cuda'
+        with self.cpu, _cuda_typed():
+            self.scaler = DynamicGradScaler(**{**get_profile("megatron").defaults, **case["params"]})
+            self.optimizer = Float16OptimizerWithFloat16Params(
+                torch.optim.SGD(self.wrapped.parameters(), lr=0.05), OptimizerConfig(fp16=True, lr=0.05, clip_grad=0.0),
+                self.scaler, lambda *_: None)
+        self.optimizer.grad_stats_parallel_group = grad_stats[0]
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        self.read_back = {"initial_scale": float(self.scaler.scale.item()), "min_scale": float(self.scaler.min_scale.item()),
+                          "growth_factor": float(self.scaler.growth_factor.item()),
+                          "backoff_factor": float(self.scaler.backoff_factor.item()),
+                          "growth_interval": self.scaler.growth_interval, "hysteresis": self.scaler.hysteresis}
+
+    def running(self):
+        return contextlib.nullcontext()
+
+    def scale(self) -> float:
+        return float(self.scaler.scale.item())
+
+    def step(self, bad: bool) -> tuple:
+        torch, case = self.torch, self.case
+        scale = self.scale()
+        x, y = _batch(torch, self.data, self.device, torch.float16)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        self.optimizer.zero_grad()
+        with self.cpu:
+            loss = torch.nn.functional.mse_loss(self.wrapped(x).float(), y)
+            if bad and case["inject"] == "loss":
+                loss = loss * float("inf")
+            (loss * self.optimizer.get_loss_scale()).backward()
+            if bad and case["inject"] == "grad_after_reduce":
+                _poison_after_reduce(self.wrapped)  # the model's fp16 gradient, which prepare_grads copies to main
+            applied, _, _ = self.optimizer.step()
+        return scale, bool(self.optimizer.found_inf.item() > 0), bool(applied), int(self.scaler._growth_tracker)
+
+    def local_params(self) -> list:
+        return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.parameters()]
+
+
 def _rig(torch, case: dict, rank: int, device: str):
     from fpemu.ranks import LAYOUTS
-    kind = _TorchRig if LAYOUTS[case["layout"]].zero_stage is None else _ZeroRig
+    layout = LAYOUTS[case["layout"]]
+    kind = _MegatronRig if layout.packages[0] == "megatron-core" else _TorchRig if layout.zero_stage is None else _ZeroRig
     return kind(torch, case, rank, device)
 
 
@@ -456,20 +521,24 @@ def _last_words(log: str) -> str:
     return (said or lines or [""])[-1][:300]
 
 
-# Imported lazily by the first case on every rank at once (seconds each, measured on torch 2.13 and
-# DeepSpeed 0.19.8): torch.optim's first optimizer imports torch._dynamo; deepspeed.initialize's ZeRO
-# sanity check imports its Muon optimizer, which calls torch.compile.  Imported before forking, the ranks
-# inherit them.
-_PRELOAD = {None: ("torch._dynamo",), "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2",
-                                                    "deepspeed.runtime.zero.muon.muon_optimizer")}
+# Imported lazily by the first case on every rank at once (seconds each, measured on torch 2.13,
+# DeepSpeed 0.19.8 and megatron-core 0.16.1): torch.optim's first optimizer imports torch._dynamo;
+# deepspeed.initialize's ZeRO sanity check imports its Muon optimizer, which calls torch.compile.
+# Imported before forking, the ranks inherit them.  Keyed by the layouts' packages.
+_PRELOAD = {"torch": ("torch._dynamo",),
+            "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.muon.muon_optimizer"),
+            "megatron-core": ("megatron.core.optimizer.optimizer",)}
 
 
 def _preload(cases) -> None:
     """Import here, before forking, what the cases' first steps would import on every rank."""
     from fpemu.ranks import LAYOUTS
-    needs = {None} | {"deepspeed" for case in cases if LAYOUTS[case["layout"]].zero_stage is not None}
-    for module in (name for need in sorted(needs, key=str) for name in _PRELOAD[need]):
-        with contextlib.suppress(ImportError):  # a DeepSpeed without that module: the rank imports what it needs
+    needs = sorted({package for case in cases for package in LAYOUTS[case["layout"]].packages})
+    for module in (name for need in needs for name in _PRELOAD[need]):
+        # A version without that module: the rank imports what it needs.  Import-time notices (megatron's
+        # 'Transformer Engine and Apex are not installed') would reach the user's console here, not a rank's log.
+        with contextlib.suppress(ImportError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             importlib.import_module(module)
 
 

@@ -136,8 +136,7 @@ def _describe_drift(drift, model_parallel: int = 1) -> str:
     if drift is None:
         return "the ranks hold different shards: each shard was updated at other steps than its peers"
     step, size = drift
-    slices = (f" within each data-parallel group; the {model_parallel} model-parallel slices of a replica were "
-              "updated at different steps" if model_parallel > 1 else "")
+    slices = " (compared within each data-parallel group: model-parallel ranks hold other slices)" if model_parallel > 1 else ""
     if step is None:
         return "the replicas' parameters stay identical" + slices
     return f"the replicas' parameters differ from step {step} (final max |difference| {size:.6g})" + slices

@@ -87,6 +87,11 @@ LAYOUTS = {layout.name: layout for layout in [
              verified=("deepspeed 0.19.8",))
       for stage, what in ((1, "optimizer state partitioned, gradients all-reduced then each rank keeps its "
                               "partition"), (2, "gradients reduced into each rank's partition in backward"))),
+    Layout("megatron", False, False, "megatron_ranks",
+           "fp16 parameters in torch DDP over the data-parallel group (when it has several ranks), megatron-core's "
+           "Float16OptimizerWithFloat16Params + DynamicGradScaler, its grad_stats_parallel_group the model-parallel "
+           "group (as get_megatron_optimizer sets it for the non-distributed optimizer)", groups=True,
+           packages=("megatron-core", "torch"), verified=("megatron-core 0.16.1",)),
 ]}
 
 
@@ -136,6 +141,7 @@ SCALERS = {scaler.name: scaler for scaler in [
     Scaler("torch", "torch", "torch.amp.GradScaler"),
     Scaler("torch_sharded", "torch_sharded", "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"),
     Scaler("deepspeed", "deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+    Scaler("megatron", "megatron", "megatron.core.optimizer.grad_scaler.DynamicGradScaler"),
 ]}
 
 
