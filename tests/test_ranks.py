@@ -315,6 +315,28 @@ def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
     assert not drift.agree and drift.field == "scale"
 
 
+@needs_torch
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+def test_megatron_chained_optimizer_on_real_ranks_keeps_a_scaler_per_sub_optimizer_that_drifts():
+    # megatron-core 0.16.1's own ChainedOptimizer of two Float16OptimizerWithFloat16Params (the probe, the rest)
+    # on 2 gloo ranks: rank 1's inf after the all-reduce lands in the probe's sub-optimizer only
+    from fpemu.adapters.torch_ranks import run_cases
+    params = {"initial_scale": 256.0, "growth_interval": 3, "hysteresis": 2}
+    bad = [step in (2, 3) for step in range(8)]
+    [result] = run_cases([{"layout": "megatron", "scaler": "megatron", "params": params, "inject": "grad_after_reduce",
+                           "overflow": [[False] * 8, bad], "chained": True}], 2)
+    assert result.error is None, result.error
+    for rank, record in enumerate(result.ranks):
+        traces, chain_applied, drift = chained_scales([bad if rank else [False] * 8, [False] * 8], **params)
+        assert record.applied == chain_applied.tolist()  # the chain skips when any sub-optimizer found an inf
+        for sub, trace in enumerate(traces):  # each sub-scaler follows its own flags, bit for bit
+            after = trace.scales[1:] + [trace.final_scale]
+            assert [float(step[sub]).hex() for step in record.sub_scales] == [float(v).hex() for v in after]
+        assert drift.agree == (rank == 0)
+    # the probe's scaler backed off to 128 at step 3 (hysteresis 2) and grew back once; the other's grew thrice
+    assert result.ranks[1].sub_scales[-1] == [256.0, 1024.0] and result.ranks[0].sub_scales[-1] == [1024.0, 1024.0]
+
+
 def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):
     from fpemu.harness.ranks import run_ranks
     if not no_torch:

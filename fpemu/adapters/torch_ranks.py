@@ -49,6 +49,7 @@ class RankRecord:
     findings: tuple = ()
     scaler_params: dict = dataclasses.field(default_factory=dict)
     recorded: object = None  # the fpemu.record_torch trace of a case run with ``record``
+    sub_scales: list = dataclasses.field(default_factory=list)  # megatron ``chained``: per step, each sub-scaler's scale after it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,12 +396,28 @@ class _MegatronRig:
             from torch.nn.parallel import DistributedDataParallel
             self.wrapped = DistributedDataParallel(model, process_group=data[0])
         self.cpu = _on_device(device)  # megatron allocates its found_inf and scale with device='cuda'
+        config = OptimizerConfig(fp16=True, lr=0.05, clip_grad=0.0)
+        # ``chained``: the probe and the rest in two sub-optimizers of a ChainedOptimizer, each with its own
+        # grad scaler (as megatron chains dense and expert parameters)
+        params = list(self.wrapped.parameters())
+        parts = [params[:1], params[1:]] if case.get("chained") else [params]
+        subs = []
         with self.cpu, _cuda_typed():
-            self.scaler = DynamicGradScaler(**{**get_profile("megatron").defaults, **case["params"]})
-            self.optimizer = Float16OptimizerWithFloat16Params(
-                torch.optim.SGD(self.wrapped.parameters(), lr=0.05), OptimizerConfig(fp16=True, lr=0.05, clip_grad=0.0),
-                self.scaler, lambda *_: None)
-        self.optimizer.grad_stats_parallel_group = grad_stats[0]
+            for part in parts:
+                scaler = DynamicGradScaler(**{**get_profile("megatron").defaults, **case["params"]})
+                subs.append(Float16OptimizerWithFloat16Params(torch.optim.SGD(part, lr=0.05), config, scaler,
+                                                              lambda *_: None))
+                subs[-1].grad_stats_parallel_group = grad_stats[0]
+                # the chain's grad norm asks which parameters are tensor-parallel duplicates: the explicit
+                # tp_group (megatron's pg_collection path), here the model-parallel group, else parallel_state
+                subs[-1].tp_group = grad_stats[0]
+        if case.get("chained"):
+            from megatron.core.optimizer.optimizer import ChainedOptimizer
+            self.optimizer = ChainedOptimizer(subs)
+        else:
+            self.optimizer = subs[0]
+        self.subs, self.scaler = subs, subs[0].grad_scaler  # get_loss_scale() is the first sub-optimizer's
+        self.sub_scales = []  # per step, each sub-optimizer's scale after it
         self.data = torch.Generator().manual_seed(1000 + rank)
         self.read_back = {"initial_scale": float(self.scaler.scale.item()), "min_scale": float(self.scaler.min_scale.item()),
                           "growth_factor": float(self.scaler.growth_factor.item()),
@@ -427,7 +444,9 @@ class _MegatronRig:
             if bad and case["inject"] == "grad_after_reduce":
                 _poison_after_reduce(self.wrapped)  # the model's fp16 gradient, which prepare_grads copies to main
             applied, _, _ = self.optimizer.step()
-        return scale, bool(self.optimizer.found_inf.item() > 0), bool(applied), int(self.scaler._growth_tracker)
+        self.sub_scales.append([float(sub.grad_scaler.scale.item()) for sub in self.subs])
+        found = any(sub.found_inf.item() > 0 for sub in self.subs)
+        return scale, found, bool(applied), int(self.scaler._growth_tracker)
 
     def local_params(self) -> list:
         return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.parameters()]
@@ -455,7 +474,8 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     audit = getattr(watcher, "audit", watcher)  # a recorder holds the audit that watched the run
     findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
     return dataclasses.replace(record, final_scale=rig.scale(), final_params=torch.cat(rig.local_params()).tolist(),
-                               findings=findings, recorded=getattr(watcher, "trace", None))
+                               findings=findings, recorded=getattr(watcher, "trace", None),
+                               sub_scales=getattr(rig, "sub_scales", []))
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,

@@ -39,7 +39,12 @@ def _what_happened(outcome) -> str:
 
 
 def _setup(scenario) -> str:
-    return f"{scenario.layout.upper()} + {SCALERS[scenario.scaler].real.rpartition('.')[2]}"
+    over = f", found-inf over {' and '.join(scenario.reduce_over)} only" if scenario.reduce_over else ""
+    return f"{scenario.layout.upper()} + {SCALERS[scenario.scaler].real.rpartition('.')[2]}{over}"
+
+
+def _world(world: int, model_parallel: int) -> str:
+    return f"{world} ({world // model_parallel} dp x {model_parallel} mp)" if model_parallel > 1 else str(world)
 
 
 def _issue_table(outcomes) -> str:
@@ -50,7 +55,7 @@ def _issue_table(outcomes) -> str:
         if key not in cells:
             rows.append((key, o.scenario))
         cells.setdefault(key, {})[o.case.inject] = _what_happened(o)
-    table = [(f"`{scenario.name}` ({_setup(scenario)})", world,
+    table = [(f"`{scenario.name}` ({_setup(scenario)})", _world(world, scenario.model_parallel),
               *(cells[(name, world)].get(inject, "-") for inject in INJECTIONS))
              for (name, world), scenario in rows]
     return markdown_table(["spec (setup)", "ranks", *INJECTIONS], table)
@@ -114,6 +119,29 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
     return _save(fig, path)
 
 
+_NOTES = "\n".join(f"- {line}" for line in (
+    "Model-parallel cases: the world is dp x mp ranks, the model-parallel ranks adjacent (rank r is model-parallel "
+    "rank r % mp of replica r // mp, megatron's default order). Each model-parallel rank holds its own slice (its "
+    "own seed) and no tensor-parallel collective runs in forward or backward, so an inf reaches another slice only "
+    "through the found-inf reduction; the `loss` injection is left out there (in real tensor parallelism every "
+    "slice computes the same loss).",
+    "DeepSpeed ZeRO 1/2 (0.19.8) keeps fp16 gradients: the specs start at a scale of 256. At 2^16 a gradient of "
+    "1.0 becomes 65536, above fp16's largest finite 65504, so the engine skips step 0 on every rank: a real "
+    "overflow, which a world of one shows as well (run_engine(3, (), 1, initial_scale_power=16) skips step 0; "
+    "at 2^15 it does not); it was the step-0 skip seen when ZeRO first ran on several ranks here.",
+    "DeepSpeed's engine copies an mpu into `deepspeed.utils.groups.mpu` and never clears it, so each case sets it "
+    "to its own (None without model parallelism) before `deepspeed.initialize`; `reduce_over = [\"dp\"]` hands "
+    "the engine an mpu whose model-parallel group is the rank alone, which makes its second MAX a no-op.",
+    "megatron-core (0.16.1): Float16OptimizerWithFloat16Params refuses CPU parameters by their `type()` "
+    "(optimizer.py: 'Wrapped parameters must be one of torch.cuda.FloatTensor, ...') and allocates found_inf "
+    "with device='cuda'; the adapter builds it under two TorchFunctionModes (the CPU tensor's type() named as its "
+    "CUDA twin, cuda allocations moved to the CPU) and then runs megatron's own prepare_grads, found-inf "
+    "all-reduce, scaler update and step on gloo. The distributed optimizer (DistributedOptimizer, whose "
+    "grad_stats_parallel_group spans DP x MP) builds on megatron's own DDP buffers and is not driven here; the "
+    "ChainedOptimizer's per-sub-optimizer scalers are modelled by `fpemu.ranks.chained_scales`.",
+))
+
+
 def ranks_report(folder, outcomes) -> list:
     """Write ranks.md (and plots/ranks.png with matplotlib) into ``folder``; returns the paths."""
     folder = pathlib.Path(folder)
@@ -137,6 +165,7 @@ def ranks_report(folder, outcomes) -> list:
             "## What happened\n\n" + _issue_table(outcomes) + plot +
             "\n\n## Found-inf reductions (read in the installed source)\n\n" + _reduction_table() +
             "\n\n## Injection points and layouts\n\n" + injections + "\n\n" + layouts +
+            "\n\n## Notes\n\n" + _NOTES +
             "\n\n## Every case\n\n" + markdown_table(["case", "implementation", "status", "model", "note"],
                                                       _case_rows(outcomes)) + "\n")
     written.insert(0, atomic_write(folder / "ranks.md", text))
