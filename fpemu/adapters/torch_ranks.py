@@ -1,17 +1,22 @@
-"""Real multi-rank loss scaling on torch.distributed: DDP, FSDP1 and FSDP2, each rank a process.
+"""Real multi-rank loss scaling on torch.distributed: DDP, FSDP1, FSDP2, DeepSpeed ZeRO 1/2 and
+megatron-core, each rank a process.
 
 :func:`run_cases` forks ``world_size`` processes that join one process group (gloo on the
 CPU, NCCL on CUDA) through a ``file://`` rendezvous and run every case of the batch in it,
 with a barrier between cases (cheaper than a launch per case: see reports/bench_ranks.md).
-Each rank builds the same model (a probe, Linear(8, 16), Tanh, Linear(16, 4), SGD), wraps it
-in the case's layout, drives the real scaler for the case's steps and injects the case's
-non-finite value at its point (fpemu.ranks.INJECTIONS), recording per step the scale used,
-its found-inf as its scaler saw it, whether ``optimizer.step`` ran, the growth tracker and a
-checksum of its local parameters.
+Each rank builds the same model (a probe, Linear(8, 16), Tanh, Linear(16, 4), SGD), runs it in
+the case's layout (fpemu.ranks.LAYOUTS: a torch wrapper and scaler, ``deepspeed.initialize``
+with ZeRO, or megatron-core's Float16OptimizerWithFloat16Params in torch DDP), drives the real
+scaler for the case's steps and injects the case's non-finite value at its point
+(fpemu.ranks.INJECTIONS), recording per step the scale used, its found-inf as its scaler saw it
+(after its reduction), whether the update ran, the growth tracker and a checksum of its local
+parameters, and once the scaler's parameters as the real object holds them.  With
+``model_parallel`` the layouts that take groups run on real data- and model-parallel subgroups.
 
 A case that crashes a rank (gloo aborts a collective mismatch) or hangs (NCCL does) is one
 :class:`CaseResult` with its error: the parent kills the group, and the cases after it run in a
-fresh one.  torch is imported in the function that needs it.
+fresh one.  The frameworks are imported in the functions that need them (and, for forked ranks,
+once in the parent before forking: see ``_PRELOAD``).
 """
 
 from __future__ import annotations

@@ -110,8 +110,8 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
                 if rank == 0 or trace.column("scale") != o.reference[0].column("scale"):
                     ax.step(range(len(trace.steps)), _log_scale(trace.column("scale")), where="post",
                             linestyle=":", color="black", linewidth=1.0)
-            ax.set_title(f"{o.scenario.layout}+{o.scenario.scaler}, {inject} ({world} ranks): {o.verdict.status}",
-                         fontsize=7)
+            ax.set_title(f"{name.removeprefix('ranks_')}, {inject} ({_world(world, o.scenario.model_parallel)}): "
+                         f"{o.verdict.status}", fontsize=7)
             ax.legend(fontsize=6, loc="lower left")
             ax.tick_params(labelsize=6)
     fig.suptitle("Loss scale per rank (model: dotted)", fontsize=9)
