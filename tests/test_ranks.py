@@ -229,6 +229,9 @@ def test_fpemu_run_fails_an_undeclared_cross_rank_divergence_naming_step_and_ran
         "fsdp.grad_before_reduce.2ranks": "known divergence", "fsdp.grad_after_reduce.2ranks": "known divergence"}
     observed = sorted(p.name for p in (reports / "observed" / "ranks").glob("*.json"))
     assert len(observed) == 10 and "undeclared.grad_after_reduce.2ranks.rank1.torch_ddp-cpu.json" in observed
+    # an observed trace keeps the scaler's parameters as the real GradScaler holds them (its defaults completed)
+    kept = json.loads((reports / "observed" / "ranks" / observed[0]).read_text())["metadata"]["params"]
+    assert kept == {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3}
     assert ("| `fsdp` (FSDP1 + GradScaler) | 2 | - | **diverge**: rank 0 skips 2, 7, 8; rank 1 skips none; "
             "last scales 524288 vs 16384 (known divergence) | - |") in (reports / "ranks.md").read_text()
 

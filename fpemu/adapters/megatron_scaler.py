@@ -69,6 +69,17 @@ def _scaler(cls, kwargs, device):
     return scaler
 
 
+def read_back(scaler) -> dict:
+    """The ``megatron`` (DynamicGradScaler) or ``megatron_constant`` profile's parameters as the scaler
+    holds them; ``initial_scale`` is its current scale, so read it before the first update."""
+    held = {"initial_scale": scaler.scale.item()}
+    if hasattr(scaler, "growth_interval"):  # DynamicGradScaler; ConstantGradScaler keeps the scale alone
+        held.update(min_scale=scaler.min_scale.item(), growth_factor=scaler.growth_factor.item(),
+                    backoff_factor=scaler.backoff_factor.item(), growth_interval=scaler.growth_interval,
+                    hysteresis=scaler.hysteresis)
+    return held
+
+
 def record_megatron(overflows, params, device):
     """DynamicGradScaler; its growth and hysteresis trackers are recorded as they are."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
@@ -77,6 +88,7 @@ def record_megatron(overflows, params, device):
     profile.rules(**params)  # a clear error for bad parameters before megatron's bare asserts
     kwargs = {**profile.defaults, **params}
     scaler = _scaler(DynamicGradScaler, kwargs, device)
+    held = read_back(scaler)
     scales, counters, hysteresis = [], [], []
     for overflow in overflows:
         scales.append(scaler.scale.item())
@@ -84,7 +96,7 @@ def record_megatron(overflows, params, device):
         counters.append(scaler._growth_tracker)
         hysteresis.append(scaler._hysteresis_tracker)
     trace = observed_trace("megatron", params, overflows, scales, [not o for o in overflows], counters,
-                           scaler.scale.item())
+                           scaler.scale.item(), read_back=held)
     return dataclasses.replace(trace, hysteresis=hysteresis)
 
 
@@ -96,6 +108,7 @@ def record_megatron_constant(overflows, params, device):
     profile = get_profile("megatron_constant")
     profile.rules(**params)
     scaler = _scaler(ConstantGradScaler, {**profile.defaults, **params}, device)
+    held = read_back(scaler)
     scales, counters, streak = [], [], 0
     for overflow in overflows:
         scales.append(scaler.scale.item())
@@ -103,4 +116,4 @@ def record_megatron_constant(overflows, params, device):
         streak = streak + 1 if overflow else 0
         counters.append(streak)
     return observed_trace("megatron_constant", params, overflows, scales, [not o for o in overflows], counters,
-                          scaler.scale.item())
+                          scaler.scale.item(), read_back=held)

@@ -320,7 +320,8 @@ class _ZeroRig:
     one does; that is a real overflow, not a cross-rank effect)."""
 
     def __init__(self, torch, case: dict, rank: int, device: str):
-        from fpemu.adapters.deepspeed_scaler import _engine_config, _fp16_on_this_cpu, _stable_counter
+        from fpemu.adapters.deepspeed_scaler import (_engine_config, _fp16_on_this_cpu, _stable_counter,
+                                                     loss_scaler_read_back)
         from fpemu.ranks import LAYOUTS
         deepspeed = _deepspeed(rank)
         self.torch, self.case, self.rank, self.device, self.counter = torch, case, rank, device, _stable_counter
@@ -339,11 +340,7 @@ class _ZeroRig:
         self.wrapped, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
                                                 config=config, mpu=mpu)
         self.data = torch.Generator().manual_seed(1000 + rank)
-        scaler = self.wrapped.optimizer.loss_scaler
-        self.read_back = {"init_scale": float(scaler.cur_scale), "scale_window": scaler.scale_window,
-                          "min_scale": scaler.min_scale, "delayed_shift": scaler.delayed_shift,
-                          "consecutive_hysteresis": scaler.consecutive_hysteresis,
-                          "raise_error_at_min_scale": scaler.raise_error_at_min_scale}
+        self.read_back = loss_scaler_read_back(self.wrapped.optimizer.loss_scaler, "deepspeed")
         self.fp16_probe_overridden = overridden
 
     @contextlib.contextmanager
@@ -386,7 +383,7 @@ class _MegatronRig:
         from megatron.core.optimizer import OptimizerConfig
         from megatron.core.optimizer.grad_scaler import DynamicGradScaler
         from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
-        from fpemu.adapters.megatron_scaler import _cuda_typed, _on_device
+        from fpemu.adapters.megatron_scaler import _cuda_typed, _on_device, read_back
         from fpemu.ranks.model import DP, MP
         from fpemu.scalers.profiles import get_profile
         self.torch, self.case, self.rank, self.device = torch, case, rank, device
@@ -424,10 +421,7 @@ class _MegatronRig:
         self.subs, self.scaler = subs, subs[0].grad_scaler  # get_loss_scale() is the first sub-optimizer's
         self.sub_scales = []  # per step, each sub-optimizer's scale after it
         self.data = torch.Generator().manual_seed(1000 + rank)
-        self.read_back = {"initial_scale": float(self.scaler.scale.item()), "min_scale": float(self.scaler.min_scale.item()),
-                          "growth_factor": float(self.scaler.growth_factor.item()),
-                          "backoff_factor": float(self.scaler.backoff_factor.item()),
-                          "growth_interval": self.scaler.growth_interval, "hysteresis": self.scaler.hysteresis}
+        self.read_back = read_back(self.scaler)
 
     def running(self):
         return contextlib.nullcontext()
