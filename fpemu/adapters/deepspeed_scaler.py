@@ -148,8 +148,9 @@ def _ends_training(step: int, error: Exception) -> list:
 
 
 def loss_scaler_read_back(scaler, profile: str) -> dict:
-    """The ``profile``'s parameters as a DynamicLossScaler holds them (its attributes carry the profile's
-    names; ``init_scale`` is its ``cur_scale``, so read it before the first update)."""
+    """The ``profile``'s parameters as DeepSpeed holds them: a DynamicLossScaler, or FP16_Optimizer's
+    state (its LossScaleConfig from 0.17.1 on, the optimizer itself before), whose attributes carry the
+    profile's names; ``init_scale`` is ``cur_scale``, so read it before the first update."""
     return {name: getattr(scaler, "cur_scale" if name == "init_scale" else name) for name in get_profile(profile).defaults}
 
 
@@ -222,6 +223,7 @@ def _drive_fp16_optimizer(overflows, kwargs):
     optimizer = FP16_Optimizer(inner, deepspeed=engine, dynamic_loss_scale=True, dynamic_loss_args=args,
                                verbose=False, timers=NoopTimer())  # 0.17.0 calls its timers unconditionally
     state = getattr(optimizer, "loss_scale_config", optimizer)  # 0.17.1 on keep it in a LossScaleConfig
+    read_back = loss_scaler_read_back(state, "deepspeed_fp16_optimizer")
     calls = []
     real_step = inner.step
     inner.step = lambda *a, **k: (calls.append(True), real_step(*a, **k))[1]
@@ -233,7 +235,8 @@ def _drive_fp16_optimizer(overflows, kwargs):
         optimizer.step()
         applied.append(len(calls) > before)
         counters.append(_stable_counter(state.cur_iter, state.last_overflow_iter, state.scale_window))
-    return dict(scales=scales, applied=applied, counters=counters, final_scale=float(state.cur_scale))
+    return dict(scales=scales, applied=applied, counters=counters, final_scale=float(state.cur_scale),
+                read_back=read_back)
 
 
 def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping):
@@ -244,8 +247,10 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
     scales, skipped, updates, raised = [], [], [], None
     with _fp16_on_this_cpu() as overridden:
         engine = _engine(torch, deepspeed, zero_stage, fp16, lr, gradient_clipping)
-        scaler = getattr(engine.optimizer, "loss_scaler", None)  # ZeRO 1/2's DynamicLossScaler
-        read_back = loss_scaler_read_back(scaler, "deepspeed") if zero_stage and scaler is not None else None
+        # ZeRO 1/2 keep a DynamicLossScaler; ZeRO 0's FP16_UnfusedOptimizer its LossScaleConfig (0.17.1 on)
+        read_back = (loss_scaler_read_back(engine.optimizer.loss_scaler, "deepspeed") if zero_stage else
+                     loss_scaler_read_back(getattr(engine.optimizer, "loss_scale_config", engine.optimizer),
+                                           "deepspeed_fp16_optimizer"))
         for step in range(steps):
             before = engine.module.weight.detach().double().flatten()
             scales.append(float(engine.optimizer.loss_scale))
@@ -421,7 +426,7 @@ def _record_fp16_optimizer(overflows, params, device, tree):
     observed = _worker(tree).call("fp16_optimizer", overflows=list(overflows),
                                   kwargs=_plain({**profile.defaults, **params}))
     return observed_trace(profile.name, params, overflows, observed["scales"], observed["applied"],
-                          observed["counters"], observed["final_scale"])
+                          observed["counters"], observed["final_scale"], read_back=observed["read_back"])
 
 
 def record_deepspeed_fp16_optimizer(overflows, params, device):
@@ -457,8 +462,8 @@ class EngineRun:
         (see ``_fp16_on_this_cpu``).
       raised: [step, message] where the engine raised (its scaler at the minimum scale) and the
         run ended, else None.
-      read_back: ZeRO 1/2: the ``deepspeed`` profile's parameters as the engine's DynamicLossScaler
-        holds them before the first step (None for ZeRO 0, whose FP16_UnfusedOptimizer keeps its own).
+      read_back: the profile's parameters as the engine holds them before the first step (ZeRO 1/2's
+        DynamicLossScaler: ``deepspeed``; ZeRO 0's FP16_UnfusedOptimizer: ``deepspeed_fp16_optimizer``).
     """
 
     version: str
