@@ -329,6 +329,7 @@ def test_megatron_chained_optimizer_on_real_ranks_keeps_a_scaler_per_sub_optimiz
     [result] = run_cases([{"layout": "megatron", "scaler": "megatron", "params": params, "inject": "grad_after_reduce",
                            "overflow": [[False] * 8, bad], "chained": True}], 2)
     assert result.error is None, result.error
+    assert all("type() named as its CUDA twin" in r.overrides[0] for r in result.ranks)  # said in the traces
     for rank, record in enumerate(result.ranks):
         traces, chain_applied, drift = chained_scales([bad if rank else [False] * 8, [False] * 8], **params)
         assert record.applied == chain_applied.tolist()  # the chain skips when any sub-optimizer found an inf

@@ -54,6 +54,7 @@ class RankRecord:
     findings: tuple = ()
     scaler_params: dict = dataclasses.field(default_factory=dict)
     recorded: object = None  # the fpemu.record_torch trace of a case run with ``record``
+    overrides: tuple = ()  # what the run answered differently from the framework's view of this machine
     sub_scales: list = dataclasses.field(default_factory=list)  # megatron ``chained``: per step, each sub-scaler's scale after it
 
 
@@ -221,10 +222,15 @@ class _TorchRig:
         return [_local(p.detach()).reshape(-1).double().cpu() for p in self.wrapped.parameters()]
 
 
+_HELD = []
+
+
 @functools.lru_cache(maxsize=None)
-def _deepspeed(rank: int):
+def _deepspeed(rank: int) -> tuple:
     """DeepSpeed's communication on this rank's process group (already joined), without building
-    deepspeed_shm_comm (see fpemu.adapters.deepspeed_scaler)."""
+    deepspeed_shm_comm, and its CPU accelerator's fp16 probe answered True for the rank's life (both as
+    fpemu.adapters.deepspeed_scaler does); (deepspeed, whether the probe had to be answered)."""
+    from fpemu.adapters.deepspeed_scaler import _fp16_on_this_cpu
     import logging
     os.environ["LOCAL_RANK"] = str(rank)  # the engine asserts that a launcher set it
     import deepspeed
@@ -233,7 +239,10 @@ def _deepspeed(rank: int):
     logger.setLevel(logging.WARNING)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
-    return deepspeed
+    held = _fp16_on_this_cpu()
+    overridden = held.__enter__()  # never left: the forked rank ends with its cases
+    _HELD.append(held)  # (a context manager collected would leave itself, undoing the answer)
+    return deepspeed, overridden
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,6 +321,14 @@ def _zero_partition(optimizer):
     raise RuntimeError("ZeRO holds no gradient partition on this rank after backward")
 
 
+# What a real run had to answer differently from the framework's own view of this machine (kept in the
+# rank's trace metadata, ``ranks.overrides``).
+_FP16_PROBE = ("DeepSpeed's CPU accelerator.is_fp16_supported() answered True (this CPU's oneDNN has no fp16 "
+               "kernels; torch computes fp16 anyway)")
+_MEGATRON_CPU = ("megatron-core on the CPU: a CPU tensor's type() named as its CUDA twin while the optimizer is "
+                 "built, device='cuda' allocations moved to the CPU")
+
+
 class _ZeroRig:
     """One rank's model under ``deepspeed.initialize`` (fp16, ZeRO stage 1 or 2, torch SGD).
 
@@ -320,17 +337,16 @@ class _ZeroRig:
     one does; that is a real overflow, not a cross-rank effect)."""
 
     def __init__(self, torch, case: dict, rank: int, device: str):
-        from fpemu.adapters.deepspeed_scaler import (_engine_config, _fp16_on_this_cpu, _stable_counter,
-                                                     loss_scaler_read_back)
+        from fpemu.adapters.deepspeed_scaler import _engine_config, _stable_counter, loss_scaler_read_back
         from fpemu.ranks import LAYOUTS
-        deepspeed = _deepspeed(rank)
+        deepspeed, overridden = _deepspeed(rank)
         self.torch, self.case, self.rank, self.device, self.counter = torch, case, rank, device, _stable_counter
-        self.fp16 = _fp16_on_this_cpu()
-        overridden = self.fp16.__enter__()  # held while the engine trains: its reducer asks again
+        self.overrides = (_FP16_PROBE,) if overridden else ()
         world, mpu = torch.distributed.get_world_size(), _mpu(torch, case, rank)
         model, _ = _model(torch, world, rank % case.get("model_parallel", 1))
         self.probe = model[0]
-        config = {"train_batch_size": mpu.get_data_parallel_world_size() if mpu else world, "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
+        config = {"train_batch_size": mpu.get_data_parallel_world_size() if mpu else world,
+                  "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
                   "zero_optimization": {"stage": LAYOUTS[case["layout"]].zero_stage},
                   "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
         # The engine copies an mpu into deepspeed.utils.groups.mpu and never clears it (0.19.8, engine.py
@@ -341,14 +357,9 @@ class _ZeroRig:
                                                 config=config, mpu=mpu)
         self.data = torch.Generator().manual_seed(1000 + rank)
         self.read_back = loss_scaler_read_back(self.wrapped.optimizer.loss_scaler, "deepspeed")
-        self.fp16_probe_overridden = overridden
 
-    @contextlib.contextmanager
     def running(self):
-        try:
-            yield None
-        finally:
-            self.fp16.__exit__(None, None, None)
+        return contextlib.nullcontext()
 
     def scale(self) -> float:
         return float(self.wrapped.optimizer.loss_scale)
@@ -387,6 +398,7 @@ class _MegatronRig:
         from fpemu.ranks.model import DP, MP
         from fpemu.scalers.profiles import get_profile
         self.torch, self.case, self.rank, self.device = torch, case, rank, device
+        self.overrides = (_MEGATRON_CPU,) if device == "cpu" else ()
         world, model_parallel = torch.distributed.get_world_size(), case.get("model_parallel", 1)
         data = _subgroups(torch, world, model_parallel, DP)[rank]
         grad_stats = _subgroups(torch, world, model_parallel, MP)[rank]
@@ -474,7 +486,7 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
     return dataclasses.replace(record, final_scale=rig.scale(), final_params=torch.cat(rig.local_params()).tolist(),
                                findings=findings, recorded=getattr(watcher, "trace", None),
-                               sub_scales=getattr(rig, "sub_scales", []))
+                               sub_scales=getattr(rig, "sub_scales", []), overrides=getattr(rig, "overrides", ()))
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,

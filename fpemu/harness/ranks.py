@@ -87,11 +87,15 @@ def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Im
 
 
 def _case_trace(scenario, name: str, rank: int, implementation: str, scaler_trace, versions, device,
-                world_size: int, inject: str) -> Trace:
-    """A rank's trace; its parameters are the scaler trace's (the real scaler's, read back, for a real run)."""
+                world_size: int, inject: str, overrides: tuple = ()) -> Trace:
+    """A rank's trace; its parameters are the scaler trace's (the real scaler's, read back, for a real run),
+    ``overrides`` what the real run answered differently from the framework's view of the machine."""
     profile = get_profile(SCALERS[scenario.scaler].profile)
     extra = {"ranks": {"case": name, "rank": rank, "world_size": world_size, "layout": scenario.layout,
-                       "scaler": scenario.scaler, "inject": inject}}
+                       "scaler": scenario.scaler, "inject": inject,
+                       **({"model_parallel": scenario.model_parallel} if scenario.model_parallel > 1 else {}),
+                       **({"reduce_over": list(scenario.reduce_over)} if scenario.reduce_over else {}),
+                       **({"overrides": list(overrides)} if overrides else {})}}
     if implementation == REFERENCE:
         extra["verified"] = profile.verified
     metadata = _metadata(scenario, implementation, profile.name, scaler_trace.params, versions, device, **extra)
@@ -113,7 +117,7 @@ def _observed_traces(scenario, name, case, impl, result) -> tuple:
         trace = observed_trace(profile, scenario.params, record.found_inf, record.scales, record.applied,
                                record.growth_tracker, record.final_scale, read_back=record.scaler_params or None)
         out.append(_case_trace(scenario, name, record.rank, implementation_key(impl), trace, versions, impl.device,
-                               case.world_size, case.inject))
+                               case.world_size, case.inject, record.overrides))
     return tuple(out)
 
 
