@@ -252,6 +252,25 @@ def test_real_ranks_equal_the_model_on_every_shipped_case(tmp_path):
 
 @needs_torch
 @stage2
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_zero_skips_step_0_at_a_scale_of_2_16_because_its_fp16_gradient_overflows_on_one_rank_too():
+    # Why ZeRO on several ranks skipped step 0 with no injection at DeepSpeed's default 2^16: the tiny model's
+    # gradient w.r.t. its first weight is 1.0, and 1.0 * 2^16 = 65536 rounds to inf in fp16 (largest 65504).
+    from fpemu.adapters.deepspeed_scaler import run_engine
+    assert np.float16(2.0**16) == np.inf and np.float16(2.0**15) == 32768.0
+    assert run_engine(3, (), 1, initial_scale_power=16).skipped == [True, False, False]  # a world of one
+    assert run_engine(3, (), 1, initial_scale_power=15).skipped == [False, False, False]
+    # on 2 ranks at 2^16, the probe model's gradients (scaled, within fp16's range) skip nothing: no garbage in
+    # ZeRO's buffers, no overflow check over padding
+    from fpemu.adapters.torch_ranks import run_cases
+    cases = [{"layout": layout, "scaler": "deepspeed", "params": {"init_scale": 65536.0, "scale_window": 100},
+              "inject": "loss", "overflow": [[False] * 3] * 2} for layout in ("zero1", "zero2")]
+    for result in run_cases(cases, 2):
+        assert [r.applied for r in result.ranks] == [[True] * 3] * 2, result.error
+
+
+@needs_torch
+@stage2
 def test_a_hang_is_a_result_and_the_next_case_runs_in_a_fresh_group():
     from fpemu.adapters.torch_ranks import run_cases
     # A case that cannot finish in time stands for a hang; the timeout leaves room for a fresh group's first

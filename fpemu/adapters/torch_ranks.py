@@ -678,7 +678,8 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
 
     Args:
       cases: dicts with ``layout``, ``scaler``, ``params``, ``inject``, ``overflow`` (per rank, per
-        step) and optionally ``step_keyed_collective``, ``audit`` (run the loop under
+        step) and optionally ``model_parallel``, ``reduce_over``, ``chained`` (megatron: a ChainedOptimizer
+        of two), ``step_keyed_collective``, ``audit`` (run the loop under
         fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s) and ``record``
         (under fpemu.record_torch: each RankRecord's ``recorded`` is the rank's recorded trace, its
         ``findings`` the recorder's audit's).
