@@ -186,7 +186,7 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     # Multi-rank runs (fpemu.ranks): one row per layout; the entry forks the ranks of a batch of cases.
     *(Adapter(layout.adapter, RANKS, "fpemu.adapters.torch_ranks:run_cases", layout.packages,
               tuple(name.partition("-")[0] for name in layout.packages),
-              devices=DEVICES if layout.zero_stage is None else ("cpu",),  # DeepSpeed's CPU accelerator only
+              devices=layout.devices,
               verified=layout.verified + _TORCH_VERIFIED) for layout in LAYOUTS.values()),
     Adapter("jax_step", STEP, "fpemu.adapters.jax_step:step_function", ("jax", "jaxlib"), ("jax",),
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),

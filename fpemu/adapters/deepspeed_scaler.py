@@ -151,7 +151,8 @@ def loss_scaler_read_back(scaler, profile: str) -> dict:
     """The ``profile``'s parameters as DeepSpeed holds them: a DynamicLossScaler, or FP16_Optimizer's
     state (its LossScaleConfig from 0.17.1 on, the optimizer itself before), whose attributes carry the
     profile's names; ``init_scale`` is ``cur_scale``, so read it before the first update."""
-    return {name: getattr(scaler, "cur_scale" if name == "init_scale" else name) for name in get_profile(profile).defaults}
+    return {name: getattr(scaler, "cur_scale" if name == "init_scale" else name)
+            for name in get_profile(profile).defaults}
 
 
 def _drive_loss_scaler(overflows, kwargs, profile):
@@ -264,8 +265,8 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
             updates.append((engine.module.weight.detach().double().flatten() - before).tolist())
             if raised:
                 break
-    return dict(version=deepspeed.__version__, optimizer=type(engine.optimizer).__name__, scales=scales, read_back=read_back,
-                skipped=skipped, updates=updates, correct=correct,
+    return dict(version=deepspeed.__version__, optimizer=type(engine.optimizer).__name__, read_back=read_back,
+                scales=scales, skipped=skipped, updates=updates, correct=correct,
                 final_scale=float(engine.optimizer.loss_scale), fp16_probe_overridden=overridden, raised=raised)
 
 

@@ -55,7 +55,7 @@ class RankRecord:
     scaler_params: dict = dataclasses.field(default_factory=dict)
     recorded: object = None  # the fpemu.record_torch trace of a case run with ``record``
     overrides: tuple = ()  # what the run answered differently from the framework's view of this machine
-    sub_scales: list = dataclasses.field(default_factory=list)  # megatron ``chained``: per step, each sub-scaler's scale after it
+    sub_scales: list = dataclasses.field(default_factory=list)  # ``chained``: per step, each sub-scaler's scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,11 +463,12 @@ class _MegatronRig:
         return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.parameters()]
 
 
+_RIGS = {"torch": _TorchRig, "deepspeed": _ZeroRig, "megatron": _MegatronRig}  # fpemu.ranks.Layout.engine
+
+
 def _rig(torch, case: dict, rank: int, device: str):
     from fpemu.ranks import LAYOUTS
-    layout = LAYOUTS[case["layout"]]
-    kind = _MegatronRig if layout.packages[0] == "megatron-core" else _TorchRig if layout.zero_stage is None else _ZeroRig
-    return kind(torch, case, rank, device)
+    return _RIGS[LAYOUTS[case["layout"]].engine](torch, case, rank, device)
 
 
 def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
@@ -557,7 +558,8 @@ def _last_words(log: str) -> str:
 # deepspeed.initialize's ZeRO sanity check imports its Muon optimizer, which calls torch.compile.
 # Imported before forking, the ranks inherit them.  Keyed by the layouts' packages.
 _PRELOAD = {"torch": ("torch._dynamo",),
-            "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.muon.muon_optimizer"),
+            "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2",
+                          "deepspeed.runtime.zero.muon.muon_optimizer"),
             "megatron-core": ("megatron.core.optimizer.optimizer",)}
 
 

@@ -90,7 +90,6 @@ class RankCheck:
                              f"skipped on ranks {list(skipped) or 'none'}, applied on ranks {list(ran) or 'none'}, "
                              f"scales {', '.join(f'{s:g}' for s in scales)}")]
 
-
     def metadata(self, findings) -> dict:
         """What a recorded trace keeps of the ranks (fpemu.record_torch on a distributed run).
 

@@ -140,7 +140,8 @@ def _describe_drift(drift, model_parallel: int = 1) -> str:
     if drift is None:
         return "the ranks hold different shards: each shard was updated at other steps than its peers"
     step, size = drift
-    slices = " (compared within each data-parallel group: model-parallel ranks hold other slices)" if model_parallel > 1 else ""
+    slices = (" (compared within each data-parallel group: model-parallel ranks hold other slices)"
+              if model_parallel > 1 else "")
     if step is None:
         return "the replicas' parameters stay identical" + slices
     return f"the replicas' parameters differ from step {step} (final max |difference| {size:.6g})" + slices
@@ -206,8 +207,8 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift,
 def case_payload(scenario: RanksScenario, case) -> dict:
     """What a rank needs of a case (plain values: it crosses into the forked ranks)."""
     return {"layout": case.layout, "scaler": case.scaler, "params": case.params, "inject": case.inject,
-            "overflow": [list(flags) for flags in case.overflow], "step_keyed_collective": scenario.step_keyed_collective,
-            "model_parallel": case.model_parallel, "reduce_over": case.reduce_over}
+            "overflow": [list(flags) for flags in case.overflow], "model_parallel": case.model_parallel,
+            "reduce_over": case.reduce_over, "step_keyed_collective": scenario.step_keyed_collective}
 
 
 def _run_group(jobs, world_size: int, device: str) -> list:

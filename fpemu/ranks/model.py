@@ -56,7 +56,9 @@ class Layout:
         (ZeRO 1/2 all-gather the updated partitions), so parameter drift between ranks is measurable.
       probe_per_rank: the probe parameter's elements fall one per rank's shard (FSDP's units); ZeRO's
         flat partitions put the whole probe in rank 0's, so the ``shard`` injection cannot be placed.
-      zero_stage: the DeepSpeed ZeRO stage the real run initialises (None: a torch wrapper and scaler).
+      engine: what drives a rank of the real run: ``torch`` (a torch wrapper and scaler), ``deepspeed``
+        (``deepspeed.initialize``) or ``megatron`` (megatron-core's optimizer); zero_stage: DeepSpeed's.
+      devices: where the real run can run (DeepSpeed is driven with its CPU accelerator only).
       groups: the real run builds data- and model-parallel subgroups (``model_parallel``, ``reduce_over``).
       packages: the distributions the real run imports; verified: the versions it was checked with
         beyond torch's.
@@ -69,7 +71,9 @@ class Layout:
     wraps: str
     replicas: bool = False
     probe_per_rank: bool = False
+    engine: str = "torch"
     zero_stage: Optional[int] = None
+    devices: tuple = ("cpu", "cuda")
     groups: bool = False
     packages: tuple = ("torch",)
     verified: tuple = ()
@@ -79,19 +83,19 @@ LAYOUTS = {layout.name: layout for layout in [
     Layout("ddp", False, False, "torch_ddp", "torch.nn.parallel.DistributedDataParallel (gradients all-reduced in backward)"),
     Layout("fsdp1", True, False, "torch_fsdp1", "torch.distributed.fsdp.FullyShardedDataParallel (reduce-scatter; a FlatParameter "
                                  "shard per rank; the probe wrapped as its own unit)", probe_per_rank=True),
-    Layout("fsdp2", True, True, "torch_fsdp2", "torch.distributed.fsdp.fully_shard (DTensor gradients sharded on dim 0)",
-           probe_per_rank=True),
+    Layout("fsdp2", True, True, "torch_fsdp2",
+           "torch.distributed.fsdp.fully_shard (DTensor gradients sharded on dim 0)", probe_per_rank=True),
     *(Layout(f"zero{stage}", True, False, f"deepspeed_zero{stage}_ranks",
              f"deepspeed.initialize, fp16, ZeRO stage {stage} ({what}; the updated fp16 parameters all-gathered "
-             "to every rank)", replicas=True, zero_stage=stage, groups=True, packages=("deepspeed", "torch"),
-             verified=("deepspeed 0.19.8",))
+             "to every rank)", replicas=True, engine="deepspeed", zero_stage=stage, devices=("cpu",), groups=True,
+             packages=("deepspeed", "torch"), verified=("deepspeed 0.19.8",))
       for stage, what in ((1, "optimizer state partitioned, gradients all-reduced then each rank keeps its "
                               "partition"), (2, "gradients reduced into each rank's partition in backward"))),
     Layout("megatron", False, False, "megatron_ranks",
            "fp16 parameters in torch DDP over the data-parallel group (when it has several ranks), megatron-core's "
            "Float16OptimizerWithFloat16Params + DynamicGradScaler, its grad_stats_parallel_group the model-parallel "
-           "group (as get_megatron_optimizer sets it for the non-distributed optimizer)", groups=True,
-           packages=("megatron-core", "torch"), verified=("megatron-core 0.16.1",)),
+           "group (as get_megatron_optimizer sets it for the non-distributed optimizer)", engine="megatron",
+           groups=True, packages=("megatron-core", "torch"), verified=("megatron-core 0.16.1",)),
 ]}
 
 

@@ -29,8 +29,8 @@ torch is imported on first use.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import math
+import pathlib
 from typing import Callable, Optional
 
 from fpemu.audits.torch_loop import TorchLoopAudit, _torch

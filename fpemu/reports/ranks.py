@@ -62,7 +62,8 @@ def _issue_table(outcomes) -> str:
 
 
 def _reduction_table() -> str:
-    rows = [(r.framework, ", ".join(r.layouts), "; ".join(f"{op.upper()} over {name} ({group})" for op, group, name in r.ops)
+    rows = [(r.framework, ", ".join(r.layouts),
+             "; ".join(f"{op.upper()} over {name} ({group})" for op, group, name in r.ops)
              or "none", r.when, r.check, r.versions, f"`{r.source}`") for r in FOUND_INF_REDUCTIONS]
     return markdown_table(["scaler", "layouts", "found-inf reduction", "where", "local check", "versions", "source"],
                           rows)

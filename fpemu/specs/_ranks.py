@@ -7,7 +7,8 @@
 
     [ranks]
     layout = "ddp"                       # fpemu.ranks.LAYOUTS: ddp | fsdp1 | fsdp2 | zero1 | zero2 | megatron
-    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded | deepspeed | megatron
+    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded | deepspeed |
+                                         # megatron
     world_sizes = [2, 4]                 # one case per world size and injection point
     inject = ["loss", "grad_before_reduce", "grad_after_reduce"]   # fpemu.ranks.INJECTIONS
     params = { init_scale = 65536.0, growth_interval = 3 }          # the scaler profile's names
