@@ -125,11 +125,14 @@ _NOTES = "\n".join(f"- {line}" for line in (
     "rank r % mp of replica r // mp, megatron's default order). Each model-parallel rank holds its own slice (its "
     "own seed) and no tensor-parallel collective runs in forward or backward, so an inf reaches another slice only "
     "through the found-inf reduction; the `loss` injection is left out there (in real tensor parallelism every "
-    "slice computes the same loss).",
+    "slice computes the same loss). megatron's model-parallel group spans tensor and pipeline ranks (TP x PP) "
+    "and DeepSpeed's is its mpu's: one mp group stands for either.",
     "DeepSpeed ZeRO 1/2 (0.19.8) keeps fp16 gradients: the specs start at a scale of 256. At 2^16 a gradient of "
     "1.0 becomes 65536, above fp16's largest finite 65504, so the engine skips step 0 on every rank: a real "
     "overflow, which a world of one shows as well (run_engine(3, (), 1, initial_scale_power=16) skips step 0; "
-    "at 2^15 it does not); it was the step-0 skip seen when ZeRO first ran on several ranks here.",
+    "at 2^15 it does not); it was the step-0 skip seen when ZeRO first ran on several ranks here. At 2^16 on 2 "
+    "ranks ZeRO 1 and 2 skip nothing where the scaled gradients fit in fp16: no garbage in ZeRO's buffers, no "
+    "overflow check over padding (tests/test_ranks.py, FPEMU_TEST_ENVS=1).",
     "DeepSpeed's engine copies an mpu into `deepspeed.utils.groups.mpu` and never clears it, so each case sets it "
     "to its own (None without model parallelism) before `deepspeed.initialize`; `reduce_over = [\"dp\"]` hands "
     "the engine an mpu whose model-parallel group is the rank alone, which makes its second MAX a no-op.",
