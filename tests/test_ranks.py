@@ -300,6 +300,8 @@ def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that
         assert (ranks["rank"], ranks["world_size"], ranks["found_inf_reduction"]) == (rank, 2, None)
         assert ranks["disagree"] == {"attempt": 1, "skipped_ranks": [1], "applied_ranks": [0],
                                      "scales": [65536.0, 65536.0]}
+        # each rank skipped once (rank 1 at attempt 1, rank 0 at 2): equal counts, and the scales say so too
+        assert ranks["skipped_per_rank"] == [1, 1] and ranks["final_scales"] == [32768.0, 32768.0]
         skips = [not flag for flag in after[rank]]  # each rank skips its own overflows only
         assert [s["applied"] for s in record.recorded.steps] == record.applied == skips
     for rank, record in enumerate(sharded_recorded.ranks):
