@@ -1,16 +1,19 @@
 """The reference model of loss scaling across ranks: who sees an overflow, how found-inf is reduced.
 
 A multi-rank step has two collectives that matter to a loss scaler: the gradient reduction
-(DDP's all-reduce, FSDP's reduce-scatter) and the found-inf reduction (none, a MAX or a SUM,
-over some group).  Where an inf enters relative to the first, and whether the second exists,
-decide which ranks skip.  The model:
+(DDP's all-reduce, FSDP's reduce-scatter, ZeRO's reduce into partitions) over the data-parallel
+group, and the found-inf reduction (none, a MAX or a SUM, over the world, the data-parallel or the
+model-parallel group: :data:`GROUPS`).  Where an inf enters relative to the first, and over which
+groups the second runs, decide which ranks skip.  The model:
 
 1. ``visible_overflow``: per rank and step, whether the rank's own (reduced or sharded) gradients
    hold a non-finite value, from the layout (:data:`LAYOUTS`), the injection point
-   (:data:`INJECTIONS`) and which ranks overflowed;
-2. ``found_inf``: that flag after the scaler's found-inf reduction (:data:`FOUND_INF_REDUCTIONS`);
+   (:data:`INJECTIONS`), the data-parallel groups and which ranks overflowed;
+2. ``found_inf``: that flag after the scaler's found-inf collectives (:data:`FOUND_INF_REDUCTIONS`),
+   each within its group (``reduce_found_inf``);
 3. each rank's trajectory: :func:`fpemu.simulate_scaler` on its found-inf sequence (measured on
-   torch 2.13: when ranks agree, each equals simulate_scaler on the any-rank overflow sequence);
+   torch 2.13, DeepSpeed 0.19.8 and megatron-core 0.16.1: each rank equals simulate_scaler on its
+   found-inf sequence, and agreeing ranks on the any-rank overflow sequence);
 4. :func:`cross_rank_verdict`: the first step at which ranks' scales or skips differ.
 
 numpy only (the core); the real runs are in :mod:`fpemu.adapters.torch_ranks`.
