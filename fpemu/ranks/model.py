@@ -92,8 +92,9 @@ LAYOUTS = {layout.name: layout for layout in [
              f"deepspeed.initialize, fp16, ZeRO stage {stage} ({what}; the updated fp16 parameters all-gathered "
              "to every rank)", replicas=True, engine="deepspeed", zero_stage=stage, devices=("cpu",), groups=True,
              packages=("deepspeed", "torch"), verified=("deepspeed 0.19.8",))
-      for stage, what in ((1, "optimizer state partitioned, gradients all-reduced then each rank keeps its "
-                              "partition"), (2, "gradients reduced into each rank's partition in backward"))),
+      for stage, what in ((1, "optimizer state partitioned, gradients reduced at the accumulation boundary, "
+                              "each rank keeping its partition"),
+                          (2, "gradients reduced into each rank's partition during backward"))),
     Layout("megatron", False, False, "megatron_ranks",
            "fp16 parameters in torch DDP over the data-parallel group (when it has several ranks), megatron-core's "
            "Float16OptimizerWithFloat16Params + DynamicGradScaler, its grad_stats_parallel_group the model-parallel "
