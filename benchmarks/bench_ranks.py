@@ -38,12 +38,17 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     load_before = os.getloadavg()[0]
+    from fpemu.adapters.torch_ranks import _preload
+    start = time.perf_counter()
+    _preload([case for payload in _groups().values() for case in payload])
+    rows = [{"what": "imports before forking (torch._dynamo, DeepSpeed, megatron-core: once per process)",
+             "wall_s": time.perf_counter() - start}]
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         outcomes, _ = run_ranks([SPECS], pathlib.Path(folder) / "golden", pathlib.Path(folder) / "observed")
         total = time.perf_counter() - start
-    rows = [{"what": "run_ranks: every [ranks] case, model + real ranks + comparisons", "cases": len(outcomes),
-             "wall_s": total, "failing": sum(o.verdict.failed for o in outcomes)}]
+    rows.append({"what": "run_ranks: every [ranks] case, model + real ranks + comparisons", "cases": len(outcomes),
+                 "wall_s": total, "failing": sum(o.verdict.failed for o in outcomes)})
     for world, payload in sorted(_groups().items()):
         start = time.perf_counter()
         results = run_cases(payload, world)
@@ -59,6 +64,9 @@ def main(argv=None) -> dict:
                ("failing", "failing verdicts"), ("crashed", "cases that crashed or hung")]
     notes = ["gloo on the CPU, ranks forked from this process (`fpemu.adapters.torch_ranks.run_cases`), a "
              "`file://` rendezvous, one process group per world size, a barrier between cases.",
+             "The imports before forking are timed apart: `fpemu run` pays them once, and without them every "
+             "forked rank paid them on its first case (torch.optim's first optimizer imports torch._dynamo; "
+             "deepspeed.initialize imports its Muon optimizer, which calls torch.compile).",
              "The step-keyed abort spec crashes its process group on purpose (gloo aborts the collective "
              "mismatch): it is counted under 'crashed or hung', and the cases after it run in a fresh group.",
              f"One run on {os.cpu_count()} CPUs with a 1-minute load average of {load_before:.1f} when it started; "

@@ -70,9 +70,9 @@ def test_four_ranks_shard_owner_and_sum_reduction():
     owner = predict(_case("fsdp1", "torch", "grad_before_reduce", world_size=4))
     assert (owner.verdict.step, owner.verdict.skipped, owner.verdict.applied) == (2, (0,), (1, 2, 3))
     summed = reduce_found_inf(np.array([[True], [True], [False], [True]]),
-                              FoundInfReduction("x", ("*",), ((SUM, "world"),), "", "", "", ""))
+                              FoundInfReduction("x", ("*",), ((SUM, "world", ""),), "", "", "", ""))
     assert summed.ravel().tolist() == [True] * 4
-    maxed = reduce_found_inf(np.array([[False], [False]]), FoundInfReduction("x", ("*",), ((MAX, "w"),), "", "", "", ""))
+    maxed = reduce_found_inf(np.array([[False], [False]]), FoundInfReduction("x", ("*",), ((MAX, "world", ""),), "", "", "", ""))
     assert maxed.ravel().tolist() == [False, False]
 
 
@@ -109,6 +109,42 @@ reason = "own shard"
 """
 
 
+ZERO_SPEC = RANKS_SPEC.replace('layout = "fsdp1"', 'layout = "zero1"').replace('scaler = "torch"', 'scaler = "deepspeed"')\
+    .replace('["grad_before_reduce", "shard"]', '["grad_after_reduce"]').replace("[ranks.expect_divergence.shard]\nstep = 1\n"
+                                                                          'reason = "own shard"\n', "")
+
+
+@pytest.mark.parametrize("change,words", [
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2"), None),
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2\nreduce_over = [\"dp\"]"), None),
+    (("world_sizes = [2, 4]", "world_sizes = [2, 4]\nmodel_parallel = 2"),
+     "ranks.model_parallel: expected a divisor of every world size that leaves at least two data-parallel ranks, got 2 for 2"),
+    (("world_sizes = [2, 4]", "world_sizes = [4]\nreduce_over = [\"world\"]"),
+     "ranks.reduce_over: expected some of deepspeed's own found-inf groups \\(dp, mp\\)"),
+])
+def test_model_parallel_spec_keys(change, words):
+    text = ZERO_SPEC.replace(*change)
+    if words is None:
+        [(_, case, _)] = parse_spec(text, "r.toml").cases()
+        assert case.model_parallel == 2 and case.reduce_over in (None, ("dp",))
+        return
+    with pytest.raises(SpecError, match=f"r.toml: .*{words}"):
+        parse_spec(text, "r.toml")
+    with pytest.raises(SpecError, match="ranks.model_parallel: layout fsdp1 runs data parallelism only"):
+        parse_spec(RANKS_SPEC.replace("world_sizes = [2, 4]", "world_sizes = [4]\nmodel_parallel = 2"), "r.toml")
+
+
+def test_found_inf_reduced_over_the_data_parallel_group_only_parts_the_model_parallel_slices():
+    flags = tuple(FLAGS if rank == 1 else (False,) * 12 for rank in range(4))
+    both = predict(RanksCase(4, "zero1", "deepspeed", "grad_after_reduce", flags, {"init_scale": 256.0}, 2))
+    assert both.verdict.agree and [tuple(t.skipped) for t in both.traces] == [BAD_AT] * 4
+    dp_only = predict(RanksCase(4, "zero1", "deepspeed", "grad_after_reduce", flags, {"init_scale": 256.0}, 2, ("dp",)))
+    assert (dp_only.verdict.step, dp_only.verdict.skipped, dp_only.verdict.applied) == (2, (1, 3), (0, 2))
+    # before the reduction, the inf lands in element 0: the first rank of rank 1's data-parallel group, rank 1
+    early = predict(RanksCase(4, "zero1", "deepspeed", "grad_before_reduce", flags, {}, 2, ("dp",)))
+    assert early.visible[:, 2].tolist() == [False, True, False, False]
+
+
 def test_ranks_spec_builds_a_case_per_world_size_and_injection():
     scenario = parse_spec(RANKS_SPEC, "r.toml")
     assert isinstance(scenario, RanksScenario) and scenario.adapter == "torch_fsdp1"
@@ -120,7 +156,8 @@ def test_ranks_spec_builds_a_case_per_world_size_and_injection():
 
 
 @pytest.mark.parametrize("change,words", [
-    (('layout = "fsdp1"', 'layout = "ddp"'), "ranks.inject: 'shard' needs a sharded layout"),
+    (('layout = "fsdp1"', 'layout = "ddp"'), r"ranks.inject: 'shard' needs a layout whose shards split the probe .*\(fsdp1, fsdp2\)"),
+    (('layout = "fsdp1"', 'layout = "zero2"'), "ranks.scaler: 'torch' does not run on layout 'zero2'; expected one of deepspeed"),
     (("[ranks.overflow.1]", "[ranks.overflow.2]"), "ranks.overflow.2: expected a rank 0..1"),
     (('scaler = "torch"', 'scaler = "apex"'), "ranks.scaler: expected one of torch, torch_sharded"),
     (("world_sizes = [2, 4]", "world_sizes = [1]"), r"ranks.world_sizes\[0\]: expected an integer >= 2"),
@@ -192,6 +229,9 @@ def test_fpemu_run_fails_an_undeclared_cross_rank_divergence_naming_step_and_ran
         "fsdp.grad_before_reduce.2ranks": "known divergence", "fsdp.grad_after_reduce.2ranks": "known divergence"}
     observed = sorted(p.name for p in (reports / "observed" / "ranks").glob("*.json"))
     assert len(observed) == 10 and "undeclared.grad_after_reduce.2ranks.rank1.torch_ddp-cpu.json" in observed
+    # an observed trace keeps the scaler's parameters as the real GradScaler holds them (its defaults completed)
+    kept = json.loads((reports / "observed" / "ranks" / observed[0]).read_text())["metadata"]["params"]
+    assert kept == {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3}
     assert ("| `fsdp` (FSDP1 + GradScaler) | 2 | - | **diverge**: rank 0 skips 2, 7, 8; rank 1 skips none; "
             "last scales 524288 vs 16384 (known divergence) | - |") in (reports / "ranks.md").read_text()
 
@@ -208,6 +248,26 @@ def test_real_ranks_equal_the_model_on_every_shipped_case(tmp_path):
             for real, model in zip(outcome.observed, outcome.prediction.traces):
                 assert [float(v).hex() for v in real.column("scale")] == [float(v).hex() for v in model.scales]
                 assert real.column("applied") == model.applied.tolist()
+
+
+@needs_torch
+@stage2
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_zero_skips_step_0_at_a_scale_of_2_16_because_its_fp16_gradient_overflows_on_one_rank_too():
+    # Why ZeRO on several ranks skipped step 0 with no injection at DeepSpeed's default 2^16: the tiny model's
+    # gradient w.r.t. its first weight is 1.0, and 1.0 * 2^16 = 65536 rounds to inf in fp16 (largest 65504).
+    from fpemu.adapters.deepspeed_scaler import run_engine
+    with np.errstate(over="ignore"):  # the overflow is the point
+        assert np.float16(2.0**16) == np.inf and np.float16(2.0**15) == 32768.0
+    assert run_engine(3, (), 1, initial_scale_power=16).skipped == [True, False, False]  # a world of one
+    assert run_engine(3, (), 1, initial_scale_power=15).skipped == [False, False, False]
+    # on 2 ranks at 2^16, the probe model's gradients (scaled, within fp16's range) skip nothing: no garbage in
+    # ZeRO's buffers, no overflow check over padding
+    from fpemu.adapters.torch_ranks import run_cases
+    cases = [{"layout": layout, "scaler": "deepspeed", "params": {"init_scale": 65536.0, "scale_window": 100},
+              "inject": "loss", "overflow": [[False] * 3] * 2} for layout in ("zero1", "zero2")]
+    for result in run_cases(cases, 2):
+        assert [r.applied for r in result.ranks] == [[True] * 3] * 2, result.error
 
 
 @needs_torch
@@ -229,10 +289,33 @@ def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that
     after = [[False, False, True, False], [False, True, False, False]]  # rank 1 overflows at step 1, after the all-reduce
     cases = [{"layout": layout, "scaler": scaler, "params": {}, "inject": "grad_after_reduce", "overflow": after,
               "audit": True} for layout, scaler in (("ddp", "torch"), ("ddp", "torch_sharded"), ("fsdp1", "torch"))]
-    ddp, sharded, fsdp1 = run_cases(cases, 2)
+    recorded = [{**case, "audit": False, "record": True} for case in cases[:2]]  # fpemu.record_torch on each rank
+    ddp, sharded, fsdp1, ddp_recorded, sharded_recorded = run_cases(cases + recorded, 2)
     assert [r.findings for r in ddp.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
     assert [r.findings for r in sharded.ranks] == [(), ()]  # the SUM all-reduce keeps them together
     assert all(r.findings[0] == ("found_inf_not_reduced", 0) for r in fsdp1.ranks)
+    # The recorder: one trace per rank, rank and world in its metadata, the same findings from its audit
+    assert [r.findings for r in ddp_recorded.ranks] == [(("found_inf_not_reduced", 0), ("ranks_disagree", 1))] * 2
+    for rank, record in enumerate(ddp_recorded.ranks):
+        ranks = record.recorded.metadata["ranks"]
+        assert (ranks["rank"], ranks["world_size"], ranks["found_inf_reduction"]) == (rank, 2, None)
+        assert ranks["disagree"] == {"attempt": 1, "skipped_ranks": [1], "applied_ranks": [0],
+                                     "scales": [65536.0, 65536.0]}
+        # each rank skipped once (rank 1 at attempt 1, rank 0 at 2): equal counts, and the scales say so too
+        assert ranks["skipped_per_rank"] == [1, 1] and ranks["final_scales"] == [32768.0, 32768.0]
+        skips = [not flag for flag in after[rank]]  # each rank skips its own overflows only
+        assert [s["applied"] for s in record.recorded.steps] == record.applied == skips
+    for rank, record in enumerate(sharded_recorded.ranks):
+        ranks = record.recorded.metadata["ranks"]
+        assert ranks["found_inf_reduction"].startswith("SUM over its process group (2 ranks)") and ranks["rank"] == rank
+        assert ranks["disagree"] is None and record.findings == ()
+
+
+def test_recorder_writes_one_trace_per_rank():
+    from fpemu.recorders.torch_run import _rank_path
+    assert _rank_path("run.json", None) == "run.json"
+    assert _rank_path("out/run.json", {"rank": 1}) == pathlib.Path("out/run.rank1.json")
+    assert _rank_path(pathlib.Path("r{rank}/run.json"), {"rank": 3}) == pathlib.Path("r3/run.json")
 
 
 def test_model_docstring_examples():
@@ -255,6 +338,29 @@ def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
         real = record_scaler("megatron", list(flags), **params)
         assert [float(s).hex() for s in real.scales] == [float(s).hex() for s in model.scales]
     assert not drift.agree and drift.field == "scale"
+
+
+@needs_torch
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+def test_megatron_chained_optimizer_on_real_ranks_keeps_a_scaler_per_sub_optimizer_that_drifts():
+    # megatron-core 0.16.1's own ChainedOptimizer of two Float16OptimizerWithFloat16Params (the probe, the rest)
+    # on 2 gloo ranks: rank 1's inf after the all-reduce lands in the probe's sub-optimizer only
+    from fpemu.adapters.torch_ranks import run_cases
+    params = {"initial_scale": 256.0, "growth_interval": 3, "hysteresis": 2}
+    bad = [step in (2, 3) for step in range(8)]
+    [result] = run_cases([{"layout": "megatron", "scaler": "megatron", "params": params, "inject": "grad_after_reduce",
+                           "overflow": [[False] * 8, bad], "chained": True}], 2)
+    assert result.error is None, result.error
+    assert all("type() named as its CUDA twin" in r.overrides[0] for r in result.ranks)  # said in the traces
+    for rank, record in enumerate(result.ranks):
+        traces, chain_applied, drift = chained_scales([bad if rank else [False] * 8, [False] * 8], **params)
+        assert record.applied == chain_applied.tolist()  # the chain skips when any sub-optimizer found an inf
+        for sub, trace in enumerate(traces):  # each sub-scaler follows its own flags, bit for bit
+            after = trace.scales[1:] + [trace.final_scale]
+            assert [float(step[sub]).hex() for step in record.sub_scales] == [float(v).hex() for v in after]
+        assert drift.agree == (rank == 0)
+    # the probe's scaler backed off to 128 at step 3 (hysteresis 2) and grew back once; the other's grew thrice
+    assert result.ranks[1].sub_scales[-1] == [256.0, 1024.0] and result.ranks[0].sub_scales[-1] == [1024.0, 1024.0]
 
 
 def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):

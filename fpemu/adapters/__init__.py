@@ -184,8 +184,10 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             ("megatron-core", "torch"), ("megatron", "torch"), devices=DEVICES, profile="megatron_constant",
             verified=("megatron-core 0.16.1",) + _TORCH_VERIFIED),
     # Multi-rank runs (fpemu.ranks): one row per layout; the entry forks the ranks of a batch of cases.
-    *(Adapter(layout.adapter, RANKS, "fpemu.adapters.torch_ranks:run_cases", ("torch",), ("torch",),
-              devices=DEVICES, verified=_TORCH_VERIFIED) for layout in LAYOUTS.values()),
+    *(Adapter(layout.adapter, RANKS, "fpemu.adapters.torch_ranks:run_cases", layout.packages,
+              tuple(name.partition("-")[0] for name in layout.packages),
+              devices=layout.devices,
+              verified=layout.verified + _TORCH_VERIFIED) for layout in LAYOUTS.values()),
     Adapter("jax_step", STEP, "fpemu.adapters.jax_step:step_function", ("jax", "jaxlib"), ("jax",),
             params={"mode": ("jax_cpu_strict", "jax_cpu")}, verified=_JAX_VERIFIED),
     Adapter("torch_step", STEP, "fpemu.adapters.torch_step:step_function", ("torch",), ("torch",),

@@ -147,13 +147,22 @@ def _ends_training(step: int, error: Exception) -> list:
     return [step, f"{type(error).__name__}: {error}"]
 
 
-def _drive_loss_scaler(overflows, kwargs):
+def loss_scaler_read_back(scaler, profile: str) -> dict:
+    """The ``profile``'s parameters as DeepSpeed holds them: a DynamicLossScaler, or FP16_Optimizer's
+    state (its LossScaleConfig from 0.17.1 on, the optimizer itself before), whose attributes carry the
+    profile's names; ``init_scale`` is ``cur_scale``, so read it before the first update."""
+    return {name: getattr(scaler, "cur_scale" if name == "init_scale" else name)
+            for name in get_profile(profile).defaults}
+
+
+def _drive_loss_scaler(overflows, kwargs, profile):
     """DeepSpeed's DynamicLossScaler(**kwargs) through ``overflows``; stops where it raises."""
     import deepspeed
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
     _deepspeed_comm()
     counter = _stable_counter if _release(deepspeed.__version__) >= FIRST_ONE_STEP_LATE else _window_counter
     scaler = DynamicLossScaler(**kwargs)
+    read_back = loss_scaler_read_back(scaler, profile)
     scales, applied, counters, hysteresis, raised = [], [], [], [], None
     for step, overflow in enumerate(overflows):
         scales.append(float(scaler.cur_scale))
@@ -167,7 +176,7 @@ def _drive_loss_scaler(overflows, kwargs):
         if raised:
             break
     return dict(scales=scales, applied=applied, counters=counters, hysteresis=hysteresis,
-                final_scale=float(scaler.cur_scale), raised=raised)
+                final_scale=float(scaler.cur_scale), raised=raised, read_back=read_back)
 
 
 _TINY_X = (1.0, 0.5, 0.25, 0.125)  # powers of two: every update below is exact in fp16
@@ -215,6 +224,7 @@ def _drive_fp16_optimizer(overflows, kwargs):
     optimizer = FP16_Optimizer(inner, deepspeed=engine, dynamic_loss_scale=True, dynamic_loss_args=args,
                                verbose=False, timers=NoopTimer())  # 0.17.0 calls its timers unconditionally
     state = getattr(optimizer, "loss_scale_config", optimizer)  # 0.17.1 on keep it in a LossScaleConfig
+    read_back = loss_scaler_read_back(state, "deepspeed_fp16_optimizer")
     calls = []
     real_step = inner.step
     inner.step = lambda *a, **k: (calls.append(True), real_step(*a, **k))[1]
@@ -226,7 +236,8 @@ def _drive_fp16_optimizer(overflows, kwargs):
         optimizer.step()
         applied.append(len(calls) > before)
         counters.append(_stable_counter(state.cur_iter, state.last_overflow_iter, state.scale_window))
-    return dict(scales=scales, applied=applied, counters=counters, final_scale=float(state.cur_scale))
+    return dict(scales=scales, applied=applied, counters=counters, final_scale=float(state.cur_scale),
+                read_back=read_back)
 
 
 def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping):
@@ -237,6 +248,10 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
     scales, skipped, updates, raised = [], [], [], None
     with _fp16_on_this_cpu() as overridden:
         engine = _engine(torch, deepspeed, zero_stage, fp16, lr, gradient_clipping)
+        # ZeRO 1/2 keep a DynamicLossScaler; ZeRO 0's FP16_UnfusedOptimizer its LossScaleConfig (0.17.1 on)
+        read_back = (loss_scaler_read_back(engine.optimizer.loss_scaler, "deepspeed") if zero_stage else
+                     loss_scaler_read_back(getattr(engine.optimizer, "loss_scale_config", engine.optimizer),
+                                           "deepspeed_fp16_optimizer"))
         for step in range(steps):
             before = engine.module.weight.detach().double().flatten()
             scales.append(float(engine.optimizer.loss_scale))
@@ -250,8 +265,8 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
             updates.append((engine.module.weight.detach().double().flatten() - before).tolist())
             if raised:
                 break
-    return dict(version=deepspeed.__version__, optimizer=type(engine.optimizer).__name__, scales=scales,
-                skipped=skipped, updates=updates, correct=correct,
+    return dict(version=deepspeed.__version__, optimizer=type(engine.optimizer).__name__, read_back=read_back,
+                scales=scales, skipped=skipped, updates=updates, correct=correct,
                 final_scale=float(engine.optimizer.loss_scale), fp16_probe_overridden=overridden, raised=raised)
 
 
@@ -367,7 +382,7 @@ def _plain(params):
 def _scaler_trace(profile, params, overflows, observed):
     steps = len(observed["scales"])  # fewer than the flags where DeepSpeed raised
     trace = observed_trace(profile, params, overflows[:steps], observed["scales"], observed["applied"],
-                           observed["counters"], observed["final_scale"])
+                           observed["counters"], observed["final_scale"], read_back=observed["read_back"])
     raised = observed["raised"]
     return dataclasses.replace(trace, hysteresis=observed["hysteresis"],
                                stopped_at=raised[0] if raised else None,
@@ -385,7 +400,7 @@ def _record_loss_scaler(overflows, params, device, tree, class_defaults):
     get_profile(profile).rules(**params)  # bad parameters are refused here, with their names
     # The engine passes every argument from its config; with class defaults only the given ones go.
     kwargs = _plain(params if class_defaults else {**get_profile(profile).defaults, **params})
-    observed = worker.call("loss_scaler", overflows=list(overflows), kwargs=kwargs)
+    observed = worker.call("loss_scaler", overflows=list(overflows), kwargs=kwargs, profile=profile)
     return _scaler_trace(profile, params, overflows, observed)
 
 
@@ -412,7 +427,7 @@ def _record_fp16_optimizer(overflows, params, device, tree):
     observed = _worker(tree).call("fp16_optimizer", overflows=list(overflows),
                                   kwargs=_plain({**profile.defaults, **params}))
     return observed_trace(profile.name, params, overflows, observed["scales"], observed["applied"],
-                          observed["counters"], observed["final_scale"])
+                          observed["counters"], observed["final_scale"], read_back=observed["read_back"])
 
 
 def record_deepspeed_fp16_optimizer(overflows, params, device):
@@ -448,6 +463,8 @@ class EngineRun:
         (see ``_fp16_on_this_cpu``).
       raised: [step, message] where the engine raised (its scaler at the minimum scale) and the
         run ended, else None.
+      read_back: the profile's parameters as the engine holds them before the first step (ZeRO 1/2's
+        DynamicLossScaler: ``deepspeed``; ZeRO 0's FP16_UnfusedOptimizer: ``deepspeed_fp16_optimizer``).
     """
 
     version: str
@@ -461,6 +478,7 @@ class EngineRun:
     final_scale: float
     fp16_probe_overridden: bool
     raised: Optional[list] = None
+    read_back: Optional[dict] = None
 
 
 def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int = 1, *,
@@ -504,7 +522,7 @@ def run_engine(steps: int, overflow_steps: Sequence[int] = (), zero_stage: int =
     correct = np.array(ran["correct"], dtype=np.float64)
     ratios = [None if skip else float(update[0] / correct[0]) for skip, update in zip(ran["skipped"], updates)]
     return EngineRun(ran["version"], zero_stage, ran["optimizer"], ran["scales"], ran["skipped"], updates,
-                     correct, ratios, ran["final_scale"], ran["fp16_probe_overridden"], ran["raised"])
+                     correct, ratios, ran["final_scale"], ran["fp16_probe_overridden"], ran["raised"], ran["read_back"])
 
 
 # --- the engine as a scaler adapter ----------------------------------------------
@@ -538,7 +556,8 @@ def _record_engine(overflows, params, device, zero_stage):
                      **_engine_config(profile, params))
     ratios = [0.0 if ratio is None else ratio for ratio in run.ratios]
     trace = observed_trace(profile, params, overflows[:len(run.scales)], run.scales,
-                           [not s for s in run.skipped], None, run.final_scale, update_ratio=ratios)
+                           [not s for s in run.skipped], None, run.final_scale, update_ratio=ratios,
+                           read_back=run.read_back)
     if run.raised is None:
         return trace
     return dataclasses.replace(trace, stopped_at=run.raised[0], events=[tuple(run.raised)])

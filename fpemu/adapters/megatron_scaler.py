@@ -34,6 +34,28 @@ def _on_device(device):
     return CudaTo()
 
 
+def _cuda_typed():
+    """A TorchFunctionMode under which a CPU tensor's ``type()`` names its CUDA twin.
+
+    Float16OptimizerWithFloat16Params (megatron-core 0.16.1, optimizer.py) sorts its parameters by
+    ``param.type()`` and raises TypeError for anything but ``torch.cuda.{Half,BFloat16,Float}Tensor``;
+    nothing else on its CPU path needs CUDA (the found-inf all-reduce, the unscale, the copies run on
+    CPU tensors), so the multi-rank adapter builds it under this mode (with :func:`_on_device`) and
+    runs it as it is.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CudaTyped(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            named = func(*args, **(kwargs or {}))
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu":
+                return named.replace("torch.", "torch.cuda.", 1)
+            return named
+
+    return CudaTyped()
+
+
 def _check_device(device):
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
@@ -47,6 +69,17 @@ def _scaler(cls, kwargs, device):
     return scaler
 
 
+def read_back(scaler) -> dict:
+    """The ``megatron`` (DynamicGradScaler) or ``megatron_constant`` profile's parameters as the scaler
+    holds them; ``initial_scale`` is its current scale, so read it before the first update."""
+    held = {"initial_scale": scaler.scale.item()}
+    if hasattr(scaler, "growth_interval"):  # DynamicGradScaler; ConstantGradScaler keeps the scale alone
+        held.update(min_scale=scaler.min_scale.item(), growth_factor=scaler.growth_factor.item(),
+                    backoff_factor=scaler.backoff_factor.item(), growth_interval=scaler.growth_interval,
+                    hysteresis=scaler.hysteresis)
+    return held
+
+
 def record_megatron(overflows, params, device):
     """DynamicGradScaler; its growth and hysteresis trackers are recorded as they are."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
@@ -55,6 +88,7 @@ def record_megatron(overflows, params, device):
     profile.rules(**params)  # a clear error for bad parameters before megatron's bare asserts
     kwargs = {**profile.defaults, **params}
     scaler = _scaler(DynamicGradScaler, kwargs, device)
+    held = read_back(scaler)
     scales, counters, hysteresis = [], [], []
     for overflow in overflows:
         scales.append(scaler.scale.item())
@@ -62,7 +96,7 @@ def record_megatron(overflows, params, device):
         counters.append(scaler._growth_tracker)
         hysteresis.append(scaler._hysteresis_tracker)
     trace = observed_trace("megatron", params, overflows, scales, [not o for o in overflows], counters,
-                           scaler.scale.item())
+                           scaler.scale.item(), read_back=held)
     return dataclasses.replace(trace, hysteresis=hysteresis)
 
 
@@ -74,6 +108,7 @@ def record_megatron_constant(overflows, params, device):
     profile = get_profile("megatron_constant")
     profile.rules(**params)
     scaler = _scaler(ConstantGradScaler, {**profile.defaults, **params}, device)
+    held = read_back(scaler)
     scales, counters, streak = [], [], 0
     for overflow in overflows:
         scales.append(scaler.scale.item())
@@ -81,4 +116,4 @@ def record_megatron_constant(overflows, params, device):
         streak = streak + 1 if overflow else 0
         counters.append(streak)
     return observed_trace("megatron_constant", params, overflows, scales, [not o for o in overflows], counters,
-                          scaler.scale.item())
+                          scaler.scale.item(), read_back=held)

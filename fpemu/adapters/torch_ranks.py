@@ -1,17 +1,22 @@
-"""Real multi-rank loss scaling on torch.distributed: DDP, FSDP1 and FSDP2, each rank a process.
+"""Real multi-rank loss scaling on torch.distributed: DDP, FSDP1, FSDP2, DeepSpeed ZeRO 1/2 and
+megatron-core, each rank a process.
 
 :func:`run_cases` forks ``world_size`` processes that join one process group (gloo on the
 CPU, NCCL on CUDA) through a ``file://`` rendezvous and run every case of the batch in it,
 with a barrier between cases (cheaper than a launch per case: see reports/bench_ranks.md).
-Each rank builds the same model (a probe, Linear(8, 16), Tanh, Linear(16, 4), SGD), wraps it
-in the case's layout, drives the real scaler for the case's steps and injects the case's
-non-finite value at its point (fpemu.ranks.INJECTIONS), recording per step the scale used,
-its found-inf as its scaler saw it, whether ``optimizer.step`` ran, the growth tracker and a
-checksum of its local parameters.
+Each rank builds the same model (a probe, Linear(8, 16), Tanh, Linear(16, 4), SGD), runs it in
+the case's layout (fpemu.ranks.LAYOUTS: a torch wrapper and scaler, ``deepspeed.initialize``
+with ZeRO, or megatron-core's Float16OptimizerWithFloat16Params in torch DDP), drives the real
+scaler for the case's steps and injects the case's non-finite value at its point
+(fpemu.ranks.INJECTIONS), recording per step the scale used, its found-inf as its scaler saw it
+(after its reduction), whether the update ran, the growth tracker and a checksum of its local
+parameters, and once the scaler's parameters as the real object holds them.  With
+``model_parallel`` the layouts that take groups run on real data- and model-parallel subgroups.
 
 A case that crashes a rank (gloo aborts a collective mismatch) or hangs (NCCL does) is one
 :class:`CaseResult` with its error: the parent kills the group, and the cases after it run in a
-fresh one.  torch is imported in the function that needs it.
+fresh one.  The frameworks are imported in the functions that need them (and, for forked ranks,
+once in the parent before forking: see ``_PRELOAD``).
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
+import importlib
 import os
 import queue as queue_errors
 import tempfile
 import time
+import warnings
 from datetime import timedelta
 from typing import Optional
 
@@ -44,6 +52,10 @@ class RankRecord:
     final_scale: float
     final_params: list
     findings: tuple = ()
+    scaler_params: dict = dataclasses.field(default_factory=dict)
+    recorded: object = None  # the fpemu.record_torch trace of a case run with ``record``
+    overrides: tuple = ()  # what the run answered differently from the framework's view of this machine
+    sub_scales: list = dataclasses.field(default_factory=list)  # ``chained``: per step, each sub-scaler's scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +77,9 @@ class CaseResult:
 # --- in each rank ------------------------------------------------------------------------
 
 
-def _model(torch, world_size: int):
-    """Probe + Linear + Tanh + Linear, the same on every rank (seeded)."""
+def _model(torch, world_size: int, seed: int = 0):
+    """Probe + Linear + Tanh + Linear, the same on every rank of a data-parallel group (seeded by the
+    rank's model-parallel index: each model-parallel rank holds another slice)."""
     nn = torch.nn
 
     class Poison(torch.autograd.Function):
@@ -75,12 +88,12 @@ def _model(torch, world_size: int):
 
         @staticmethod
         def forward(ctx, weight, index):
-            ctx.index, ctx.shape, ctx.device = index, weight.shape, weight.device
+            ctx.index, ctx.shape, ctx.device, ctx.dtype = index, weight.shape, weight.device, weight.dtype
             return weight.sum() * 0.0
 
         @staticmethod
         def backward(ctx, _upstream):
-            grad = torch.zeros(ctx.shape, device=ctx.device)
+            grad = torch.zeros(ctx.shape, device=ctx.device, dtype=ctx.dtype)  # fp16 under DeepSpeed
             if ctx.index is not None:
                 grad[ctx.index] = float("inf")
             return grad, None
@@ -95,7 +108,7 @@ def _model(torch, world_size: int):
         def forward(self, x):
             return x + Poison.apply(self.weight, self.poison)
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return nn.Sequential(Probe(), nn.Linear(8, _HIDDEN), nn.Tanh(), nn.Linear(_HIDDEN, _OUT)), Probe
 
 
@@ -147,69 +160,334 @@ def _audit(scaler, optimizer):
     return audit_torch(scaler, optimizer)
 
 
+def _batch(torch, generator, device: str, dtype):
+    return (torch.randn(4, 8, generator=generator).to(device, dtype),
+            torch.randn(4, _OUT, generator=generator).to(device))
+
+
+class _TorchRig:
+    """One rank's model in a torch wrapper (DDP, FSDP1, FSDP2), SGD (``calls`` counts its real steps) and a
+    torch scaler."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        model, probe_type = _model(torch, torch.distributed.get_world_size())
+        self.torch, self.case, self.rank, self.device = torch, case, rank, device
+        self.probe = model[0]  # before wrapping: FSDP1's auto-wrap puts its own module in that slot
+        self.wrapped = _wrap(torch, case["layout"], model, probe_type, device)
+        self.optimizer = torch.optim.SGD(self.wrapped.parameters(), lr=0.05)
+        self.calls = []
+        real_step = self.optimizer.step
+        self.optimizer.step = lambda *args, **kwargs: (self.calls.append(True), real_step(*args, **kwargs))[1]
+        self.scaler = _scaler(torch, case["scaler"], case["params"], device)
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        from fpemu.adapters.torch_amp import _read_back
+        self.read_back = _read_back(self.scaler)
+
+    def running(self):
+        """The context the case's steps run in: fpemu.record_torch or fpemu.audit_torch when the case asks."""
+        if self.case.get("record"):
+            from fpemu.recorders.torch_run import record_torch
+            return record_torch(self.scaler, self.optimizer, statistics=False, name=f"rank{self.rank}")
+        return _audit(self.scaler, self.optimizer) if self.case.get("audit") else contextlib.nullcontext()
+
+    def scale(self) -> float:
+        return float(self.scaler._scale.item())
+
+    def step(self, bad: bool) -> tuple:
+        """One training step, the inf injected where the case says when ``bad``; (scale used, found-inf,
+        applied, growth tracker)."""
+        torch, case = self.torch, self.case
+        x, y = _batch(torch, self.data, self.device, torch.float32)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(self.wrapped(x), y)
+        if bad and case["inject"] == "loss":
+            loss = loss * float("inf")
+        scaled = self.scaler.scale(loss)  # the scale exists from the first call on (GradScaler is lazy)
+        scale = self.scale()
+        scaled.backward()
+        if bad and case["inject"] == "grad_after_reduce":
+            _poison_after_reduce(self.wrapped)
+        before = len(self.calls)
+        self.scaler.step(self.optimizer)
+        found = sum(float(v.item()) for v in self.scaler._found_inf_per_device(self.optimizer).values())
+        self.scaler.update()
+        applied = len(self.calls) > before
+        if case.get("step_keyed_collective") and applied and len(self.calls) % _SYNC_EVERY == 0:
+            # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
+            torch.distributed.all_reduce(torch.zeros(_SYNC_SIZE, device=self.device))
+        return scale, found > 0, applied, int(self.scaler._growth_tracker.item())
+
+    def local_params(self) -> list:
+        return [_local(p.detach()).reshape(-1).double().cpu() for p in self.wrapped.parameters()]
+
+
+_HELD = []
+
+
+@functools.lru_cache(maxsize=None)
+def _deepspeed(rank: int) -> tuple:
+    """DeepSpeed's communication on this rank's process group (already joined), without building
+    deepspeed_shm_comm, and its CPU accelerator's fp16 probe answered True for the rank's life (both as
+    fpemu.adapters.deepspeed_scaler does); (deepspeed, whether the probe had to be answered)."""
+    from fpemu.adapters.deepspeed_scaler import _fp16_on_this_cpu
+    import logging
+    os.environ["LOCAL_RANK"] = str(rank)  # the engine asserts that a launcher set it
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.utils import logger
+    logger.setLevel(logging.WARNING)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    held = _fp16_on_this_cpu()
+    overridden = held.__enter__()  # never left: the forked rank ends with its cases
+    _HELD.append(held)  # (a context manager collected would leave itself, undoing the answer)
+    return deepspeed, overridden
+
+
 @dataclasses.dataclass(frozen=True)
-class _Rig:
-    """One rank's model, its wrapped form, the optimizer (``calls`` counts its real steps), the scaler
-    and this rank's data."""
+class _Mpu:
+    """The model-parallel unit DeepSpeed's ``mpu`` argument reads (Megatron's parallel_state names), over
+    real torch.distributed subgroups (fpemu.ranks.group_members)."""
 
-    probe: object
-    wrapped: object
-    optimizer: object
-    scaler: object
-    calls: list
-    data: object
+    data_group: object
+    data_ranks: tuple
+    model_group: object
+    model_ranks: tuple
+
+    def get_data_parallel_group(self):
+        return self.data_group
+
+    def get_data_parallel_group_ranks(self):
+        return list(self.data_ranks)
+
+    def get_data_parallel_world_size(self):
+        return len(self.data_ranks)
+
+    def get_data_parallel_rank(self):
+        return self.data_ranks.index(_dist_rank())
+
+    def get_model_parallel_group(self):
+        return self.model_group
+
+    def get_model_parallel_world_size(self):
+        return len(self.model_ranks)
+
+    def get_model_parallel_rank(self):
+        return self.model_ranks.index(_dist_rank())
 
 
-def _rig(torch, case: dict, rank: int, device: str) -> _Rig:
-    model, probe_type = _model(torch, torch.distributed.get_world_size())
-    probe = model[0]  # before wrapping: FSDP1's auto-wrap puts its own module in that slot
-    wrapped = _wrap(torch, case["layout"], model, probe_type, device)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
-    calls = []
-    real_step = optimizer.step
-    optimizer.step = lambda *args, **kwargs: (calls.append(True), real_step(*args, **kwargs))[1]
-    scaler = _scaler(torch, case["scaler"], case["params"], device)
-    return _Rig(probe, wrapped, optimizer, scaler, calls, torch.Generator().manual_seed(1000 + rank))
+def _dist_rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank()
+
+
+_SUBGROUPS = {}  # (kind, ranks) -> the process group, made once per process (every rank makes every group)
+
+
+def _subgroups(torch, world: int, model_parallel: int, kind: str) -> dict:
+    """rank -> (its group of ``kind``, that group's ranks); every rank creates every group, in one order."""
+    from fpemu.ranks import group_members
+    out = {}
+    for ranks in group_members(world, model_parallel, kind):
+        key = (kind, tuple(ranks))
+        if key not in _SUBGROUPS:
+            _SUBGROUPS[key] = torch.distributed.new_group(list(ranks))
+        out.update({rank: (_SUBGROUPS[key], tuple(ranks)) for rank in ranks})
+    return out
+
+
+def _mpu(torch, case: dict, rank: int) -> Optional[_Mpu]:
+    """The case's data- and model-parallel groups as an mpu (None for pure data parallelism with the
+    framework's own groups).  ``reduce_over`` without ``mp``: the model-parallel group handed over is the
+    rank alone, so DeepSpeed skips that collective (it all-reduces only over a group of several ranks)."""
+    from fpemu.ranks.model import DP, MP
+    model_parallel, over = case.get("model_parallel", 1), case.get("reduce_over")
+    if model_parallel == 1 and over is None:
+        return None
+    world = torch.distributed.get_world_size()
+    data = _subgroups(torch, world, model_parallel, DP)[rank]
+    model = _subgroups(torch, world, model_parallel if over is None or MP in over else 1, MP)[rank]
+    return _Mpu(*data, *model)
+
+
+def _zero_partition(optimizer):
+    """The first non-empty gradient of the rank's partition, as ZeRO's overflow check reads it
+    (``averaged_gradients``: a list per group, or one compact flat buffer)."""
+    for grads in optimizer.averaged_gradients.values():
+        for grad in [grads] if hasattr(grads, "view") else grads or ():
+            if grad is not None and grad.numel():
+                return grad
+    raise RuntimeError("ZeRO holds no gradient partition on this rank after backward")
+
+
+# What a real run had to answer differently from the framework's own view of this machine (kept in the
+# rank's trace metadata, ``ranks.overrides``).
+_FP16_PROBE = ("DeepSpeed's CPU accelerator.is_fp16_supported() answered True (this CPU's oneDNN has no fp16 "
+               "kernels; torch computes fp16 anyway)")
+_MEGATRON_CPU = ("megatron-core on the CPU: a CPU tensor's type() named as its CUDA twin while the optimizer is "
+                 "built, device='cuda' allocations moved to the CPU")
+
+
+class _ZeroRig:
+    """One rank's model under ``deepspeed.initialize`` (fp16, ZeRO stage 1 or 2, torch SGD).
+
+    The scaled gradients are fp16, so the case's scale must leave them finite (a scale of 2^16 on a
+    gradient of 1.0 is 65536, above fp16's 65504: ZeRO then skips step 0 on every rank, as a world of
+    one does; that is a real overflow, not a cross-rank effect)."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        from fpemu.adapters.deepspeed_scaler import _engine_config, _stable_counter, loss_scaler_read_back
+        from fpemu.ranks import LAYOUTS
+        deepspeed, overridden = _deepspeed(rank)
+        self.torch, self.case, self.rank, self.device, self.counter = torch, case, rank, device, _stable_counter
+        self.overrides = (_FP16_PROBE,) if overridden else ()
+        world, mpu = torch.distributed.get_world_size(), _mpu(torch, case, rank)
+        model, _ = _model(torch, world, rank % case.get("model_parallel", 1))
+        self.probe = model[0]
+        config = {"train_batch_size": mpu.get_data_parallel_world_size() if mpu else world,
+                  "fp16": {"enabled": True, **_engine_config("deepspeed", case["params"])},
+                  "zero_optimization": {"stage": LAYOUTS[case["layout"]].zero_stage},
+                  "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
+        # The engine copies an mpu into deepspeed.utils.groups.mpu and never clears it (0.19.8, engine.py
+        # _configure_distributed_model), so an engine built after one with an mpu would take the old groups:
+        # each case's engine starts from its own, as one per process would.
+        deepspeed.utils.groups.mpu = mpu
+        self.wrapped, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                                config=config, mpu=mpu)
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        self.read_back = loss_scaler_read_back(self.wrapped.optimizer.loss_scaler, "deepspeed")
+
+    def running(self):
+        return contextlib.nullcontext()
+
+    def scale(self) -> float:
+        return float(self.wrapped.optimizer.loss_scale)
+
+    def step(self, bad: bool) -> tuple:
+        torch, case, engine = self.torch, self.case, self.wrapped
+        scale = self.scale()
+        x, y = _batch(torch, self.data, self.device, torch.float16)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+        if bad and case["inject"] == "loss":
+            loss = loss * float("inf")
+        engine.backward(loss)  # the gradient reduction; the rank's partition is in averaged_gradients after it
+        if bad and case["inject"] == "grad_after_reduce":
+            _zero_partition(engine.optimizer).view(-1)[0] = float("inf")
+        engine.step()
+        scaler = engine.optimizer.loss_scaler
+        return (scale, bool(engine.optimizer.overflow), engine.was_step_applied(),
+                self.counter(scaler.cur_iter, scaler.last_overflow_iter, scaler.scale_window))
+
+    def local_params(self) -> list:
+        return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.module.parameters()]
+
+
+class _MegatronRig:
+    """One rank's fp16 model in torch DDP over its data-parallel group, megatron-core's
+    Float16OptimizerWithFloat16Params and DynamicGradScaler (built on the CPU under the adapter's modes:
+    fpemu.adapters.megatron_scaler), its found-inf all-reduced (MAX) over ``grad_stats_parallel_group``,
+    which get_megatron_optimizer sets to the model-parallel group for the non-distributed optimizer."""
+
+    def __init__(self, torch, case: dict, rank: int, device: str):
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+        from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+        from fpemu.adapters.megatron_scaler import _cuda_typed, _on_device, read_back
+        from fpemu.ranks.model import DP, MP
+        from fpemu.scalers.profiles import get_profile
+        self.torch, self.case, self.rank, self.device = torch, case, rank, device
+        self.overrides = (_MEGATRON_CPU,) if device == "cpu" else ()
+        world, model_parallel = torch.distributed.get_world_size(), case.get("model_parallel", 1)
+        data = _subgroups(torch, world, model_parallel, DP)[rank]
+        grad_stats = _subgroups(torch, world, model_parallel, MP)[rank]
+        model, _ = _model(torch, world, rank % model_parallel)
+        self.probe = model[0]
+        model = model.to(device).half()
+        self.wrapped = model
+        if len(data[1]) > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            self.wrapped = DistributedDataParallel(model, process_group=data[0])
+        self.cpu = _on_device(device)  # megatron allocates its found_inf and scale with device='cuda'
+        config = OptimizerConfig(fp16=True, lr=0.05, clip_grad=0.0)
+        # ``chained``: the probe and the rest in two sub-optimizers of a ChainedOptimizer, each with its own
+        # grad scaler (as megatron chains dense and expert parameters)
+        params = list(self.wrapped.parameters())
+        parts = [params[:1], params[1:]] if case.get("chained") else [params]
+        subs = []
+        with self.cpu, _cuda_typed():
+            for part in parts:
+                scaler = DynamicGradScaler(**{**get_profile("megatron").defaults, **case["params"]})
+                subs.append(Float16OptimizerWithFloat16Params(torch.optim.SGD(part, lr=0.05), config, scaler,
+                                                              lambda *_: None))
+                subs[-1].grad_stats_parallel_group = grad_stats[0]
+                # the chain's grad norm asks which parameters are tensor-parallel duplicates: the explicit
+                # tp_group (megatron's pg_collection path), here the model-parallel group, else parallel_state
+                subs[-1].tp_group = grad_stats[0]
+        if case.get("chained"):
+            from megatron.core.optimizer.optimizer import ChainedOptimizer
+            self.optimizer = ChainedOptimizer(subs)
+        else:
+            self.optimizer = subs[0]
+        self.subs, self.scaler = subs, subs[0].grad_scaler  # get_loss_scale() is the first sub-optimizer's
+        self.sub_scales = []  # per step, each sub-optimizer's scale after it
+        self.data = torch.Generator().manual_seed(1000 + rank)
+        self.read_back = read_back(self.scaler)
+
+    def running(self):
+        return contextlib.nullcontext()
+
+    def scale(self) -> float:
+        return float(self.scaler.scale.item())
+
+    def step(self, bad: bool) -> tuple:
+        torch, case = self.torch, self.case
+        scale = self.scale()
+        x, y = _batch(torch, self.data, self.device, torch.float16)
+        self.probe.poison = _probe_index(case["inject"], self.rank) if bad else None
+        self.optimizer.zero_grad()
+        with self.cpu:
+            loss = torch.nn.functional.mse_loss(self.wrapped(x).float(), y)
+            if bad and case["inject"] == "loss":
+                loss = loss * float("inf")
+            (loss * self.optimizer.get_loss_scale()).backward()
+            if bad and case["inject"] == "grad_after_reduce":
+                _poison_after_reduce(self.wrapped)  # the model's fp16 gradient, which prepare_grads copies to main
+            applied, _, _ = self.optimizer.step()
+        self.sub_scales.append([float(sub.grad_scaler.scale.item()) for sub in self.subs])
+        found = any(sub.found_inf.item() > 0 for sub in self.subs)
+        return scale, found, bool(applied), int(self.scaler._growth_tracker)
+
+    def local_params(self) -> list:
+        return [p.detach().reshape(-1).double().cpu() for p in self.wrapped.parameters()]
+
+
+_RIGS = {"torch": _TorchRig, "deepspeed": _ZeroRig, "megatron": _MegatronRig}  # fpemu.ranks.Layout.engine
+
+
+def _rig(torch, case: dict, rank: int, device: str):
+    from fpemu.ranks import LAYOUTS
+    return _RIGS[LAYOUTS[case["layout"]].engine](torch, case, rank, device)
 
 
 def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
     """Drive one case on this rank (every rank runs the same collectives unless the scaler lets them part)."""
     rig = _rig(torch, case, rank, device)
-    record = RankRecord(rank, [], [], [], [], [], 0.0, [])
-    with _audit(rig.scaler, rig.optimizer) if case.get("audit") else contextlib.nullcontext() as audit:
+    record = RankRecord(rank, [], [], [], [], [], 0.0, [], scaler_params=rig.read_back)
+    with rig.running() as watcher:
         for bad in case["overflow"][rank]:
-            _step(torch, case, rank, device, rig, bad, record)
-    final = torch.cat([_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()])
+            scale, found, applied, growth = rig.step(bad)
+            record.scales.append(scale)
+            record.found_inf.append(found)
+            record.applied.append(applied)
+            record.growth_tracker.append(growth)
+            record.checksums.append(float(torch.cat(rig.local_params()).sum()))
+    audit = getattr(watcher, "audit", watcher)  # a recorder holds the audit that watched the run
     findings = tuple((f.kind, f.step) for f in audit.findings) if audit is not None else ()
-    return dataclasses.replace(record, final_scale=float(rig.scaler._scale.item()), final_params=final.tolist(),
-                               findings=findings)
-
-
-def _step(torch, case: dict, rank: int, device: str, rig: _Rig, bad: bool, record: RankRecord) -> None:
-    """One training step, the inf injected where the case says when ``bad``; appends to ``record``."""
-    x, y = torch.randn(4, 8, generator=rig.data).to(device), torch.randn(4, _OUT, generator=rig.data).to(device)
-    rig.probe.poison = _probe_index(case["inject"], rank) if bad else None
-    rig.optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(rig.wrapped(x), y)
-    if bad and case["inject"] == "loss":
-        loss = loss * float("inf")
-    scaled = rig.scaler.scale(loss)
-    record.scales.append(float(rig.scaler._scale.item()))
-    scaled.backward()
-    if bad and case["inject"] == "grad_after_reduce":
-        _poison_after_reduce(rig.wrapped)
-    before = len(rig.calls)
-    rig.scaler.step(rig.optimizer)
-    found = sum(float(v.item()) for v in rig.scaler._found_inf_per_device(rig.optimizer).values())
-    rig.scaler.update()
-    record.found_inf.append(found > 0)
-    record.applied.append(len(rig.calls) > before)
-    record.growth_tracker.append(int(rig.scaler._growth_tracker.item()))
-    local = [_local(p.detach()).reshape(-1).double().cpu() for p in rig.wrapped.parameters()]
-    record.checksums.append(float(torch.cat(local).sum()))
-    if case.get("step_keyed_collective") and len(rig.calls) > before and len(rig.calls) % _SYNC_EVERY == 0:
-        # As periodic-sync optimizers do: a collective every N updates, counted by this rank alone.
-        torch.distributed.all_reduce(torch.zeros(_SYNC_SIZE, device=device))
+    return dataclasses.replace(record, final_scale=rig.scale(), final_params=torch.cat(rig.local_params()).tolist(),
+                               findings=findings, recorded=getattr(watcher, "trace", None),
+                               sub_scales=getattr(rig, "sub_scales", []), overrides=getattr(rig, "overrides", ()))
 
 
 def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,
@@ -217,6 +495,7 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device:
     """A rank: one process group for every case, a barrier between cases."""
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 2)  # the C++ side's last words (gloo's abort) land here, for the parent to read
+    os.dup2(descriptor, 1)  # and what a framework prints (DeepSpeed logs to stdout), not into the parent's output
     if faulthandler.is_enabled():  # (pytest enables it on a copy of the old stderr): its dumps go here too
         faulthandler.enable(file=descriptor)  # a descriptor: sys.stderr may be a capture without one
     import torch
@@ -274,6 +553,28 @@ def _last_words(log: str) -> str:
     return (said or lines or [""])[-1][:300]
 
 
+# Imported lazily by the first case on every rank at once (seconds each, measured on torch 2.13,
+# DeepSpeed 0.19.8 and megatron-core 0.16.1): torch.optim's first optimizer imports torch._dynamo;
+# deepspeed.initialize's ZeRO sanity check imports its Muon optimizer, which calls torch.compile.
+# Imported before forking, the ranks inherit them.  Keyed by the layouts' packages.
+_PRELOAD = {"torch": ("torch._dynamo",),
+            "deepspeed": ("deepspeed", "deepspeed.runtime.zero.stage_1_and_2",
+                          "deepspeed.runtime.zero.muon.muon_optimizer"),
+            "megatron-core": ("megatron.core.optimizer.optimizer",)}
+
+
+def _preload(cases) -> None:
+    """Import here, before forking, what the cases' first steps would import on every rank."""
+    from fpemu.ranks import LAYOUTS
+    needs = sorted({package for case in cases for package in LAYOUTS[case["layout"]].packages})
+    for module in (name for need in needs for name in _PRELOAD[need]):
+        # A version without that module: the rank imports what it needs.  Import-time notices (megatron's
+        # 'Transformer Engine and Apex are not installed') would reach the user's console here, not a rank's log.
+        with contextlib.suppress(ImportError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importlib.import_module(module)
+
+
 class _Group:
     """The ranks of one launch (forked, or spawned from a parent holding a process group) and the queue they report on."""
 
@@ -285,6 +586,8 @@ class _Group:
         # make their own default group nor destroy the inherited one (a gloo destructor deadlocks after
         # fork).  Such a parent spawns fresh ranks instead.
         ctx = multiprocessing.get_context("spawn" if dist.is_available() and dist.is_initialized() else "fork")
+        if ctx.get_start_method() == "fork":
+            _preload(cases)
         self.results = ctx.Queue()
         self.logs = [os.path.join(folder, f"rank{rank}.log") for rank in range(world_size)]
         backend = "nccl" if device == "cuda" else "gloo"
@@ -377,8 +680,11 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
 
     Args:
       cases: dicts with ``layout``, ``scaler``, ``params``, ``inject``, ``overflow`` (per rank, per
-        step) and optionally ``step_keyed_collective`` and ``audit`` (run the loop under
-        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s).
+        step) and optionally ``model_parallel``, ``reduce_over``, ``chained`` (megatron: a ChainedOptimizer
+        of two), ``step_keyed_collective``, ``audit`` (run the loop under
+        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s) and ``record``
+        (under fpemu.record_torch: each RankRecord's ``recorded`` is the rank's recorded trace, its
+        ``findings`` the recorder's audit's).
       world_size: the number of ranks (processes).
       device: ``cpu`` (gloo) or ``cuda`` (NCCL, a GPU per rank).
       case_timeout_s: a case with no result by then is a hang: the group is killed and the next

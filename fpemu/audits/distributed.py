@@ -90,6 +90,32 @@ class RankCheck:
                              f"skipped on ranks {list(skipped) or 'none'}, applied on ranks {list(ran) or 'none'}, "
                              f"scales {', '.join(f'{s:g}' for s in scales)}")]
 
+    def metadata(self, findings, skipped: Optional[int] = None) -> dict:
+        """What a recorded trace keeps of the ranks (fpemu.record_torch on a distributed run).
+
+        Args:
+          findings: the audit's findings so far (its ``ranks_disagree`` is this check's).
+          skipped: this rank's skipped updates, to gather with every rank's final scale (one
+            ``all_gather_object``, which every rank makes as it leaves the recorder); None gathers
+            nothing (a rank leaving on an exception must not wait for its peers).
+
+        Returns:
+          ``rank``, ``world_size``, ``found_inf_reduction`` (None: not reduced), ``disagree``: None
+          where every rank agreed, else the first attempt at which they did not, with the ranks that
+          skipped and applied it and each rank's scale; with ``skipped``, ``skipped_per_rank`` and
+          ``final_scales`` (every rank's).
+        """
+        disagree = next((f for f in findings if f.kind == "ranks_disagree"), None)
+        out = {"rank": self._rank, "world_size": self._world,
+               "found_inf_reduction": found_inf_reduction(self._scaler, self._params),
+               "disagree": None if disagree is None else {"attempt": disagree.step, **{
+                   key: list(disagree.effect[key]) for key in ("skipped_ranks", "applied_ranks", "scales")}}}
+        if skipped is not None:
+            every = [None] * self._world
+            _dist().all_gather_object(every, (int(skipped), float(self._scaler.get_scale())))
+            out.update(skipped_per_rank=[count for count, _ in every], final_scales=[scale for _, scale in every])
+        return out
+
 
 def rank_check(scaler, params) -> Optional[RankCheck]:
     """A :class:`RankCheck` when torch.distributed runs more than one rank and there is a scaler, else None."""

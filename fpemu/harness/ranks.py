@@ -31,7 +31,8 @@ from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Dive
 from fpemu.harness.jobs import job_failure, matches, parse_implementation
 from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
-from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, predict
+from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, group_members, predict
+from fpemu.ranks.model import DP
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs import Implementation, RanksScenario, load_specs
 from fpemu.traces import Trace, trace_filename, write_trace
@@ -86,14 +87,18 @@ def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Im
 
 
 def _case_trace(scenario, name: str, rank: int, implementation: str, scaler_trace, versions, device,
-                world_size: int, inject: str) -> Trace:
+                world_size: int, inject: str, overrides: tuple = ()) -> Trace:
+    """A rank's trace; its parameters are the scaler trace's (the real scaler's, read back, for a real run),
+    ``overrides`` what the real run answered differently from the framework's view of the machine."""
     profile = get_profile(SCALERS[scenario.scaler].profile)
     extra = {"ranks": {"case": name, "rank": rank, "world_size": world_size, "layout": scenario.layout,
-                       "scaler": scenario.scaler, "inject": inject}}
+                       "scaler": scenario.scaler, "inject": inject,
+                       **({"model_parallel": scenario.model_parallel} if scenario.model_parallel > 1 else {}),
+                       **({"reduce_over": list(scenario.reduce_over)} if scenario.reduce_over else {}),
+                       **({"overrides": list(overrides)} if overrides else {})}}
     if implementation == REFERENCE:
         extra["verified"] = profile.verified
-    metadata = trace_metadata(scenario, implementation, profile.name, {**profile.defaults, **scenario.params},
-                         versions, device, **extra)
+    metadata = trace_metadata(scenario, implementation, profile.name, scaler_trace.params, versions, device, **extra)
     return Trace(metadata, trace_steps(scaler_trace, scenario.record), trace_summary(scaler_trace))
 
 
@@ -110,30 +115,36 @@ def _observed_traces(scenario, name, case, impl, result) -> tuple:
     out = []
     for record in result.ranks:
         trace = observed_trace(profile, scenario.params, record.found_inf, record.scales, record.applied,
-                               record.growth_tracker, record.final_scale)
+                               record.growth_tracker, record.final_scale, read_back=record.scaler_params or None)
         out.append(_case_trace(scenario, name, record.rank, implementation_key(impl), trace, versions, impl.device,
-                               case.world_size, case.inject))
+                               case.world_size, case.inject, record.overrides))
     return tuple(out)
 
 
-def _drift(layout: str, result) -> Optional[tuple]:
-    """(first step whose parameter checksums differ between ranks, largest final |difference|) for a
-    replicated layout; None for a sharded one."""
-    if LAYOUTS[layout].sharded or not result.ranks:
+def _drift(case, result) -> Optional[tuple]:
+    """(first step whose parameter checksums differ between replicas, largest final |difference|) for a
+    replicated layout, the replicas being each data-parallel group's ranks; None for a sharded one."""
+    layout = LAYOUTS[case.layout]
+    if (layout.sharded and not layout.replicas) or not result.ranks:
         return None
-    sums = [[float(v).hex() for v in r.checksums] for r in result.ranks]
-    first = next((step for step in range(len(sums[0])) if len({s[step] for s in sums}) > 1), None)
-    final = np.array([r.final_params for r in result.ranks], dtype=np.float64)
-    return first, float(np.max(np.abs(final - final[0])))
+    firsts, largest = [], 0.0
+    for ranks in group_members(case.world_size, case.model_parallel, DP):
+        sums = [[float(v).hex() for v in result.ranks[r].checksums] for r in ranks]
+        firsts += [step for step in range(len(sums[0])) if len({s[step] for s in sums}) > 1][:1]
+        final = np.array([result.ranks[r].final_params for r in ranks], dtype=np.float64)
+        largest = max(largest, float(np.max(np.abs(final - final[0]))))
+    return min(firsts, default=None), largest
 
 
-def _describe_drift(drift) -> str:
+def _describe_drift(drift, model_parallel: int = 1) -> str:
     if drift is None:
         return "the ranks hold different shards: each shard was updated at other steps than its peers"
     step, size = drift
+    slices = (" (compared within each data-parallel group: model-parallel ranks hold other slices)"
+              if model_parallel > 1 else "")
     if step is None:
-        return "the replicas' parameters stay identical"
-    return f"the replicas' parameters differ from step {step} (final max |difference| {size:.6g})"
+        return "the replicas' parameters stay identical" + slices
+    return f"the replicas' parameters differ from step {step} (final max |difference| {size:.6g})" + slices
 
 
 def _cross_rank_divergence(verdict) -> Divergence:
@@ -159,7 +170,7 @@ def ending(error: str) -> str:
     return next((words for marker, words in _ENDINGS.items() if marker in error), error)
 
 
-def _judge(name, impl, declared, prediction, result, reference, observed, drift) -> Verdict:
+def _judge(name, impl, declared, prediction, result, reference, observed, drift, case) -> Verdict:
     """The case's Verdict (see the module doc)."""
     key = implementation_key(impl)
     if result.error is not None:
@@ -184,7 +195,7 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift)
                                 "the ranks agree")
         return Verdict(name, key, MATCH, steps_compared=steps)
     divergence = _cross_rank_divergence(ranks)
-    detail = _describe_drift(drift)
+    detail = _describe_drift(drift, case.model_parallel)
     if declared is not None and declared.step == ranks.step:
         return Verdict(name, key, KNOWN, divergence, note=f"{declared.reason}; {detail}", steps_compared=steps)
     what = (f"declared at step {declared.step} ({declared.reason}), found at step {ranks.step} instead"
@@ -196,7 +207,8 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift)
 def case_payload(scenario: RanksScenario, case) -> dict:
     """What a rank needs of a case (plain values: it crosses into the forked ranks)."""
     return {"layout": case.layout, "scaler": case.scaler, "params": case.params, "inject": case.inject,
-            "overflow": [list(flags) for flags in case.overflow], "step_keyed_collective": scenario.step_keyed_collective}
+            "overflow": [list(flags) for flags in case.overflow], "model_parallel": case.model_parallel,
+            "reduce_over": case.reduce_over, "step_keyed_collective": scenario.step_keyed_collective}
 
 
 def _run_group(jobs, world_size: int, device: str) -> list:
@@ -253,8 +265,8 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
             verdict = dataclasses.replace(job_failure(scenario, impl, result), spec=name)
         else:
             observed = _observed_traces(scenario, name, case, impl, result)
-            drift, seconds = _drift(scenario.layout, result), result.seconds
-            verdict = _judge(name, impl, declared, prediction, result, reference, observed, drift)
+            drift, seconds = _drift(case, result), result.seconds
+            verdict = _judge(name, impl, declared, prediction, result, reference, observed, drift, case)
         for rank, trace in enumerate(reference):
             written.append(write_trace(trace, golden_dir / trace_filename(f"{name}.rank{rank}", REFERENCE)))
         for rank, trace in enumerate(observed):

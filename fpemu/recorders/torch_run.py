@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 from typing import Callable, Optional
 
 from fpemu.audits.torch_loop import TorchLoopAudit, _torch
@@ -158,6 +159,17 @@ def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
     return torch.stack(counts).sum(0)
 
 
+def _rank_path(path, ranks: Optional[dict]):
+    """Where this rank writes its trace: ``path`` on one rank; on several, ``{rank}`` in it filled in,
+    else ``.rank<r>`` before its suffix (``run.json`` -> ``run.rank1.json``), so ranks never share a file."""
+    if ranks is None:
+        return path
+    if "{rank}" in str(path):
+        return pathlib.Path(str(path).format(rank=ranks["rank"]))
+    path = pathlib.Path(path)
+    return path.with_name(f"{path.stem}.rank{ranks['rank']}{path.suffix}")
+
+
 @dataclasses.dataclass
 class _OpenStep:
     """An attempt whose scaler.update has not run yet."""
@@ -208,9 +220,9 @@ class TorchRecorder:
     def __exit__(self, *exc_info) -> None:
         self.audit.__exit__(*exc_info)
         self._close_open()
-        self.trace = self._build_trace()
+        self.trace = self._build_trace(clean=exc_info[0] is None)
         if self._path is not None and exc_info[0] is None:
-            write_trace(self.trace, self._path)
+            write_trace(self.trace, _rank_path(self._path, self.trace.metadata.get("ranks")))
 
     # --- what the audit reports ----------------------------------------------------------
 
@@ -351,7 +363,7 @@ class TorchRecorder:
         self.steps.append(step)
         self._open = None
 
-    def _build_trace(self):
+    def _build_trace(self, clean: bool):
         from fpemu.adapters.torch_amp import _read_back
         from fpemu.harness.run import package_versions
         scaler = self._scaler
@@ -362,7 +374,10 @@ class TorchRecorder:
         metadata = recorded_metadata(
             framework="torch", name=self._name, device=device, profile="torch" if scaling else "none",
             params=params, packages=package_versions(("torch", "numpy")), settings=settings)
+        ranks = self.audit._ranks  # fpemu.audits.distributed.RankCheck on a multi-rank run, else None
         accounting = self.audit.accounting
+        if ranks is not None:  # every rank's skips and final scale are gathered on a clean exit only
+            metadata["ranks"] = ranks.metadata(self.audit.findings, accounting.skipped_updates if clean else None)
         return recorded_trace(metadata, self.steps, final_scale=self.audit._scale(), examples=accounting.examples,
                               scheduler_steps=accounting.scheduler_steps or 0)
 
@@ -384,7 +399,12 @@ def record_torch(scaler, optimizer, model=None, scheduler=None, *, groups="modul
         attempts (0: never).
       compute_format: the fpemu format the statistics round to; None: the autocast dtype the run
         uses (fp16 if none).
-      path: write the trace there on a clean exit (atomically); None keeps it in ``rec.trace``.
+      path: write the trace there on a clean exit (atomically); None keeps it in ``rec.trace``.  On a
+        torch.distributed run of several ranks each rank writes its own: ``{rank}`` in ``path`` is
+        filled in, else ``.rank<r>`` goes before the suffix; the trace's metadata then holds ``ranks``
+        (rank, world_size, the found-inf reduction, the first attempt at which ranks disagreed, every
+        rank's skipped updates and final scale; see fpemu.audits.distributed.RankCheck.metadata) and ``rec.audit.findings`` the audit's
+        ``found_inf_not_reduced`` and ``ranks_disagree``.
       name: the run's name (the trace's ``spec.name``).
       batch_size: examples per backward pass, to count examples; None leaves them uncounted.
       statistics: False records only the scaler and loop fields (no per-group statistics).

@@ -39,7 +39,12 @@ def _what_happened(outcome) -> str:
 
 
 def _setup(scenario) -> str:
-    return f"{scenario.layout.upper()} + {SCALERS[scenario.scaler].real.rpartition('.')[2]}"
+    over = f", found-inf over {' and '.join(scenario.reduce_over)} only" if scenario.reduce_over else ""
+    return f"{scenario.layout.upper()} + {SCALERS[scenario.scaler].real.rpartition('.')[2]}{over}"
+
+
+def _world(world: int, model_parallel: int) -> str:
+    return f"{world} ({world // model_parallel} dp x {model_parallel} mp)" if model_parallel > 1 else str(world)
 
 
 def _issue_table(outcomes) -> str:
@@ -50,14 +55,15 @@ def _issue_table(outcomes) -> str:
         if key not in cells:
             rows.append((key, o.scenario))
         cells.setdefault(key, {})[o.case.inject] = _what_happened(o)
-    table = [(f"`{scenario.name}` ({_setup(scenario)})", world,
+    table = [(f"`{scenario.name}` ({_setup(scenario)})", _world(world, scenario.model_parallel),
               *(cells[(name, world)].get(inject, "-") for inject in INJECTIONS))
              for (name, world), scenario in rows]
     return markdown_table(["spec (setup)", "ranks", *INJECTIONS], table)
 
 
 def _reduction_table() -> str:
-    rows = [(r.framework, ", ".join(r.layouts), "; ".join(f"{op.upper()} over {group}" for op, group in r.ops)
+    rows = [(r.framework, ", ".join(r.layouts),
+             "; ".join(f"{op.upper()} over {name} ({group})" for op, group, name in r.ops)
              or "none", r.when, r.check, r.versions, f"`{r.source}`") for r in FOUND_INF_REDUCTIONS]
     return markdown_table(["scaler", "layouts", "found-inf reduction", "where", "local check", "versions", "source"],
                           rows)
@@ -105,13 +111,39 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
                 if rank == 0 or trace.column("scale") != o.reference[0].column("scale"):
                     ax.step(range(len(trace.steps)), _log_scale(trace.column("scale")), where="post",
                             linestyle=":", color="black", linewidth=1.0)
-            ax.set_title(f"{o.scenario.layout}+{o.scenario.scaler}, {inject} ({world} ranks): {o.verdict.status}",
-                         fontsize=7)
+            ax.set_title(f"{name.removeprefix('ranks_')}, {inject} ({_world(world, o.scenario.model_parallel)}): "
+                         f"{o.verdict.status}", fontsize=7)
             ax.legend(fontsize=6, loc="lower left")
             ax.tick_params(labelsize=6)
     fig.suptitle("Loss scale per rank (model: dotted)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
+
+
+_NOTES = "\n".join(f"- {line}" for line in (
+    "Model-parallel cases: the world is dp x mp ranks, the model-parallel ranks adjacent (rank r is model-parallel "
+    "rank r % mp of replica r // mp, megatron's default order). Each model-parallel rank holds its own slice (its "
+    "own seed) and no tensor-parallel collective runs in forward or backward, so an inf reaches another slice only "
+    "through the found-inf reduction; the `loss` injection is left out there (in real tensor parallelism every "
+    "slice computes the same loss). megatron's model-parallel group spans tensor and pipeline ranks (TP x PP) "
+    "and DeepSpeed's is its mpu's: one mp group stands for either.",
+    "DeepSpeed ZeRO 1/2 (0.19.8) keeps fp16 gradients: the specs start at a scale of 256. At 2^16 a gradient of "
+    "1.0 becomes 65536, above fp16's largest finite 65504, so the engine skips step 0 on every rank: a real "
+    "overflow, which a world of one shows as well (run_engine(3, (), 1, initial_scale_power=16) skips step 0; "
+    "at 2^15 it does not); it was the step-0 skip seen when ZeRO first ran on several ranks here. At 2^16 on 2 "
+    "ranks ZeRO 1 and 2 skip nothing where the scaled gradients fit in fp16: no garbage in ZeRO's buffers, no "
+    "overflow check over padding (tests/test_ranks.py, FPEMU_TEST_ENVS=1).",
+    "DeepSpeed's engine copies an mpu into `deepspeed.utils.groups.mpu` and never clears it, so each case sets it "
+    "to its own (None without model parallelism) before `deepspeed.initialize`; `reduce_over = [\"dp\"]` hands "
+    "the engine an mpu whose model-parallel group is the rank alone, which makes its second MAX a no-op.",
+    "megatron-core (0.16.1): Float16OptimizerWithFloat16Params refuses CPU parameters by their `type()` "
+    "(optimizer.py: 'Wrapped parameters must be one of torch.cuda.FloatTensor, ...') and allocates found_inf "
+    "with device='cuda'; the adapter builds it under two TorchFunctionModes (the CPU tensor's type() named as its "
+    "CUDA twin, cuda allocations moved to the CPU) and then runs megatron's own prepare_grads, found-inf "
+    "all-reduce, scaler update and step on gloo. The distributed optimizer (DistributedOptimizer, whose "
+    "grad_stats_parallel_group spans DP x MP) builds on megatron's own DDP buffers and is not driven here; the "
+    "ChainedOptimizer's per-sub-optimizer scalers are modelled by `fpemu.ranks.chained_scales`.",
+))
 
 
 def ranks_report(folder, outcomes) -> list:
@@ -137,6 +169,7 @@ def ranks_report(folder, outcomes) -> list:
             "## What happened\n\n" + _issue_table(outcomes) + plot +
             "\n\n## Found-inf reductions (read in the installed source)\n\n" + _reduction_table() +
             "\n\n## Injection points and layouts\n\n" + injections + "\n\n" + layouts +
+            "\n\n## Notes\n\n" + _NOTES +
             "\n\n## Every case\n\n" + markdown_table(["case", "implementation", "status", "model", "note"],
                                                       _case_rows(outcomes)) + "\n")
     written.insert(0, atomic_write(folder / "ranks.md", text))

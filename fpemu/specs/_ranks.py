@@ -6,12 +6,15 @@
     steps = 12
 
     [ranks]
-    layout = "ddp"                       # fpemu.ranks.LAYOUTS: ddp | fsdp1 | fsdp2
-    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded
+    layout = "ddp"                       # fpemu.ranks.LAYOUTS: ddp | fsdp1 | fsdp2 | zero1 | zero2 | megatron
+    scaler = "torch"                     # fpemu.ranks.SCALERS: torch (GradScaler) | torch_sharded | deepspeed |
+                                         # megatron
     world_sizes = [2, 4]                 # one case per world size and injection point
     inject = ["loss", "grad_before_reduce", "grad_after_reduce"]   # fpemu.ranks.INJECTIONS
     params = { init_scale = 65536.0, growth_interval = 3 }          # the scaler profile's names
     step_keyed_collective = false        # optional: a collective sized by each rank's update count
+    model_parallel = 2                   # optional: ranks per model replica (world = dp x mp; zero1, zero2, megatron)
+    reduce_over = ["dp"]                 # optional: configure the found-inf collectives over these groups only
 
     [ranks.overflow.1]                   # rank 1's overflow source (any [overflow] source but model);
     source = "explicit"                  # ranks without one never overflow
@@ -28,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fpemu.ranks import INJECTIONS, LAYOUTS, SCALERS, RanksCase
+from fpemu.ranks import FOUND_INF_REDUCTIONS, GROUPS, INJECTIONS, LAYOUTS, SCALERS, RanksCase, found_inf_reduction
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs.loader import _Checker, _overflow_source, _scenario
 from fpemu.specs.scenario import _ScenarioBase
@@ -36,7 +39,7 @@ from fpemu.specs.scenario import _ScenarioBase
 RANKS_FIELDS = ("scale", "overflow", "applied", "growth_counter")
 ENDINGS = ("completes", "abort")
 _RANKS_KEYS = {"layout", "scaler", "world_sizes", "inject", "params", "overflow", "expect_divergence",
-               "step_keyed_collective"}
+               "step_keyed_collective", "model_parallel", "reduce_over"}
 _MAX_WORLD = 16  # forked CPU processes: more is a typo, not a test
 
 
@@ -60,6 +63,7 @@ class RanksScenario(_ScenarioBase):
       overflow: rank -> its OverflowSource.
       expected: injection point -> the RanksDivergence declared there.
       step_keyed_collective: each step ends with a collective sized by the rank's own update count.
+      model_parallel, reduce_over: see fpemu.ranks.RanksCase.
     """
 
     layout: str
@@ -70,6 +74,8 @@ class RanksScenario(_ScenarioBase):
     overflow: dict
     expected: dict
     step_keyed_collective: bool = False
+    model_parallel: int = 1
+    reduce_over: Optional[tuple] = None
 
     @property
     def adapter(self) -> str:
@@ -86,7 +92,8 @@ class RanksScenario(_ScenarioBase):
             flags = tuple(tuple(bool(v) for v in self.overflow[rank].flags(self.steps)) if rank in self.overflow
                           else (False,) * self.steps for rank in range(world_size))
             for inject in self.injections:
-                case = RanksCase(world_size, self.layout, self.scaler, inject, flags, dict(self.params))
+                case = RanksCase(world_size, self.layout, self.scaler, inject, flags, dict(self.params),
+                                 self.model_parallel, self.reduce_over)
                 out.append((self.case_name(inject, world_size), case, self.expected.get(inject)))
         return out
 
@@ -144,9 +151,45 @@ def _expected(check: _Checker, raw, injections: tuple) -> dict:
 def _checked_injections(check: _Checker, raw, layout: Optional[str]) -> tuple:
     injections = _strings(check, raw, "ranks.inject", INJECTIONS)
     for inject in injections:
-        if layout is not None and INJECTIONS[inject].needs_shards and not LAYOUTS[layout].sharded:
-            check.fail("ranks.inject", f"{inject!r} needs a sharded layout (fsdp1, fsdp2); {layout} has no shards")
+        if layout is not None and INJECTIONS[inject].needs_shards and not LAYOUTS[layout].probe_per_rank:
+            able = ", ".join(name for name, row in LAYOUTS.items() if row.probe_per_rank)
+            check.fail("ranks.inject", f"{inject!r} needs a layout whose shards split the probe one element per "
+                                       f"rank ({able}); {layout} has no such shards")
     return injections
+
+
+def _reduction_known(check: _Checker, scaler: str, layout: str) -> None:
+    try:
+        found_inf_reduction(scaler, layout)
+    except ValueError:
+        usable = ", ".join(sorted({row.framework for row in FOUND_INF_REDUCTIONS if row.framework in SCALERS
+                                   and (layout in row.layouts or "*" in row.layouts)}))
+        check.fail("ranks.scaler", f"{scaler!r} does not run on layout {layout!r}; expected one of {usable}")
+
+
+def _model_parallel(check: _Checker, raw, layout: Optional[str], sizes: Optional[tuple]) -> int:
+    size = check.integer(raw, "ranks.model_parallel", 1)
+    if size > 1 and layout is not None and not LAYOUTS[layout].groups:
+        able = ", ".join(name for name, row in LAYOUTS.items() if row.groups)
+        check.fail("ranks.model_parallel", f"layout {layout} runs data parallelism only; model-parallel groups run "
+                                           f"on {able}")
+    for world in sizes or ():
+        if world % size or world == size:
+            check.fail("ranks.model_parallel", f"expected a divisor of every world size that leaves at least two "
+                                               f"data-parallel ranks, got {size} for {world} ranks")
+    return size
+
+
+def _reduce_over(check: _Checker, raw, scaler: Optional[str], layout: Optional[str]) -> tuple:
+    groups = _strings(check, raw, "ranks.reduce_over", GROUPS)
+    if scaler and layout:
+        if not LAYOUTS[layout].groups:
+            check.fail("ranks.reduce_over", f"layout {layout}'s real run cannot configure its found-inf groups")
+        own = [group for _, group, _ in found_inf_reduction(scaler, layout).ops]
+        if set(groups) - set(own):
+            check.fail("ranks.reduce_over", f"expected some of {scaler}'s own found-inf groups ({', '.join(own)}): a "
+                                            "real run can leave a collective out, not add one")
+    return groups
 
 
 def _params(check: _Checker, scaler: str, raw) -> dict:
@@ -174,17 +217,24 @@ def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksS
             check.attempt(check.fail, f"ranks.{required}", "missing required key")
     layout = check.attempt(check.choice, ranks.get("layout"), "ranks.layout", tuple(LAYOUTS)) if "layout" in ranks else None
     scaler = check.attempt(check.choice, ranks.get("scaler"), "ranks.scaler", tuple(SCALERS)) if "scaler" in ranks else None
+    if scaler and layout:
+        check.attempt(_reduction_known, check, scaler, layout)
     params = check.attempt(_params, check, scaler, ranks.get("params", {})) if scaler else None
     sizes = check.attempt(_world_sizes, check, ranks["world_sizes"]) if "world_sizes" in ranks else None
     injections = check.attempt(_checked_injections, check, ranks["inject"], layout) if "inject" in ranks else None
     overflow = (check.attempt(_rank_overflows, check, ranks["overflow"], steps, min(sizes))
                 if "overflow" in ranks and sizes else None)
     expected = check.attempt(_expected, check, ranks.get("expect_divergence", {}), injections) if injections else None
+    model_parallel = (check.attempt(_model_parallel, check, ranks["model_parallel"], layout, sizes)
+                      if "model_parallel" in ranks else 1)
+    reduce_over = (check.attempt(_reduce_over, check, ranks["reduce_over"], scaler, layout)
+                   if "reduce_over" in ranks else None)
     keyed = ranks.get("step_keyed_collective", False)
     if not isinstance(keyed, bool):
         check.attempt(check.fail, "ranks.step_keyed_collective", f"expected true or false, got {keyed!r}")
     check.raise_errors()
     return _scenario(check, RanksScenario, raw, text, path, steps=steps, implementations=(), record=RANKS_FIELDS,
                      layout=layout, scaler=scaler, params=params, world_sizes=sizes, injections=injections,
-                     overflow=overflow, expected=expected, step_keyed_collective=keyed)
+                     overflow=overflow, expected=expected, step_keyed_collective=keyed,
+                     model_parallel=model_parallel, reduce_over=reduce_over)
 
