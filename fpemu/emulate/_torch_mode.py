@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
-from fpemu.emulate.policy import GEMM_OPS, Policy, get_policy
+from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.errors import FpemuInputError
 
@@ -490,6 +490,7 @@ def emulate_torch(policy="cuda_autocast_fp16", *, model=None, telemetry: Telemet
         print(telemetry.summary().first_nonfinite)
     """
     policy = get_policy(policy, **overrides)
+    check_framework(policy, "torch")
     telemetry = telemetry if telemetry is not None else Telemetry()
     runtime = _Runtime(policy, telemetry, model)
     module_hooks = torch.nn.modules.module

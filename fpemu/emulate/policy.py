@@ -11,6 +11,8 @@ A :class:`Policy` is a frozen value.  Its ``placement`` says how ops are placed:
 * ``fp8``: the matrix products (``GEMM_OPS``) read their operands quantized to ``compute`` in the
   forward pass and to ``backward`` in the backward pass, each tensor with its own power-of-two scale
   (its amax maps to at most the format's max finite); every other op stays float32.
+* ``program``: the dtypes the program itself gives each result (JAX: the jaxpr's output dtypes, bf16,
+  fp16, float8 types), every narrower result rounded once; ``compute`` is not used (fp32).
 
 The core of this module imports neither torch nor JAX: a JAX emulator reads the same policies.
 """
@@ -23,7 +25,9 @@ from typing import Optional
 from fpemu.errors import FpemuInputError
 from fpemu.formats import OVERFLOW_MODES, ROUNDING_MODES, Format, get_format
 
-PLACEMENTS = ("autocast", "pure", "fp8")
+PLACEMENTS = ("autocast", "pure", "fp8", "program")
+# The emulators that place ops each way: torch's mode decides dtypes itself; a jaxpr states its own.
+PLACEMENT_FRAMEWORKS = {"autocast": ("torch",), "pure": ("torch",), "fp8": ("torch",), "program": ("jax",)}
 ACCUMULATIONS = ("fp32", "low")
 TABLE_DEVICES = ("cuda", "cpu")
 # The matrix products fp8 places (aten overload packets, as torch names them below autograd), and the
@@ -135,7 +139,23 @@ POLICIES = {
     "pure_fp16": dict(placement="pure", compute="fp16"),
     "pure_bf16": dict(placement="pure", compute="bf16"),
     "fp8": dict(placement="fp8", compute="fp8_e4m3fn", backward="fp8_e5m2"),
+    "program": dict(placement="program", compute="fp32"),
 }
+
+
+def check_framework(policy: Policy, framework: str) -> None:
+    """Refuse a policy whose placement ``framework``'s emulator does not implement (``PLACEMENT_FRAMEWORKS``).
+
+    Raises:
+      FpemuInputError: naming the policy, its placement and the placements the framework takes.
+
+    Example:
+      >>> check_framework(get_policy("program"), "jax")
+    """
+    if framework not in PLACEMENT_FRAMEWORKS[policy.placement]:
+        takes = [p for p, frameworks in PLACEMENT_FRAMEWORKS.items() if framework in frameworks]
+        raise FpemuInputError(f"policy {policy.name}: placement {policy.placement} is not one {framework} emulates; "
+                              f"{framework} takes placement {', '.join(takes)}")
 
 
 def get_policy(policy="cuda_autocast_fp16", **overrides) -> Policy:
