@@ -55,8 +55,10 @@ _EXACT = """reshape broadcast_in_dim transpose squeeze expand_dims concatenate s
     select_and_gather_add reduce_precision pvary real imag""".split()
 _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh cosh asinh acosh atanh
     sqrt rsqrt cbrt pow integer_pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
-    cumlogsumexp cummax cummin reduce_prod scatter-add scatter_add scatter-mul scatter_mul
-    select_and_scatter_add reduce_window_sum""".split()
+    cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum""".split()
+# Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
+# program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
+_NATIVE = "scatter-add scatter_add scatter-mul scatter_mul".split()
 # arith primitive -> (the Kernel method computing it in float32, the numpy ufunc for float64)
 _ARITH_OPS = {"add": ("add", np.add), "add_any": ("add", np.add), "sub": ("sub", np.subtract),
               "mul": ("mul", np.multiply), "div": ("div", np.divide)}
@@ -66,6 +68,7 @@ _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_ca
           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
 # The one table of how each primitive is placed (see the module docstring).
 PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _XLA},
+              **{name: "native" for name in _NATIVE},
               **{name: "arith" for name in _ARITH}, **{name: "call" for name in _CALLS},
               "dot_general": "dot", "reduce_sum": "reduce_sum", "convert_element_type": "convert",
               "cond": "cond", "while": "while", "scan": "scan"}
@@ -219,6 +222,14 @@ class _Interpreter:
                 return [ufunc(a[0], a[1])]
         return [getattr(self.kernel, method)(a[0], a[1])]
 
+    def _native(self, eqn, args) -> list:
+        outs = self._bind(eqn, args)
+        for out in outs:
+            if out.dtype.itemsize < 4:
+                wide = out.astype(F32)
+                self._count(wide, wide, get_format(out.dtype), self.where)
+        return outs
+
     def _xla(self, eqn, args) -> list:
         return self._bind(eqn, [self._widen(x) for x in args])
 
@@ -354,6 +365,14 @@ def semantics_record(semantics: StepSemantics) -> dict:
                                   if f not in APPLIED_SEMANTICS and f != "name" and v not in (False, None))}
 
 
+def primitive_table(semantics) -> dict:
+    """The placement table and the semantics as a trace records them (its ``op_table``)."""
+    kinds = {}
+    for name, kind in sorted(PRIMITIVES.items()):
+        kinds.setdefault(kind, []).append(name)
+    return {"jax": jax.__version__, "primitives": kinds, "semantics": semantics_record(get_semantics(semantics))}
+
+
 class JaxEmulation:
     """A function emulated: call it like the function; its telemetry accumulates over calls.
 
@@ -424,6 +443,9 @@ def emulate_jax(fn, policy="program", *, semantics="jax_cpu_strict", telemetry: 
     """
     policy = get_policy(policy, **overrides)
     check_framework(policy, "jax")
+    if policy.accumulation != "fp32":
+        raise FpemuInputError(f"policy {policy.name}: accumulation {policy.accumulation!r} is torch's; the JAX "
+                              "interpreter accumulates in float32 in the semantics' dot and reduce orders")
     try:
         semantics = get_semantics(semantics)
     except (TypeError, ValueError) as error:
