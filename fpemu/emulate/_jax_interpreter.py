@@ -10,7 +10,8 @@ How it works (the WHY of each part):
   (+ - * /) runs as float32 arithmetic under the chosen :class:`fpemu.steps.StepSemantics` (FTZ/DAZ
   as XLA:CPU sets it, or IEEE) through fpemu's step :class:`~fpemu.steps.kernel.Kernel`; ``xla``
   (transcendentals, powers, scans of sums) runs XLA's own float32 kernel on the widened inputs (the
-  approximation the program runs, so a rounding is the only difference); ``dot`` and ``reduce_sum``
+  approximation the program runs, so a rounding is the only difference); ``native`` (scatter-add, whose
+  parameters fix its dtype) runs XLA's kernel in the program's dtype; ``dot`` and ``reduce_sum``
   accumulate in float32 in the semantics' order and round once (``xla_cpu``: XLA's own kernels: its
   float32 dot, and its reduce in the program's dtype, which rounds every partial sum); ``convert`` rounds float -> narrower
   float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting) cannot
