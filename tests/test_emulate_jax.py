@@ -167,6 +167,7 @@ def test_name_stack_reading():
     assert parse_name_stack("transpose(jvp(Model))/block/fc") == ("backward", "Model/block/fc")
     assert parse_name_stack("jvp()") == ("forward", "<root>")
     assert parse_name_stack("transpose(jvp())/rematted_computation") == ("backward", "<root>")
+    assert parse_name_stack("jvp(M)/attn/...qhd,...khd->...hqk") == ("forward", "M/attn")
 
 
 def test_refusals_name_what_is_wrong():

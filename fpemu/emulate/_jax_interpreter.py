@@ -78,7 +78,7 @@ PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _
 APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "dot", "reduce")
 DOT_ORDERS = ("xla_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "sequential", "pairwise")
-# Name-stack segments JAX itself pushes (not modules).
+# Name-stack segments JAX itself pushes (not modules; jnp.einsum also pushes its spec, "...qhd,...khd->...hqk").
 _INTERNAL_SCOPES = ("rematted_computation",)
 _TRANSFORM = re.compile(r"^[A-Za-z_]+\((.*)\)$")
 
@@ -101,7 +101,7 @@ def parse_name_stack(stack: str) -> tuple:
         while match:
             segment = match.group(1)
             match = _TRANSFORM.match(segment)
-        if segment and segment not in _INTERNAL_SCOPES:
+        if segment and segment not in _INTERNAL_SCOPES and "->" not in segment:  # "->": jnp.einsum's scope
             parts.append(segment)
     return direction, "/".join(parts) or ROOT
 
