@@ -30,6 +30,7 @@ How it works (the WHY of each part):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -75,7 +76,7 @@ PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _
               "cond": "cond", "while": "while", "scan": "scan"}
 # The StepSemantics fields the interpreter applies to every program (the others model rewrites XLA
 # makes across equations of the built-in step; the trace lists them as not applied).
-APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "dot", "reduce")
+APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "fma", "dot", "reduce")
 DOT_ORDERS = ("xla_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "sequential", "pairwise")
 # Name-stack segments JAX itself pushes (not modules; jnp.einsum also pushes its spec, "...qhd,...khd->...hqk").
@@ -130,6 +131,13 @@ def rounding_counts(before: np.ndarray, after: np.ndarray, min_normal: float):
     return counts, None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Product:
+    """A float32 multiply left for the add or sub that reads it (an FMA, rounded once)."""
+    left: np.ndarray
+    right: np.ndarray
+
+
 @dataclasses.dataclass
 class _Where:
     """The equation being evaluated: its primitive, pass and module (errors and telemetry name them)."""
@@ -146,6 +154,7 @@ class _Interpreter:
         self.kernel = Kernel(semantics, _FP32)
         self.rounding_calls = 0
         self.where = None  # the equation being evaluated
+        self._fusions = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies)
         for field, value, orders in (("dot", semantics.dot, DOT_ORDERS), ("reduce", semantics.reduce, REDUCE_ORDERS)):
             if value not in orders:
                 raise FpemuInputError(f"semantics {semantics.name}: {field} order {value!r} is not one the JAX "
@@ -164,13 +173,36 @@ class _Interpreter:
             env[var] = np.asarray(value)
         for var, value in zip(jaxpr.invars, args):
             env[var] = value
+        fused = self._fused_products(jaxpr) if self.semantics.fma else ()
         for eqn in jaxpr.eqns:
+            if id(eqn) in fused:  # a float32 multiply the add or sub reading it contracts into an FMA
+                env[eqn.outvars[0]] = _Product(*(self._widen(read(v)) for v in eqn.invars))
+                continue
             inner = str(eqn.source_info.name_stack)
             full = "/".join(part for part in (stack, inner) if part)
             outs = self.equation(eqn, [read(v) for v in eqn.invars], full)
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
+
+    def _fused_products(self, jaxpr) -> set:
+        """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
+        sets ``AllowFPOpFusion=Fast``): StepSemantics' ``fma``, as in the step's ``p - lr * g``."""
+        hit = self._fusions.get(id(jaxpr))
+        if hit is None:
+            uses = collections.Counter(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jcore.Literal))
+            uses.update(v for v in jaxpr.outvars if not isinstance(v, jcore.Literal))
+            products, fused = {}, set()
+            for eqn in jaxpr.eqns:
+                single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
+                if eqn.primitive.name in ("add", "add_any", "sub") and single:
+                    source = next((products[v] for v in eqn.invars if v in products and uses[v] == 1), None)
+                    if source is not None:
+                        fused.add(source)
+                elif eqn.primitive.name == "mul" and single:
+                    products[eqn.outvars[0]] = id(eqn)
+            hit = self._fusions[id(jaxpr)] = (jaxpr, fused)  # the jaxpr kept alive: its id stays its own
+        return hit[1]
 
     def run_closed(self, closed, args, stack: str) -> list:
         if isinstance(closed, jcore.ClosedJaxpr):
@@ -211,6 +243,9 @@ class _Interpreter:
     # -- kinds that compute (each returns float32 values, or wider, for round) ---
     def _arith(self, eqn, args) -> list:
         name = eqn.primitive.name
+        product = next((i for i, x in enumerate(args) if isinstance(x, _Product)), None)
+        if product is not None:
+            return [self._fma(name, args, product)]
         a = [self._widen(x) for x in args]
         if name == "square":
             a, name = [a[0], a[0]], "mul"
@@ -222,6 +257,14 @@ class _Interpreter:
             with np.errstate(all="ignore"):
                 return [ufunc(a[0], a[1])]
         return [getattr(self.kernel, method)(a[0], a[1])]
+
+    def _fma(self, name: str, args, index: int):
+        """add / sub of a contracted product (``args[index]``) and the other operand, rounded once."""
+        a, b = args[index].left, args[index].right
+        other = self._widen(args[1 - index])
+        if name == "sub":  # p - a * b = fma(-a, b, p); a * b - c = fma(a, b, -c)
+            return self.kernel.fma(-a, b, other) if index == 1 else self.kernel.fma(a, b, -other)
+        return self.kernel.fma(a, b, other)
 
     def _native(self, eqn, args) -> list:
         outs = self._bind(eqn, args)
@@ -237,9 +280,11 @@ class _Interpreter:
     def _dot(self, eqn, args) -> list:
         (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
         lhs, rhs = (self._widen(x) for x in args)
-        if self.semantics.dot == "xla_cpu" or lhs.dtype != F32 or rhs.dtype != F32:
-            params = {**eqn.params, "preferred_element_type": np.dtype(F32) if lhs.dtype == F32 else None}
-            return [np.asarray(jax.lax.dot_general_p.bind(lhs, rhs, **params))]
+        if lhs.dtype != F32 or rhs.dtype != F32:
+            return [np.asarray(jax.lax.dot_general_p.bind(lhs, rhs, **eqn.params))]
+        if self.semantics.dot == "xla_cpu":
+            return [self._xla_native(eqn, args, jax.lax.dot_general_p,
+                                     {**eqn.params, "preferred_element_type": np.dtype(F32)}, [lhs, rhs])]
         a = _matrix_layout(lhs, lhs_batch, lhs_contract)  # (B, M, K)
         b = _matrix_layout(rhs, rhs_batch, rhs_contract)  # (B, N, K)
         shape = eqn.outvars[0].aval.shape
@@ -257,7 +302,7 @@ class _Interpreter:
         if value.dtype != F32:
             return [np.asarray(jax.lax.reduce_sum_p.bind(value, **eqn.params))]
         if self.semantics.reduce == "xla_cpu":
-            return [self._xla_reduce_sum(eqn, args[0], value)]
+            return [self._xla_native(eqn, args, jax.lax.reduce_sum_p, eqn.params, [value])]
         if self.semantics.reduce == "pairwise":
             return [np.sum(value, axis=axes, dtype=F32)]
         kept = [i for i in range(value.ndim) if i not in axes]
@@ -272,12 +317,13 @@ class _Interpreter:
         # numpy's accumulate is strictly sequential; + 0.0 makes the start +0 (an all -0 sum is +0).
         return [np.add.accumulate(moved, axis=-1, dtype=F32)[..., -1] + F32(0)]
 
-    def _xla_reduce_sum(self, eqn, native, wide):
-        """XLA's own reduce in the program's dtype (a bf16 / f16 reduce keeps a reducer of that dtype,
-        rounding every partial sum); counted against XLA's float32 sum of the same values."""
-        result = np.asarray(jax.lax.reduce_sum_p.bind(native, **eqn.params))
+    def _xla_native(self, eqn, args, primitive, wide_params, wide_args):
+        """XLA's own kernel on the program's dtypes (its order, and a bf16 / f16 reduce keeps a reducer
+        of that dtype, rounding every partial sum), counted against XLA's float32 result of the same
+        values (``wide_params`` on ``wide_args``)."""
+        result = np.asarray(primitive.bind(*args, **eqn.params))
         if result.dtype != F32:
-            exact = np.asarray(jax.lax.reduce_sum_p.bind(wide, **eqn.params))
+            exact = np.asarray(primitive.bind(*wide_args, **wide_params))
             self._count(exact, result.astype(F32), get_format(result.dtype), self.where)
         return result
 
