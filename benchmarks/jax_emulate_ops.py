@@ -40,6 +40,20 @@ def _programs():
                 yield kind, name, dtype, fn, arity
 
 
+def _emulations():
+    """Each program under the default semantics; reduce_sum also rounded once (a float32 sum in
+    program order), beside XLA's own low-precision reducer that the default runs."""
+    import dataclasses
+
+    from fpemu.steps import SEMANTICS
+    default = SEMANTICS["jax_cpu_strict"]
+    once = dataclasses.replace(default, name="jax_cpu_strict, reduce=sequential", reduce="sequential")
+    for kind, name, dtype, fn, arity in _programs():
+        yield kind, name, dtype, fn, arity, default
+        if name.startswith("reduce_sum"):
+            yield kind, name, dtype, fn, arity, once
+
+
 def _jitted_results() -> dict:
     """(name, dtype) -> float32 values of jax.jit's result, in this process's XLA flags."""
     import jax
@@ -62,15 +76,17 @@ def _op_rows() -> list:
     from fpemu.emulate import emulate_jax
     by_flags = {"default": _jitted_results(), "strict": _strict_results()}
     rows = []
-    for kind, name, dtype, fn, arity in _programs():
-        got = np.asarray(emulate_jax(fn)(*inputs(jnp.dtype(dtype), arity, len(name), SIZE))).astype(np.float32)
+    for kind, name, dtype, fn, arity, semantics in _emulations():
+        args = inputs(jnp.dtype(dtype), arity, len(name), SIZE)
+        got = np.asarray(emulate_jax(fn, semantics=semantics)(*args)).astype(np.float32)
         fmt = fpemu.get_format("bf16" if dtype == "bfloat16" else "fp16")
+        label = name if semantics.name == "jax_cpu_strict" else f"{name} ({semantics.name})"
         for flags, results in by_flags.items():
             expected, emulated = results[(name, dtype)].ravel(), got.ravel()
             # equal infinities and NaN on both sides agree; the histogram reads the rest (its norm needs finite values)
             agree = (expected == emulated) & ~np.isfinite(expected) | np.isnan(expected) & np.isnan(emulated)
             measured = histogram(expected[~agree], emulated[~agree], fmt)
-            rows.append({"format": fmt.name, "program": name, "kind": kind, "flags": flags, "values": expected.size,
+            rows.append({"format": fmt.name, "program": label, "kind": kind, "flags": flags, "values": expected.size,
                          "non-finite agree": int(agree.sum()), **measured})
     return rows
 
@@ -122,10 +138,12 @@ def main() -> dict:
                   f"XLA flags: default, or strict ({STRICT}, a worker process).  Inputs: tests/jax_op_cases.py, "
                   f"{SIZE} values of the format (normal at three magnitudes, signed zeros, infinities, NaN, "
                   "subnormals); equal infinities and NaN on both sides agree (their own column), the ulp columns count the rest.",
-                  "One-primitive programs at 0 ulp are asserted bit for bit by tests/test_emulate_jax.py.  Where "
-                  "XLA computes otherwise (its compiled HLO): logistic is rewritten as 1 / (1 + exp(-x)) in ops "
-                  "of the low dtype, each rounded; x**3 is lowered to two multiplies in it; cumsum's scan adds in "
-                  "it; fp16 expm1 has a kernel of its own.  The interpreter rounds each once (the jaxpr's reading).",
+                  "One-primitive programs at 0 ulp are asserted bit for bit by tests/test_emulate_jax.py (integer_pow "
+                  "and logistic computed as JAX lowers and XLA expands them: square-and-multiply, 1 / (1 + exp(-x)), "
+                  "each op in the low dtype).  Where XLA computes otherwise (its compiled HLO): cumsum's scan adds "
+                  "in the low dtype, fp16 expm1 is a kernel of its own; the interpreter rounds once.  reduce_sum "
+                  "under the default semantics is XLA's own low-precision reducer (0 ulp by construction, not "
+                  "claimed); the reduce=sequential row is fpemu's float32 sum rounded once against it.",
                   "Chained programs under default flags: XLA's excess precision keeps bf16 intermediates of a "
                   "fusion in float32 (strict flags round them, as the interpreter does).",
                   "The built-in step's jaxpr, interpreted, against fpemu.mixed_precision_step in the same "

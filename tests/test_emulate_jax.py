@@ -18,12 +18,14 @@ from fpemu.errors import FpemuInputError  # noqa: E402
 from jax_op_cases import SINGLE, inputs  # noqa: E402
 from trace_checks import same_floats  # noqa: E402
 
-# One-primitive programs where XLA:CPU computes otherwise than "float32, rounded once" (measured in
-# reports/emulate_jax_ops.md): XLA rewrites logistic as 1 / (1 + exp(-x)) in ops of the low dtype, each
-# rounded; JAX lowers x**3 to two multiplies in it; cumsum's scan adds in it; float16 expm1 has a kernel
-# of its own.  (reduce_sum agrees: the default semantics runs XLA's own low-dtype reducer.)
-XLA_COMPUTES_OTHERWISE = {"float16": {"logistic", "integer_pow 3", "expm1", "cumsum over rows"},
-                          "bfloat16": {"logistic", "integer_pow 3", "cumsum over rows"}}
+# One-primitive programs where XLA:CPU computes otherwise than the interpreter (measured in
+# reports/emulate_jax_ops.md): JAX lowers cumsum to a scan that adds in the low dtype; XLA's float16
+# expm1 is a kernel of its own.  (integer_pow and logistic agree: the interpreter computes them as JAX
+# lowers and XLA expands them, a chain of rounded low-precision ops.)
+XLA_COMPUTES_OTHERWISE = {"float16": {"expm1", "cumsum over rows"}, "bfloat16": {"cumsum over rows"}}
+# Under the default semantics (reduce="xla_cpu") a low-precision reduce_sum is XLA's own reducer, so
+# comparing it with jit would prove nothing; the report measures fpemu's rounded-once sum against it.
+XLA_KERNEL_HERE = {"reduce_sum over rows"}
 
 
 def _wide(value):
@@ -31,7 +33,7 @@ def _wide(value):
 
 
 FULL = os.environ.get("FPEMU_TEST_ENVS") == "1"  # every program of the table (stage 2); a sample by default
-SAMPLE = ("add", "mul", "div", "exp", "tanh", "erf", "reduce_sum over rows", "dot_general (16, n/16) @ (n/16, 16)",
+SAMPLE = ("add", "mul", "div", "exp", "tanh", "erf", "logistic", "integer_pow 3", "dot_general (16, n/16) @ (n/16, 16)",
           "convert to float8_e4m3fn")
 
 
@@ -39,14 +41,14 @@ SAMPLE = ("add", "mul", "div", "exp", "tanh", "erf", "reduce_sum over rows", "do
 def test_one_primitive_programs_match_jit_bit_for_bit(dtype):
     checked = 0
     for name, (fn, arity) in SINGLE.items():
-        if name in XLA_COMPUTES_OTHERWISE[dtype] or not (FULL or name in SAMPLE):
+        if name in XLA_COMPUTES_OTHERWISE[dtype] | XLA_KERNEL_HERE or not (FULL or name in SAMPLE):
             continue
         args = inputs(jnp.dtype(dtype), arity, seed=len(name))
         expected, got = jax.jit(fn)(*args), emulate_jax(fn)(*args)
         assert got.dtype == expected.dtype, name
         assert same_floats(_wide(got), _wide(expected)), name
         checked += 1
-    assert checked >= (19 if FULL else len(SAMPLE))
+    assert checked >= (21 if FULL else len(SAMPLE))
 
 
 @pytest.mark.skipif(not FULL, reason="a check of the exception list: FPEMU_TEST_ENVS=1")
@@ -190,6 +192,9 @@ def test_refusals_name_what_is_wrong():
         emulate_jax(lambda v: mystery.bind(v * 2))(jnp.ones(3, jnp.bfloat16))
     with pytest.raises(FpemuInputError, match="placement autocast is not one jax emulates"):
         emulate_jax(lambda v: v, "cuda_autocast_fp16")
+    scatter = lambda e, i: e.at[i].add(e[:2])  # noqa: E731  (XLA's own bf16 scatter-add rounds to nearest)
+    with pytest.raises(FpemuInputError, match="primitive 'scatter-add'.*rounding=toward_zero"):
+        emulate_jax(scatter, rounding="toward_zero")(jnp.ones(4, jnp.bfloat16), jnp.array([0, 1]))
     with pytest.raises(FpemuInputError, match="dot order 'torch_cpu'"):
         emulate_jax(lambda v: v, semantics="torch_cpu")
     pytest.importorskip("torch")

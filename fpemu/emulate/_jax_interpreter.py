@@ -56,7 +56,7 @@ _EXACT = """reshape broadcast_in_dim transpose squeeze expand_dims concatenate s
     sharding_constraint optimization_barrier nextafter reduce_and reduce_or and or not xor scatter
     select_and_gather_add reduce_precision pvary real imag""".split()
 _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh cosh asinh acosh atanh
-    sqrt rsqrt cbrt pow integer_pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
+    sqrt rsqrt cbrt pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
     cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum""".split()
 # Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
 # program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
@@ -65,12 +65,15 @@ _NATIVE = "scatter-add scatter_add scatter-mul scatter_mul".split()
 _ARITH_OPS = {"add": ("add", np.add), "add_any": ("add", np.add), "sub": ("sub", np.subtract),
               "mul": ("mul", np.multiply), "div": ("div", np.divide)}
 _ARITH = [*_ARITH_OPS, "square"]
+# Primitives that JAX lowers (or XLA expands) into several ops of the program's dtype, each rounded:
+# computed as that chain (``_chain`` names the recipe).
+_CHAINS = ("integer_pow", "logistic")
 _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
 # The one table of how each primitive is placed (see the module docstring).
 PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _XLA},
-              **{name: "native" for name in _NATIVE},
+              **{name: "native" for name in _NATIVE}, **{name: "chain" for name in _CHAINS},
               **{name: "arith" for name in _ARITH}, **{name: "call" for name in _CALLS},
               "dot_general": "dot", "reduce_sum": "reduce_sum", "convert_element_type": "convert",
               "cond": "cond", "while": "while", "scan": "scan"}
@@ -155,6 +158,7 @@ class _Interpreter:
         self.rounding_calls = 0
         self.where = None  # the equation being evaluated
         self._fusions = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies)
+        self.policy_is_xla_rounding = (policy.rounding, policy.overflow, policy.subnormals) == ("nearest_even", "inf", True)
         for field, value, orders in (("dot", semantics.dot, DOT_ORDERS), ("reduce", semantics.reduce, REDUCE_ORDERS)):
             if value not in orders:
                 raise FpemuInputError(f"semantics {semantics.name}: {field} order {value!r} is not one the JAX "
@@ -266,13 +270,46 @@ class _Interpreter:
             return self.kernel.fma(-a, b, other) if index == 1 else self.kernel.fma(a, b, -other)
         return self.kernel.fma(a, b, other)
 
+    def _chain(self, eqn, args) -> list:
+        """integer_pow as JAX lowers it (square-and-multiply, every multiply in the program's dtype) and
+        logistic as XLA expands it (1 / (1 + exp(-x)) in the program's dtype): each step rounded."""
+        dtype = eqn.outvars[0].aval.dtype
+        step = (lambda v: v) if np.dtype(dtype) == F32 else (lambda v: self._quantize(v, get_format(dtype)))
+        k, x = self.kernel, self._widen(args[0])
+        if eqn.primitive.name == "logistic":
+            return [k.div(F32(1), step(k.add(step(self._xla_f32(jax.lax.exp_p, -x)), F32(1))))]
+        power, acc = abs(eqn.params["y"]), None
+        if power == 0:
+            return [np.ones_like(x)]
+        while power:
+            if power & 1:
+                acc = x if acc is None else step(k.mul(acc, x))
+            power >>= 1
+            if power:
+                x = step(k.mul(x, x))
+        return [k.div(F32(1), acc) if eqn.params["y"] < 0 else acc]
+
+    @staticmethod
+    def _xla_f32(primitive, value):
+        return np.asarray(primitive.bind(value, accuracy=None))
+
     def _native(self, eqn, args) -> list:
         outs = self._bind(eqn, args)
         for out in outs:
             if out.dtype.itemsize < 4:
+                self._refuse_unless_nearest(eqn.primitive.name)
                 wide = out.astype(F32)
                 self._count(wide, wide, get_format(out.dtype), self.where)
         return outs
+
+    def _refuse_unless_nearest(self, name: str) -> None:
+        """XLA's own low-precision kernels round to nearest even with IEEE overflow and subnormals."""
+        p = self.policy
+        if not self.policy_is_xla_rounding:
+            raise FpemuInputError(
+                f"policy {p.name}: primitive {name!r} ({self.where.module}, {self.where.direction} pass) runs XLA's "
+                "own kernel in its low dtype, which rounds to nearest even with IEEE overflow and subnormals; "
+                f"rounding={p.rounding}, overflow={p.overflow}, subnormals={p.subnormals} cannot apply to it")
 
     def _xla(self, eqn, args) -> list:
         return self._bind(eqn, [self._widen(x) for x in args])
@@ -282,9 +319,9 @@ class _Interpreter:
         lhs, rhs = (self._widen(x) for x in args)
         if lhs.dtype != F32 or rhs.dtype != F32:
             return [np.asarray(jax.lax.dot_general_p.bind(lhs, rhs, **eqn.params))]
-        if self.semantics.dot == "xla_cpu":
-            return [self._xla_native(eqn, args, jax.lax.dot_general_p,
-                                     {**eqn.params, "preferred_element_type": np.dtype(F32)}, [lhs, rhs])]
+        if self.semantics.dot == "xla_cpu":  # XLA's float32 dot (its order), rounded once by fpemu
+            params = {**eqn.params, "preferred_element_type": np.dtype(F32)}
+            return [np.asarray(jax.lax.dot_general_p.bind(lhs, rhs, **params))]
         a = _matrix_layout(lhs, lhs_batch, lhs_contract)  # (B, M, K)
         b = _matrix_layout(rhs, rhs_batch, rhs_contract)  # (B, N, K)
         shape = eqn.outvars[0].aval.shape
@@ -315,15 +352,19 @@ class _Interpreter:
                 total = self.kernel.add(total, moved[..., index])
             return [total]
         # numpy's accumulate is strictly sequential; + 0.0 makes the start +0 (an all -0 sum is +0).
-        return [np.add.accumulate(moved, axis=-1, dtype=F32)[..., -1] + F32(0)]
+        with np.errstate(all="ignore"):
+            return [np.add.accumulate(moved, axis=-1, dtype=F32)[..., -1] + F32(0)]
 
     def _xla_native(self, eqn, args, primitive, wide_params, wide_args):
         """XLA's own kernel on the program's dtypes (its order, and a bf16 / f16 reduce keeps a reducer
         of that dtype, rounding every partial sum), counted against XLA's float32 result of the same
-        values (``wide_params`` on ``wide_args``)."""
+        values (``wide_params`` on ``wide_args``).  Under a policy that rounds otherwise than XLA, that
+        float32 result is returned, for :meth:`round` to round once."""
+        exact = np.asarray(primitive.bind(*wide_args, **wide_params))
+        if self.policy_is_xla_rounding is False:  # another rounding: XLA's float32 result, rounded by the policy
+            return exact
         result = np.asarray(primitive.bind(*args, **eqn.params))
         if result.dtype != F32:
-            exact = np.asarray(primitive.bind(*wide_args, **wide_params))
             self._count(exact, result.astype(F32), get_format(result.dtype), self.where)
         return result
 
