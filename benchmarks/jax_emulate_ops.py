@@ -140,8 +140,9 @@ def main() -> dict:
                   "subnormals); equal infinities and NaN on both sides agree (their own column), the ulp columns count the rest.",
                   "One-primitive programs at 0 ulp are asserted bit for bit by tests/test_emulate_jax.py (integer_pow "
                   "and logistic computed as JAX lowers and XLA expands them: square-and-multiply, 1 / (1 + exp(-x)), "
-                  "each op in the low dtype).  Where XLA computes otherwise (its compiled HLO): cumsum's scan adds "
-                  "in the low dtype, fp16 expm1 is a kernel of its own; the interpreter rounds once.  reduce_sum "
+                  "each op in the low dtype).  Where XLA computes otherwise (its lowered and compiled HLO): cumsum is "
+                  "a reduce_window adding in the low dtype, fp16 expm1 is XLA's f16 kernel; the interpreter rounds "
+                  "XLA's float32 result once.  reduce_sum "
                   "under the default semantics is XLA's own low-precision reducer (0 ulp by construction, not "
                   "claimed); the reduce=sequential row is fpemu's float32 sum rounded once against it.",
                   "Chained programs under default flags: XLA's excess precision keeps bf16 intermediates of a "

@@ -19,8 +19,8 @@ from jax_op_cases import SINGLE, inputs  # noqa: E402
 from trace_checks import same_floats  # noqa: E402
 
 # One-primitive programs where XLA:CPU computes otherwise than the interpreter (measured in
-# reports/emulate_jax_ops.md): JAX lowers cumsum to a scan that adds in the low dtype; XLA's float16
-# expm1 is a kernel of its own.  (integer_pow and logistic agree: the interpreter computes them as JAX
+# reports/emulate_jax_ops.md): JAX lowers cumsum to a reduce_window adding in the low dtype; XLA's
+# float16 expm1 is a kernel of its own.  (integer_pow and logistic agree: the interpreter computes them as JAX
 # lowers and XLA expands them, a chain of rounded low-precision ops.)
 XLA_COMPUTES_OTHERWISE = {"float16": {"expm1", "cumsum over rows"}, "bfloat16": {"cumsum over rows"}}
 # Under the default semantics (reduce="xla_cpu") a low-precision reduce_sum is XLA's own reducer, so
@@ -117,7 +117,7 @@ def test_builtin_step_jaxpr_reproduces_mixed_precision_step(compute, mode):
 def test_float32_multiply_add_is_contracted_as_xla_does():
     """XLA:CPU lets LLVM fuse a float32 multiply into the add that reads it (StepSemantics.fma)."""
     x, y, z = (np.random.default_rng(seed).standard_normal(1024).astype(np.float32) for seed in range(3))
-    for fn in (lambda a, b, c: a * b + c, lambda a, b, c: c - a * b):
+    for fn in (lambda a, b, c: a * b + c, lambda a, b, c: c - a * b, lambda a, b, c: a * b - 0.3):
         expected = np.asarray(jax.jit(fn)(x, y, z))
         assert same_floats(np.asarray(emulate_jax(fn)(x, y, z)), expected)
         assert not same_floats(np.asarray(emulate_jax(fn, semantics="seed")(x, y, z)), expected)  # two roundings

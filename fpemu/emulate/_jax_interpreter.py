@@ -38,14 +38,13 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from fpemu.emulate.policy import Policy, get_policy, check_framework
-from fpemu.emulate.telemetry import Telemetry
+from fpemu.emulate.policy import Policy, check_framework, get_policy
+from fpemu.emulate.telemetry import ROOT, Telemetry
 from fpemu.errors import FpemuInputError
 from fpemu.formats import Format, get_format, quantize
 from fpemu.steps.kernel import Kernel
 from fpemu.steps.semantics import StepSemantics, get_semantics
 
-ROOT = "<root>"
 F32 = np.float32
 _FP16 = get_format("fp16")
 _FP32 = get_format("fp32")
@@ -200,7 +199,8 @@ class _Interpreter:
             for eqn in jaxpr.eqns:
                 single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
                 if eqn.primitive.name in ("add", "add_any", "sub") and single:
-                    source = next((products[v] for v in eqn.invars if v in products and uses[v] == 1), None)
+                    source = next((products[v] for v in eqn.invars
+                                   if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
                     if source is not None:
                         fused.add(source)
                 elif eqn.primitive.name == "mul" and single:
