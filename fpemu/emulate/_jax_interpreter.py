@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 
 import jax
@@ -86,10 +87,12 @@ _INTERNAL_SCOPES = ("rematted_computation",)
 _TRANSFORM = re.compile(r"^[A-Za-z_]+\((.*)\)$")
 
 
+@functools.lru_cache(maxsize=None)
 def _is_float(dtype) -> bool:
     return jax.numpy.issubdtype(dtype, jax.numpy.floating)  # knows ml_dtypes' types (numpy's does not)
 
 
+@functools.lru_cache(maxsize=4096)  # a program has few distinct stacks; every equation reads one
 def parse_name_stack(stack: str) -> tuple:
     """(direction, module) of a name stack: ``transpose(jvp(M))/blk0/fc`` -> ``("backward", "M/blk0/fc")``.
 
@@ -223,7 +226,7 @@ class _Interpreter:
         if kind in ("call", "cond", "while", "scan"):
             return getattr(self, f"_{kind}")(eqn, args, stack)
         avals = [v.aval for v in eqn.invars] + [v.aval for v in eqn.outvars]
-        if not any(_is_float(getattr(a, "dtype", np.int32)) for a in avals):
+        if not any(_is_float(np.dtype(getattr(a, "dtype", np.int32))) for a in avals):
             return self._bind(eqn, args)  # no floating value: nothing to round, JAX's own result
         if kind is None:
             raise FpemuInputError(
@@ -339,7 +342,7 @@ class _Interpreter:
         if value.dtype != F32:
             return [np.asarray(jax.lax.reduce_sum_p.bind(value, **eqn.params))]
         if self.semantics.reduce == "xla_cpu":
-            return [self._xla_native(eqn, args, jax.lax.reduce_sum_p, eqn.params, [value])]
+            return [self._xla_native(eqn, args, lambda: np.sum(value.astype(np.float64), axis=axes))]
         if self.semantics.reduce == "pairwise":
             return [np.sum(value, axis=axes, dtype=F32)]
         kept = [i for i in range(value.ndim) if i not in axes]
@@ -355,17 +358,18 @@ class _Interpreter:
         with np.errstate(all="ignore"):
             return [np.add.accumulate(moved, axis=-1, dtype=F32)[..., -1] + F32(0)]
 
-    def _xla_native(self, eqn, args, primitive, wide_params, wide_args):
-        """XLA's own kernel on the program's dtypes (its order, and a bf16 / f16 reduce keeps a reducer
-        of that dtype, rounding every partial sum), counted against XLA's float32 result of the same
-        values (``wide_params`` on ``wide_args``).  Under a policy that rounds otherwise than XLA, that
-        float32 result is returned, for :meth:`round` to round once."""
-        exact = np.asarray(primitive.bind(*wide_args, **wide_params))
-        if self.policy_is_xla_rounding is False:  # another rounding: XLA's float32 result, rounded by the policy
-            return exact
-        result = np.asarray(primitive.bind(*args, **eqn.params))
-        if result.dtype != F32:
-            self._count(exact, result.astype(F32), get_format(result.dtype), self.where)
+    def _xla_native(self, eqn, args, reference):
+        """XLA's own kernel on the program's dtypes (its order; a bf16 / f16 reduce keeps a reducer of
+        that dtype, rounding every partial sum), counted against ``reference()``, the result in float64.
+        Under a policy that rounds otherwise than XLA, that reference is returned, for :meth:`round` to
+        round once with the policy."""
+        low = np.dtype(eqn.outvars[0].aval.dtype) != F32
+        if low and not self.policy_is_xla_rounding:
+            return reference()
+        result = np.asarray(eqn.primitive.bind(*args, **eqn.params))
+        if low:
+            with np.errstate(all="ignore"):
+                self._count(reference(), result.astype(F32), get_format(result.dtype), self.where)
         return result
 
     def _convert(self, eqn, args) -> list:
