@@ -110,7 +110,8 @@ def _step_rows() -> list:
                     want = mixed_precision_step(**case, compute=compute, mode=mode)
                     pairs = [(got["loss"], want["loss"]), (got["params"]["w"], want["params"]["w"]),
                              (got["params"]["b"], want["params"]["b"]), (got["loss_scale"], want["loss_scale"])]
-                    bad = any(_differs(a, b) for a, b in pairs) or bool(got["grads_finite"]) != bool(want["grads_finite"])
+                    bad = (any(_differs(a, b) for a, b in pairs)
+                           or bool(got["grads_finite"]) != bool(want["grads_finite"]))
                     cases, differ = cases + 1, differ + bad
                     if bad:
                         shapes.add(shape)
@@ -129,7 +130,8 @@ def main() -> dict:
     ops, steps = _op_rows(), _step_rows()
     result = {"jax": jax.__version__, "rows": ops, "step": steps}
     columns = ([("format", "format"), ("program", "program"), ("kind", "kind"), ("flags", "XLA flags"),
-                ("values", "values"), ("non-finite agree", "same inf/NaN")] + [(b, f"{b} ulp" if b[0].isdigit() else b) for b in BUCKETS]
+                ("values", "values"), ("non-finite agree", "same inf/NaN")]
+               + [(b, f"{b} ulp" if b[0].isdigit() else b) for b in BUCKETS]
                + [("max", "max ulp"), ("normwise", "max abs diff / max abs")])
     step_lines = [f"{r['compute']}, semantics {r['semantics']}: {r['differ']} of {r['cases']} cases differ "
                   f"(shapes: {r['shapes']})" for r in steps]
@@ -137,7 +139,8 @@ def main() -> dict:
                  [f"jax {jax.__version__}, XLA:CPU; the interpreter in its default semantics (jax_cpu_strict); "
                   f"XLA flags: default, or strict ({STRICT}, a worker process).  Inputs: tests/jax_op_cases.py, "
                   f"{SIZE} values of the format (normal at three magnitudes, signed zeros, infinities, NaN, "
-                  "subnormals); equal infinities and NaN on both sides agree (their own column), the ulp columns count the rest.",
+                  "subnormals); equal infinities and NaN on both sides agree (their own column), the ulp columns "
+                  "count the rest.",
                   "One-primitive programs at 0 ulp are asserted bit for bit by tests/test_emulate_jax.py (integer_pow "
                   "and logistic computed as JAX lowers and XLA expands them: square-and-multiply, 1 / (1 + exp(-x)), "
                   "each op in the low dtype).  Where XLA computes otherwise (its lowered and compiled HLO): cumsum is "

@@ -540,7 +540,8 @@ def _cmd_emulate(args) -> int:
     written = write_outputs(trace, args.out, plot=not args.no_plot)
     summary = trace.summary
     first = trace.metadata["telemetry"]["first_nonfinite"]
-    lines = [f"{trace.spec_name} under {trace.metadata['policy']['name']} / {trace.metadata['profile']}: {summary['attempts']} steps, "
+    ran = f"{trace.metadata['policy']['name']} / {trace.metadata['profile']}"
+    lines = [f"{trace.spec_name} under {ran}: {summary['attempts']} steps, "
              f"{summary['skipped_updates']} skipped, final scale {summary['final_scale']:g}"]
     lines += [f"first inf/NaN ({d}): {e['op']} in {e['module']} at step {e['step']}" for d, e in sorted(first.items())]
     _emit(args, {"summary": summary, "first_nonfinite": first, "written": [str(p) for p in written]},

@@ -1,9 +1,11 @@
-"""The programs emulate_jax is checked on against jax.jit (tests/test_emulate_jax.py, benchmarks/jax_emulate_ops.py).
+"""The programs emulate_jax is checked on against jax.jit (tests/test_emulate_jax.py,
+benchmarks/jax_emulate_ops.py).
 
-Each case is (function, number of arguments); arguments are 1024-element arrays (4096 in the report) of the format (reshaped by
-the function where it needs a matrix).  ``SINGLE`` are one-primitive programs (besides free reshapes):
-with their inputs and result in the low format there is no intermediate XLA could keep in float32.
-``COMPOSITE`` chain primitives (where XLA's fusion may skip roundings the program asks for).
+Each case is (function, number of arguments); arguments are 1024-element arrays (4096 in the report)
+of the format (reshaped by the function where it needs a matrix).  ``SINGLE`` are one-primitive
+programs (besides free reshapes): with their inputs and result in the low format there is no
+intermediate XLA could keep in float32.  ``COMPOSITE`` chain primitives (where XLA's fusion may skip
+roundings the program asks for).
 """
 
 import jax

@@ -8,17 +8,19 @@ How it works (the WHY of each part):
   The interpreter keeps every value as a numpy array of exactly that dtype.
 * Each equation is placed by one table, ``PRIMITIVES`` (primitive name -> kind).  ``arith``
   (+ - * /) runs as float32 arithmetic under the chosen :class:`fpemu.steps.StepSemantics` (FTZ/DAZ
-  as XLA:CPU sets it, or IEEE) through fpemu's step :class:`~fpemu.steps.kernel.Kernel`; ``xla``
-  (transcendentals, powers, scans of sums) runs XLA's own float32 kernel on the widened inputs (the
-  approximation the program runs, so a rounding is the only difference); ``native`` (scatter-add, whose
-  parameters fix its dtype) runs XLA's kernel in the program's dtype; ``dot`` and ``reduce_sum``
-  accumulate in float32 in the semantics' order and round once (``xla_cpu``: XLA's own kernels: its
-  float32 dot, and its reduce in the program's dtype, which rounds every partial sum); ``convert`` rounds float -> narrower
-  float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting) cannot
-  round and runs on the program's own dtypes; ``call`` / ``cond`` / ``while`` / ``scan`` recurse into
-  their jaxprs.  Every rounding to a format narrower than float32 goes through
-  :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and is
-  counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
+  as XLA:CPU sets it, or IEEE; with ``fma`` a float32 multiply read by one add or sub is fused with
+  it, as LLVM contracts them) through fpemu's step :class:`~fpemu.steps.kernel.Kernel`; ``xla``
+  (transcendentals, powers) runs XLA's own float32 kernel on the widened inputs (the approximation
+  the program runs, so a rounding is the only difference); ``chain`` (integer_pow, logistic) runs
+  the ops JAX lowers them to, each rounded to the program's dtype; ``dot`` and ``reduce_sum``
+  accumulate in float32 in the semantics' order and round once (``xla_cpu``: XLA's float32 dot, and
+  XLA's reduce in the program's dtype, which rounds every partial sum); ``native`` (scatter-add, whose
+  parameters fix its dtype) runs XLA's kernel in the program's dtype; ``convert`` rounds float ->
+  narrower float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting)
+  cannot round and runs on the program's own dtypes; ``call`` / ``cond`` / ``while`` / ``scan``
+  recurse into their jaxprs.  Every other rounding to a format narrower than float32 goes through
+  :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
+  one is counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
 * A floating equation whose primitive is not in the table is refused (FpemuInputError naming it, the
   module and the pass), never run silently; an equation without floating values cannot round and
   runs as JAX runs it.  Primitives whose floating results are float32 are listed in the telemetry.
@@ -160,7 +162,9 @@ class _Interpreter:
         self.rounding_calls = 0
         self.where = None  # the equation being evaluated
         self._fusions = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies)
-        self.policy_is_xla_rounding = (policy.rounding, policy.overflow, policy.subnormals) == ("nearest_even", "inf", True)
+        # XLA's own low-precision kernels round so; another policy cannot use them
+        self.policy_is_xla_rounding = (policy.rounding, policy.overflow, policy.subnormals) == ("nearest_even", "inf",
+                                                                                                 True)
         for field, value, orders in (("dot", semantics.dot, DOT_ORDERS), ("reduce", semantics.reduce, REDUCE_ORDERS)):
             if value not in orders:
                 raise FpemuInputError(f"semantics {semantics.name}: {field} order {value!r} is not one the JAX "
@@ -419,8 +423,8 @@ class _Interpreter:
 
     def _while(self, eqn, args, stack: str) -> list:
         p = eqn.params
-        cond_consts, body_consts = args[:p["cond_nconsts"]], args[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = list(args[p["cond_nconsts"] + p["body_nconsts"]:])
+        split = p["cond_nconsts"] + p["body_nconsts"]
+        cond_consts, body_consts, carry = args[:p["cond_nconsts"]], args[p["cond_nconsts"]:split], list(args[split:])
         while bool(np.asarray(self.run_closed(p["cond_jaxpr"], [*cond_consts, *carry], stack)[0])):
             carry = self.run_closed(p["body_jaxpr"], [*body_consts, *carry], stack)
         return carry

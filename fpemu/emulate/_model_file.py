@@ -62,7 +62,8 @@ def framework_of(module, path) -> str:
     """The framework the model file declares (``FRAMEWORK``), torch where it declares none."""
     framework = getattr(module, "FRAMEWORK", "torch")
     if framework not in CONTRACTS:
-        raise FpemuInputError(f"{path}: FRAMEWORK = {framework!r}; fpemu emulate runs {', '.join(map(repr, CONTRACTS))}")
+        known = ", ".join(map(repr, CONTRACTS))
+        raise FpemuInputError(f"{path}: FRAMEWORK = {framework!r}; fpemu emulate runs {known}")
     return framework
 
 
