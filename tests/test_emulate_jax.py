@@ -33,7 +33,7 @@ def _wide(value):
 
 
 FULL = os.environ.get("FPEMU_TEST_ENVS") == "1"  # every program of the table (stage 2); a sample by default
-SAMPLE = ("add", "mul", "div", "exp", "tanh", "erf", "logistic", "integer_pow 3", "dot_general (16, n/16) @ (n/16, 16)",
+SAMPLE = ("add", "div", "exp", "logistic", "integer_pow 3", "dot_general (16, n/16) @ (n/16, 16)",
           "convert to float8_e4m3fn")
 
 
@@ -94,7 +94,7 @@ def _step_case(case):
 
 
 STEP_RUNS = ([(c, m) for c in ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2") for m in ("jax_cpu_strict", "seed")]
-             if FULL else [("bf16", "jax_cpu_strict"), ("fp16", "jax_cpu_strict"), ("bf16", "seed")])
+             if FULL else [("bf16", "jax_cpu_strict")])
 
 
 @pytest.mark.parametrize("compute,mode", STEP_RUNS)

@@ -46,7 +46,7 @@ def _model(tmp_path, text=None, loss=LOSS, name="tiny_jax.py"):
 
 
 def _emulate(path, out, *extra):
-    return main(["emulate", str(path), "--steps", "3", "--param", "scale=2**20", "--param", "growth_interval=1",
+    return main(["emulate", str(path), "--steps", "2", "--param", "scale=2**20", "--param", "growth_interval=1",
                  "--out", str(out), *extra])
 
 
@@ -60,7 +60,7 @@ def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
     assert [r["overflow"] for r in trace.steps][0]                             # 2**20 overflows fp16's backward
     assert trace.steps[1]["scale"] < trace.steps[0]["scale"]
     assert trace.metadata["telemetry"]["first_nonfinite"]["backward"]["produced"] == "overflow"
-    assert any(trace.steps[-1]["module_underflow"].values()) or trace.steps[-1]["module_underflow"]
+    assert "<root>" in trace.steps[-1]["module_underflow"]                  # no modules here: the loss is the root
     page = open(next(p for p in written if p.endswith(".md"))).read()
     assert "Primitive table: jax" in page and "compute the program's own dtypes" in page
     assert _emulate(path, tmp_path / "b", "--no-plot") == 0
@@ -79,8 +79,7 @@ def test_bad_jax_files_exit_2_naming_what_is_wrong(tmp_path, capsys):
     torch_policy = _model(tmp_path)
     assert _emulate(torch_policy, tmp_path / "o", "--policy", "cuda_autocast_fp16") == 2
     assert "placement autocast is not one jax emulates" in capsys.readouterr().err
-    mystery = _model(tmp_path, loss='jax.lax.cummax(h, axis=0).astype(jnp.float32).sum() + jnp.linalg.det('
-                                     'h[:4, :4].astype(jnp.float32))', name="mystery.py")
+    mystery = _model(tmp_path, loss='jnp.linalg.det(h[:4, :4].astype(jnp.float32))', name="mystery.py")
     assert _emulate(mystery, tmp_path / "o") == 2
     err = capsys.readouterr().err
     assert "mystery.py: step 0" in err and "cannot place primitive" in err
