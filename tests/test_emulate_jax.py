@@ -86,6 +86,18 @@ def test_nested_jaxprs_and_gradients_match_jit():
             assert same_floats(_wide(g), _wide(e))
 
 
+def test_convolutions_and_typed_prng_keys_match_jit():
+    """conv_general_dilated (XLA's float32 convolution, rounded once) and its gradient; a typed PRNG key
+    (an extended dtype the interpreter passes through) feeding random bits bitcast to float16."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 16)).astype(jnp.float16)
+    w = jax.random.normal(jax.random.PRNGKey(1), (4, 3, 3)).astype(jnp.float16)
+    conv = lambda v, k: jax.lax.conv_general_dilated(v, k, (1,), "SAME")  # noqa: E731
+    kernel_grad = jax.grad(lambda k: conv(x, k).astype(jnp.float32).sum())
+    noise = lambda key, v: v * jax.random.uniform(key, v.shape, dtype=jnp.float16)  # noqa: E731
+    for fn, args in ((conv, (x, w)), (kernel_grad, (w,)), (noise, (jax.random.key(0), x))):
+        assert same_floats(_wide(emulate_jax(fn)(*args)), _wide(jax.jit(fn)(*args)))
+
+
 def _step_case(case):
     f32 = np.float32
     return ({"w": np.asarray(case["params"]["w"], f32), "b": np.asarray(case["params"]["b"], f32)},

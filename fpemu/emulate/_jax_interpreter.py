@@ -56,10 +56,10 @@ _EXACT = """reshape broadcast_in_dim transpose squeeze expand_dims concatenate s
     dynamic_update_slice gather pad rev select_n copy copy_p iota eq ne lt le gt ge is_finite neg abs sign
     max min reduce_max reduce_min argmax argmin stop_gradient sort floor ceil round clamp split
     sharding_constraint optimization_barrier nextafter reduce_and reduce_or and or not xor scatter
-    select_and_gather_add reduce_precision pvary real imag""".split()
+    select_and_gather_add reduce_precision pvary real imag bitcast_convert_type""".split()
 _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh cosh asinh acosh atanh
     sqrt rsqrt cbrt pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
-    cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum""".split()
+    cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum conv_general_dilated""".split()
 # Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
 # program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
 _NATIVE = "scatter-add scatter_add scatter-mul scatter_mul".split()
@@ -87,6 +87,14 @@ REDUCE_ORDERS = ("xla_cpu", "sequential", "pairwise")
 # Name-stack segments JAX itself pushes (not modules; jnp.einsum also pushes its spec, "...qhd,...khd->...hqk").
 _INTERNAL_SCOPES = ("rematted_computation",)
 _TRANSFORM = re.compile(r"^[A-Za-z_]+\((.*)\)$")
+
+
+def _host(value, dtype=None):
+    """A value as the interpreter holds it: a numpy array, or for JAX's extended dtypes (typed PRNG
+    keys, which numpy cannot hold and no rounding concerns) the JAX array itself."""
+    if jax.dtypes.issubdtype(getattr(value, "dtype", None) or np.float32, jax.dtypes.extended):
+        return value
+    return np.asarray(value, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,7 +188,7 @@ class _Interpreter:
             return env[var]
 
         for var, value in zip(jaxpr.constvars, consts):
-            env[var] = np.asarray(value)
+            env[var] = _host(value)
         for var, value in zip(jaxpr.invars, args):
             env[var] = value
         fused = self._fused_products(jaxpr) if self.semantics.fma else ()
@@ -230,7 +238,7 @@ class _Interpreter:
         if kind in ("call", "cond", "while", "scan"):
             return getattr(self, f"_{kind}")(eqn, args, stack)
         avals = [v.aval for v in eqn.invars] + [v.aval for v in eqn.outvars]
-        if not any(_is_float(np.dtype(getattr(a, "dtype", np.int32))) for a in avals):
+        if not any(_is_float(getattr(a, "dtype", np.int32)) for a in avals):
             return self._bind(eqn, args)  # no floating value: nothing to round, JAX's own result
         if kind is None:
             raise FpemuInputError(
@@ -244,7 +252,7 @@ class _Interpreter:
     def _bind(self, eqn, args) -> list:
         result = eqn.primitive.bind(*args, **eqn.params)
         results = result if eqn.primitive.multiple_results else [result]
-        return [np.asarray(r) for r in results]
+        return [_host(r) for r in results]
 
     @staticmethod
     def _widen(value):
@@ -319,7 +327,11 @@ class _Interpreter:
                 f"rounding={p.rounding}, overflow={p.overflow}, subnormals={p.subnormals} cannot apply to it")
 
     def _xla(self, eqn, args) -> list:
-        return self._bind(eqn, [self._widen(x) for x in args])
+        params = eqn.params
+        if params.get("preferred_element_type") is not None:  # a convolution: accumulate and return float32
+            params = {**params, "preferred_element_type": np.dtype(F32)}
+        result = eqn.primitive.bind(*(self._widen(x) for x in args), **params)
+        return [_host(r) for r in (result if eqn.primitive.multiple_results else [result])]
 
     def _dot(self, eqn, args) -> list:
         (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
@@ -497,7 +509,7 @@ class JaxEmulation:
     def __call__(self, *args):
         closed, out_tree = self.jaxpr(*args)
         dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
-        leaves = [np.asarray(x, dtype=var.aval.dtype)
+        leaves = [_host(x, var.aval.dtype)
                   for x, var in zip(jax.tree_util.tree_leaves(dynamic), closed.jaxpr.invars)]
         outs = self._interpreter.run(closed.jaxpr, closed.consts, leaves)
         return jax.tree_util.tree_unflatten(out_tree, [jax.numpy.asarray(o) for o in outs])
