@@ -168,7 +168,10 @@ def test_flax_telemetry_names_modules_passes_and_the_first_overflow():
     assert {"Model/block/fc", "Model/block/Dense_0", "Model/block"} <= modules
     assert {direction for direction, _ in clean.by_op} == {"forward", "backward"}
     assert not clean.first_nonfinite
-    assert "dot_general" in clean.float32_ops or clean.by_op[("forward", "dot_general")][0] > 0
+    # fp16 matmuls both ways, the tanh of gelu; the loss's float32 tail (the cast up, the sum, the scale) listed
+    assert {("forward", "dot_general"), ("backward", "dot_general"), ("forward", "tanh")} <= set(clean.by_op)
+    assert clean.by_op[("forward", "dot_general")][0] == 2 * 4 * 8  # two Dense layers of 4 x 8 outputs
+    assert clean.float32_ops == ("convert_element_type", "mul", "reduce_sum")
     emulated(params, jnp.float32(2.0 ** 16))  # fp16 cotangents beyond 65504
     event = telemetry.summary().first_nonfinite["backward"]
     # the scaled cotangent overflows where the program casts it back to float16, at the model's output
