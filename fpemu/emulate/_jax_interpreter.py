@@ -62,7 +62,10 @@ _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh
     cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum conv_general_dilated""".split()
 # Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
 # program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
-_NATIVE = "scatter-add scatter_add scatter-mul scatter_mul".split()
+# Under a policy that rounds otherwise, the scatter runs in float32 (the lax function, which builds a
+# float32 update jaxpr) and is rounded once by the policy.
+_NATIVE = {"scatter-add": jax.lax.scatter_add, "scatter_add": jax.lax.scatter_add,
+           "scatter-mul": jax.lax.scatter_mul, "scatter_mul": jax.lax.scatter_mul}
 # arith primitive -> (the Kernel method computing it in float32, the numpy ufunc for float64)
 _ARITH_OPS = {"add": ("add", np.add), "add_any": ("add", np.add), "sub": ("sub", np.subtract),
               "mul": ("mul", np.multiply), "div": ("div", np.divide)}
@@ -309,22 +312,18 @@ class _Interpreter:
         return np.asarray(primitive.bind(value, accuracy=None))
 
     def _native(self, eqn, args) -> list:
+        low = np.dtype(eqn.outvars[0].aval.dtype).itemsize < 4
+        if low and not self.policy_is_xla_rounding:
+            operand, indices, updates = args
+            p = eqn.params
+            return [np.asarray(_NATIVE[eqn.primitive.name](
+                self._widen(operand), indices, self._widen(updates), p["dimension_numbers"],
+                indices_are_sorted=p["indices_are_sorted"], unique_indices=p["unique_indices"], mode=p["mode"]))]
         outs = self._bind(eqn, args)
-        for out in outs:
-            if out.dtype.itemsize < 4:
-                self._refuse_unless_nearest(eqn.primitive.name)
-                wide = out.astype(F32)
-                self._count(wide, wide, get_format(out.dtype), self.where)
+        if low:
+            wide = outs[0].astype(F32)
+            self._count(wide, wide, get_format(outs[0].dtype), self.where)
         return outs
-
-    def _refuse_unless_nearest(self, name: str) -> None:
-        """XLA's own low-precision kernels round to nearest even with IEEE overflow and subnormals."""
-        p = self.policy
-        if not self.policy_is_xla_rounding:
-            raise FpemuInputError(
-                f"policy {p.name}: primitive {name!r} ({self.where.module}, {self.where.direction} pass) runs XLA's "
-                "own kernel in its low dtype, which rounds to nearest even with IEEE overflow and subnormals; "
-                f"rounding={p.rounding}, overflow={p.overflow}, subnormals={p.subnormals} cannot apply to it")
 
     def _xla(self, eqn, args) -> list:
         params = eqn.params
