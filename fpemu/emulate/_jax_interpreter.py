@@ -156,7 +156,7 @@ class _Product:
     right: np.ndarray
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Where:
     """The equation being evaluated: its primitive, pass and module (errors and telemetry name them)."""
     primitive: str
