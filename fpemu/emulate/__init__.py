@@ -1,4 +1,5 @@
-"""Emulate a framework's training step in any format on the CPU: policies, telemetry, the torch mode, the JAX interpreter.
+"""Emulate a framework's training step in any format on the CPU: policies, telemetry, the torch mode,
+the JAX interpreter.
 
 torch is imported on first use of :func:`emulate_torch`, JAX on first use of :func:`emulate_jax` (the
 policies and telemetry import no framework).
