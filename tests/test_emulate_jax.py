@@ -87,14 +87,16 @@ def test_nested_jaxprs_and_gradients_match_jit():
 
 
 def test_convolutions_and_typed_prng_keys_match_jit():
-    """conv_general_dilated (XLA's float32 convolution, rounded once) and its gradient; a typed PRNG key
-    (an extended dtype the interpreter passes through) feeding random bits bitcast to float16."""
-    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 16)).astype(jnp.float16)
-    w = jax.random.normal(jax.random.PRNGKey(1), (4, 3, 3)).astype(jnp.float16)
+    """conv_general_dilated (XLA's float32 convolution, rounded once) and its gradient; with FULL, a
+    typed PRNG key (an extended dtype the interpreter passes through) feeding random bits bitcast to
+    float16 (threefry's integer program: many small XLA calls)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 3, 16)).astype(np.float16), rng.standard_normal((4, 3, 3)).astype(np.float16)
     conv = lambda v, k: jax.lax.conv_general_dilated(v, k, (1,), "SAME")  # noqa: E731
     kernel_grad = jax.grad(lambda k: conv(x, k).astype(jnp.float32).sum())
     noise = lambda key, v: v * jax.random.uniform(key, v.shape, dtype=jnp.float16)  # noqa: E731
-    for fn, args in ((conv, (x, w)), (kernel_grad, (w,)), (noise, (jax.random.key(0), x))):
+    runs = [(conv, (x, w)), (kernel_grad, (w,))] + ([(noise, (jax.random.key(0), x))] if FULL else [])
+    for fn, args in runs:
         assert same_floats(_wide(emulate_jax(fn)(*args)), _wide(jax.jit(fn)(*args)))
 
 
@@ -117,7 +119,8 @@ def test_builtin_step_jaxpr_reproduces_mixed_precision_step(compute, mode):
     from fpemu.steps import mixed_precision_step
     from fpemu.steps.probes import edge_cases
     emulated = emulate_jax(_jitted(_JAX_DTYPES[compute]), semantics=mode)
-    for shape in ((1, 1, 1), (2, 3, 4), (1, 4, 2), (4, 1, 4)) if FULL else ((2, 3, 4), (1, 4, 2)):
+    # (1, 4, 2)'s third case needs the update's FMA
+    for shape in ((1, 1, 1), (2, 3, 4), (1, 4, 2), (4, 1, 4)) if FULL else ((1, 4, 2),):
         for case in edge_cases(shape, 12 if FULL else 3, seed=0):
             got, want = emulated(*_step_case(case)), mixed_precision_step(**case, compute=compute, mode=mode)
             for key in ("loss", "loss_scale", "good_steps", "grads_finite"):
