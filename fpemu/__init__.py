@@ -11,7 +11,7 @@ from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profil
                            step_overflowed, unscale)
 from fpemu.scalers.fp8_recipes import RECIPES, CurrentScaling, DelayedScaling, TorchaoScaling, simulate_recipe
 from fpemu.steps import SEMANTICS, StepSemantics, TrainTrace, mixed_precision_step, train_trace
-from fpemu.emulate import POLICIES as EMULATION_POLICIES, Policy, emulate_torch, get_policy
+from fpemu.emulate import POLICIES as EMULATION_POLICIES, Policy, emulate_jax, emulate_torch, get_policy
 from fpemu.recorders import JaxRecorder, record_jax, record_torch
 from fpemu.audits import (AuditResult, Finding, JaxStep, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
@@ -32,7 +32,7 @@ __all__ = [
     # mixed-precision steps and models
     "SEMANTICS", "StepSemantics", "TrainTrace", "mixed_precision_step", "train_trace",
     # emulating a user's model
-    "EMULATION_POLICIES", "Policy", "emulate_torch", "get_policy",
+    "EMULATION_POLICIES", "Policy", "emulate_jax", "emulate_torch", "get_policy",
     # recording a user's run
     "JaxRecorder", "record_jax", "record_torch",
     # auditing training loops

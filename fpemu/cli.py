@@ -522,15 +522,11 @@ def _cmd_underflow(args) -> int:
 
 
 def _cmd_emulate(args) -> int:
-    from fpemu.emulate import get_policy
     from fpemu.emulate.run import emulate_file, write_outputs
     overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
                                                ("accumulation", args.accumulation)) if value is not None}
     if args.flush_subnormals:
         overrides["subnormals"] = False
-    if overrides:  # the trace and page are named after what ran: pure_fp16-fp8_e4m3fn-up
-        overrides["name"] = "-".join([args.policy, *("noSubnormals" if v is False else str(v)
-                                                       for v in overrides.values())])
     if args.steps < 1:
         raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
     if args.threads is not None:
@@ -538,12 +534,14 @@ def _cmd_emulate(args) -> int:
         if args.threads < 1:
             raise FpemuInputError(f"--threads {args.threads}: expected at least 1")
         torch.set_num_threads(args.threads)
-    trace = emulate_file(args.model, policy=get_policy(args.policy, **overrides), steps=args.steps,
-                         profile=args.scaler, params=_parse_params(args.param), seed=args.seed)
+    # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the emulator
+    trace = emulate_file(args.model, policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
+                         params=_parse_params(args.param), seed=args.seed, semantics=args.semantics)
     written = write_outputs(trace, args.out, plot=not args.no_plot)
     summary = trace.summary
     first = trace.metadata["telemetry"]["first_nonfinite"]
-    lines = [f"{trace.spec_name} under {args.policy} / {args.scaler}: {summary['attempts']} steps, "
+    ran = f"{trace.metadata['policy']['name']} / {trace.metadata['profile']}"
+    lines = [f"{trace.spec_name} under {ran}: {summary['attempts']} steps, "
              f"{summary['skipped_updates']} skipped, final scale {summary['final_scale']:g}"]
     lines += [f"first inf/NaN ({d}): {e['op']} in {e['module']} at step {e['step']}" for d, e in sorted(first.items())]
     _emit(args, {"summary": summary, "first_nonfinite": first, "written": [str(p) for p in written]},
@@ -699,16 +697,20 @@ def build_parser() -> argparse.ArgumentParser:
                            help="past the largest finite value: inf (IEEE) or saturate")
     underflow.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
     emulate = command("emulate", "run a model file's training steps with every op rounded per a precision policy "
-                      "(torch: fpemu.emulate_torch) under a loss-scaler profile: writes the trace and a report page "
-                      "(per-module underflow heat map, scale trajectory). The file defines build(seed) -> (model, "
-                      "optimizer) and step(model, optimizer, scaler, index) -> loss, the step using the "
-                      "torch.amp.GradScaler interface and no autocast of its own", _cmd_emulate)
+                      "(torch: fpemu.emulate_torch; JAX: fpemu.emulate_jax) under a loss-scaler profile: writes the "
+                      "trace and a report page (per-module underflow heat map, scale trajectory). A torch file defines "
+                      "build(seed) -> (model, optimizer) and step(model, optimizer, scaler, index) -> loss, the step "
+                      "using the torch.amp.GradScaler interface and no autocast of its own; a JAX file declares "
+                      "FRAMEWORK = 'jax' and defines build(seed) -> state, grads(state, scale, index) -> (loss, "
+                      "grads) and update(state, grads, index) -> state", _cmd_emulate)
     emulate.add_argument("model", type=pathlib.Path, help="the model file (.py)")
-    emulate.add_argument("--policy", default="cuda_autocast_fp16", help="cuda_autocast_fp16 (default), "
-                         "cuda_autocast_bf16, cpu_autocast_fp16, cpu_autocast_bf16, pure_fp16, pure_bf16, fp8")
+    emulate.add_argument("--policy", help="torch: cuda_autocast_fp16 (default), cuda_autocast_bf16, "
+                         "cpu_autocast_fp16, cpu_autocast_bf16, pure_fp16, pure_bf16, fp8; JAX: program (default)")
+    emulate.add_argument("--semantics", help="JAX: the interpreter's float32 arithmetic, a fpemu.steps.SEMANTICS "
+                         "preset (default jax_cpu_strict: XLA:CPU's; seed: IEEE, sequential sums)")
     emulate.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    emulate.add_argument("--scaler", default="torch", help="the loss-scaler profile (default torch; `fpemu simulate` "
-                         "takes the same names)")
+    emulate.add_argument("--scaler", help="the loss-scaler profile (default torch for torch files, flax for JAX "
+                         "files; `fpemu simulate` takes the same names)")
     emulate.add_argument("--param", action="append", metavar="NAME=VALUE", help="a parameter of the scaler profile "
                          "(init_scale=2**16, growth_interval=100); repeat for several")
     emulate.add_argument("--format", help="the policy's compute format: a format name (fp8_e5m2, tf32, fp6_e3m2fn, "

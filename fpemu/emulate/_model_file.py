@@ -1,14 +1,22 @@
 """Loading a user's model file for ``fpemu emulate`` and running it: the contract, checked.
 
-A model file is a Python file that defines
+A model file is a Python file; its framework is what it declares in ``FRAMEWORK`` (``CONTRACTS``'
+keys; ``torch`` where it declares none).  A torch model file defines
 
 * ``build(seed: int)`` returning ``(model, optimizer)``: a ``torch.nn.Module`` and its optimizer;
 * ``step(model, optimizer, scaler, index: int)`` running training step ``index`` through the
   ``torch.amp.GradScaler`` interface (``scaler.scale(loss).backward()``, ``scaler.step(optimizer)``,
   ``scaler.update()``) and returning the loss.
 
-It must not enable autocast itself: the policy places the ops.  Every way the contract can fail is an
-FpemuInputError naming the file (and the function, step or module).
+It must not enable autocast itself: the policy places the ops.  A JAX model file (``FRAMEWORK = "jax"``)
+defines
+
+* ``build(seed: int)`` returning the training state (a pytree of arrays: parameters, optimizer state);
+* ``grads(state, scale, index)`` returning ``(loss, grads)``: the loss and the gradients of
+  ``scale * loss`` (a JAX function, emulated; its dtypes are the program's: cast where it computes low);
+* ``update(state, grads, index)`` returning the next state from the unscaled gradients.
+
+Every way the contract can fail is an FpemuInputError naming the file (and the function, step or module).
 """
 
 from __future__ import annotations
@@ -20,8 +28,14 @@ import pathlib
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import read_text
 
-CONTRACT = ("build(seed) -> (model, optimizer) and step(model, optimizer, scaler, index) -> loss, "
-            "the step using the torch.amp.GradScaler interface")
+# framework -> (the functions a model file of it defines, the contract in words)
+CONTRACTS = {
+    "torch": (("build", "step"), "build(seed) -> (model, optimizer) and step(model, optimizer, scaler, index) -> "
+              "loss, the step using the torch.amp.GradScaler interface"),
+    "jax": (("build", "grads", "update"), "FRAMEWORK = 'jax', build(seed) -> state, grads(state, scale, index) -> "
+            "(loss, grads of scale * loss) and update(state, grads, index) -> state"),
+}
+CONTRACT = CONTRACTS["torch"][1]
 
 
 def load_model_file(path) -> tuple:
@@ -37,10 +51,20 @@ def load_model_file(path) -> tuple:
         spec.loader.exec_module(module)
     except Exception as error:  # the user's file: whatever it raises is bad input, named
         raise FpemuInputError(f"{path}: importing it raised {type(error).__name__}: {error}") from error
-    for function in ("build", "step"):
+    functions, contract = CONTRACTS[framework_of(module, path)]
+    for function in functions:
         if not callable(getattr(module, function, None)):
-            raise FpemuInputError(f"{path}: defines no function {function}(); a model file defines {CONTRACT}")
+            raise FpemuInputError(f"{path}: defines no function {function}(); a model file defines {contract}")
     return module, text
+
+
+def framework_of(module, path) -> str:
+    """The framework the model file declares (``FRAMEWORK``), torch where it declares none."""
+    framework = getattr(module, "FRAMEWORK", "torch")
+    if framework not in CONTRACTS:
+        known = ", ".join(map(repr, CONTRACTS))
+        raise FpemuInputError(f"{path}: FRAMEWORK = {framework!r}; fpemu emulate runs {known}")
+    return framework
 
 
 def build_model(module, path, seed: int) -> tuple:

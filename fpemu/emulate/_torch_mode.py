@@ -35,11 +35,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_accumulation import low_accumulated
 from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
-from fpemu.emulate.policy import GEMM_OPS, Policy, get_policy
-from fpemu.emulate.telemetry import Telemetry
+from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
+from fpemu.emulate.telemetry import ROOT, Telemetry
 from fpemu.errors import FpemuInputError
 
-ROOT = "<root>"
 # Ops whose bool argument asks for a float32 result from a low input (softmax's half_to_float): in
 # float32 compute the flag must be off, and the result is float32 either way.
 _FLOAT_FLAGS = {"aten::_softmax": 2, "aten::_log_softmax": 2}
@@ -498,6 +497,7 @@ def emulate_torch(policy="cuda_autocast_fp16", *, model=None, telemetry: Telemet
         print(telemetry.summary().first_nonfinite)
     """
     policy = get_policy(policy, **overrides)
+    check_framework(policy, "torch")
     telemetry = telemetry if telemetry is not None else Telemetry()
     runtime = _Runtime(policy, telemetry, model)
     module_hooks = torch.nn.modules.module

@@ -16,6 +16,8 @@ A :class:`Policy` is a frozen value.  Its ``placement`` says how ops are placed:
   history of the same tensor in earlier steps (its module, op, operand and order in the pass); the
   histories live as long as the ``emulate_torch`` context (run every step inside one, as the
   loss-scale loop does).
+* ``program``: the dtypes the program itself gives each result (JAX: the jaxpr's output dtypes, bf16,
+  fp16, float8 types), every narrower result rounded once; ``compute`` is not used (fp32).
 
 The core of this module imports neither torch nor JAX: a JAX emulator reads the same policies.
 """
@@ -28,7 +30,9 @@ from typing import Optional
 from fpemu.errors import FpemuInputError
 from fpemu.formats import OVERFLOW_MODES, ROUNDING_MODES, Format, get_format
 
-PLACEMENTS = ("autocast", "pure", "fp8")
+# The emulators that place ops each way: torch's mode decides dtypes itself; a jaxpr states its own.
+PLACEMENT_FRAMEWORKS = {"autocast": ("torch",), "pure": ("torch",), "fp8": ("torch",), "program": ("jax",)}
+PLACEMENTS = tuple(PLACEMENT_FRAMEWORKS)
 FP8_SCALINGS = ("current", "delayed")
 ACCUMULATIONS = ("fp32", "low")
 TABLE_DEVICES = ("cuda", "cpu")
@@ -175,7 +179,23 @@ POLICIES = {
     # Transformer Engine's delayed scaling, whose cast kernels saturate
     "fp8_delayed": dict(placement="fp8", compute="fp8_e4m3fn", backward="fp8_e5m2", fp8_scaling="delayed",
                         overflow="saturate"),
+    "program": dict(placement="program", compute="fp32"),
 }
+
+
+def check_framework(policy: Policy, framework: str) -> None:
+    """Refuse a policy whose placement ``framework``'s emulator does not implement (``PLACEMENT_FRAMEWORKS``).
+
+    Raises:
+      FpemuInputError: naming the policy, its placement and the placements the framework takes.
+
+    Example:
+      >>> check_framework(get_policy("program"), "jax")
+    """
+    if framework not in PLACEMENT_FRAMEWORKS[policy.placement]:
+        takes = [p for p, frameworks in PLACEMENT_FRAMEWORKS.items() if framework in frameworks]
+        raise FpemuInputError(f"policy {policy.name}: placement {policy.placement} is not one {framework} emulates; "
+                              f"{framework} takes placement {', '.join(takes)}")
 
 
 def get_policy(policy="cuda_autocast_fp16", **overrides) -> Policy:

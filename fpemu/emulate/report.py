@@ -25,11 +25,20 @@ def report_markdown(trace, images=()) -> str:
     lines = [f"# {trace.spec_name}: {policy['name']} under the {meta['profile']} scaler", "",
              f"{summary['attempts']} steps: {summary['completed_updates']} updates applied, "
              f"{summary['skipped_updates']} skipped; final scale {summary['final_scale']:g}.", "",
-             f"Policy: placement {policy['placement']}, compute {policy['compute']['name']}"
+             f"Policy: placement {policy['placement']}, compute "
+             + ("the program's own dtypes" if policy["placement"] == "program" else policy["compute"]["name"])
              + (f", backward {policy['backward']['name']}" if policy.get("backward") else "")
              + f", rounding {policy['rounding']}, overflow {policy['overflow']}, subnormals "
              f"{'kept' if policy['subnormals'] else 'flushed'}, accumulation {policy['accumulation']}.", ""]
-    if table:
+    if table.get("primitives"):  # JAX: the interpreter's placement table and semantics
+        semantics = table["semantics"]
+        lines += [f"Primitive table: jax {table['jax']}, "
+                  + ", ".join(f"{len(names)} {kind}" for kind, names in sorted(table["primitives"].items()))
+                  + f" (any other floating primitive is refused); semantics {semantics['name']}: "
+                  + ", ".join(f"{k}={v}" for k, v in semantics["applied"].items())
+                  + (f"; not applied: {', '.join(semantics['not_applied'])}" if semantics["not_applied"] else "")
+                  + ".", ""]
+    elif table:
         counts = {}
         for category in table["ops"].values():
             counts[category] = counts.get(category, 0) + 1

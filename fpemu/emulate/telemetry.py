@@ -14,6 +14,7 @@ import dataclasses
 from typing import Optional
 
 COUNTERS = ("elements", "underflow", "subnormal", "overflow", "nan")
+ROOT = "<root>"  # the module of an op outside every module
 DIRECTIONS = ("forward", "backward")
 
 

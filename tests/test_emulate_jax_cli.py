@@ -1,0 +1,96 @@
+"""fpemu emulate on JAX model files: the trace (a golden `fpemu compare` reads), the report page, the
+framework chosen by the file's FRAMEWORK, and exit 2 naming the file, function or primitive.
+FPEMU_TEST_EXAMPLES=1 also reruns examples/flax_emulate.py against its committed trace."""
+
+import json
+import os
+import pathlib
+import textwrap
+
+import pytest
+
+pytest.importorskip("jax")
+
+from fpemu.cli import main  # noqa: E402
+from fpemu.traces import read_trace  # noqa: E402
+
+MODEL = '''
+import jax
+import jax.numpy as jnp
+
+FRAMEWORK = "jax"
+X = jax.random.normal(jax.random.PRNGKey(1), (16, 8)) * 3
+
+def build(seed):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    return {"w1": jax.random.normal(k1, (8, 16)) * 0.5, "w2": jax.random.normal(k2, (16, 4)) * 0.5}
+
+def _loss(p):
+    h = jnp.tanh(X.astype(jnp.float16) @ p["w1"].astype(jnp.float16))
+    return {loss}
+
+def grads(state, scale, index):
+    loss, g = jax.value_and_grad(lambda p: _loss(p) * scale)(state)
+    return loss / scale, g
+
+def update(state, g, index):
+    return jax.tree_util.tree_map(lambda p, d: p - 0.01 * d, state, g)
+'''
+LOSS = 'jnp.square((h @ p["w2"].astype(jnp.float16)).astype(jnp.float32)).mean()'
+
+
+def _model(tmp_path, text=None, loss=LOSS, name="tiny_jax.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text if text is not None else MODEL.replace("{loss}", loss)))
+    return path
+
+
+def _emulate(path, out, *extra):
+    return main(["emulate", str(path), "--steps", "2", "--param", "scale=2**20", "--param", "growth_interval=1",
+                 "--out", str(out), *extra])
+
+
+def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
+    path = _model(tmp_path)
+    assert _emulate(path, tmp_path / "a", "--json", "--no-plot") == 0
+    written = json.loads(capsys.readouterr().out)["written"]
+    trace = read_trace(next(p for p in written if p.endswith(".json")))
+    assert trace.implementation == "emulate_jax@cpu" and trace.metadata["profile"] == "flax"
+    assert trace.metadata["op_table"]["semantics"]["name"] == "jax_cpu_strict"
+    assert [r["overflow"] for r in trace.steps][0]                             # 2**20 overflows fp16's backward
+    assert trace.steps[1]["scale"] < trace.steps[0]["scale"]
+    assert trace.metadata["telemetry"]["first_nonfinite"]["backward"]["produced"] == "overflow"
+    assert "<root>" in trace.steps[-1]["module_underflow"]                  # no modules here: the loss is the root
+    page = open(next(p for p in written if p.endswith(".md"))).read()
+    assert "Primitive table: jax" in page and "compute the program's own dtypes" in page
+    assert _emulate(path, tmp_path / "b", "--no-plot") == 0
+    first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
+    assert first.read_bytes() == second.read_bytes()                          # nothing of the host: a golden
+    assert main(["compare", str(first), str(second)]) == 0
+
+
+def test_bad_jax_files_exit_2_naming_what_is_wrong(tmp_path, capsys):
+    unknown = _model(tmp_path, text="FRAMEWORK = 'mxnet'\ndef build(seed): pass\n", name="other.py")
+    assert _emulate(unknown, tmp_path / "o") == 2
+    assert "FRAMEWORK = 'mxnet'" in capsys.readouterr().err
+    no_update = _model(tmp_path, text=MODEL.replace("def update", "def apply"), name="no_update.py")
+    assert _emulate(no_update, tmp_path / "o") == 2
+    assert "no_update.py: defines no function update()" in capsys.readouterr().err
+    torch_policy = _model(tmp_path)
+    assert _emulate(torch_policy, tmp_path / "o", "--policy", "cuda_autocast_fp16") == 2
+    assert "placement autocast is not one jax emulates" in capsys.readouterr().err
+    mystery = _model(tmp_path, loss='jnp.linalg.det(h[:4, :4].astype(jnp.float32))', name="mystery.py")
+    assert _emulate(mystery, tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert "mystery.py: step 0" in err and "cannot place primitive" in err
+
+
+@pytest.mark.skipif(os.environ.get("FPEMU_TEST_EXAMPLES") != "1", reason="minutes: set FPEMU_TEST_EXAMPLES=1")
+def test_flax_example_reproduces_its_committed_trace(tmp_path):
+    pytest.importorskip("flax")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    assert main(["emulate", str(root / "examples" / "flax_emulate.py"), "--steps", "24", "--scaler", "flax",
+                 "--param", "scale=1048576", "--param", "growth_interval=4", "--no-plot",
+                 "--out", str(tmp_path)]) == 0
+    name = "flax_emulate.program.emulate_jax-cpu.json"
+    assert (tmp_path / name).read_bytes() == (root / "reports" / "emulate" / name).read_bytes()
