@@ -3,6 +3,7 @@ fpemu.record_torch: under the run's own scaler it reproduces the recorded trajec
 `fpemu golden` and `fpemu compare` too); under other parameters it is exact while it stays on the recorded
 trajectory, as a real rerun shows; bad specs name the key."""
 
+import hashlib
 import json
 import pathlib
 import sys
@@ -13,10 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from fpemu.cli import main  # noqa: E402
+from fpemu.compare import compare_traces, trace_changes  # noqa: E402
+from fpemu.compare.diff import likely_cause  # noqa: E402
 from fpemu.scalers.replay import replay  # noqa: E402
 from fpemu.specs import load_spec  # noqa: E402
 from fpemu.specs.loader import SpecError  # noqa: E402
-from fpemu.traces import read_trace  # noqa: E402
+from fpemu.traces import Trace, read_trace  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import gpt2_loop  # noqa: E402
@@ -99,3 +102,51 @@ def test_bad_recorded_specs_name_the_key(runs):
         load_spec(folder / "long.toml")
     with pytest.raises(SpecError, match=r"overflow\.compute"):
         load_spec(spec(folder, "fmt", "torch", params, extra='compute = "fp13"\n'))
+
+
+def test_a_changed_parameter_is_named_as_the_cause_not_timing(runs, capsys):
+    """Two real recordings (growth_interval 2 and 3), and a replay's reference trace against a recording:
+    every comparison reads both traces' parameters and names the one that differs."""
+    folder, base, slower = runs
+    a, b = read_trace(base._path), read_trace(slower._path)
+    expected = "parameters differ: growth_interval 2 -> 3"
+    changes = trace_changes(a, b)
+    assert changes.divergence.cause == expected
+    first = changes.divergence
+    assert likely_cause(first.field, first.step, a, b).startswith("growth timing")  # what the steps alone suggest
+    assert compare_traces(a, b).divergence.cause == expected  # what the pytest plugin's failure prints
+    assert main(["compare", str(base._path), str(slower._path)]) == 1
+    assert f"(likely cause: {expected})" in capsys.readouterr().out
+    other_format = Trace({**b.metadata, "params": a.metadata["params"],
+                          "recorder": {**b.metadata["recorder"], "compute_format": "bf16"}}, b.steps, b.summary)
+    assert trace_changes(a, other_format).divergence.cause == "recording differs: recorder compute_format fp16 -> bf16"
+    specs = folder / "specs_gi3"
+    specs.mkdir(exist_ok=True)
+    spec(specs, "gi3", "torch", {**a.metadata["params"], "growth_interval": 3}, trace="../base.json")
+    assert main(["golden", str(specs), "--out", str(folder / "golden_gi3"), "--quiet"]) == 0
+    replayed = read_trace(folder / "golden_gi3" / "gi3.json")
+    cause = compare_traces(a, replayed).divergence.cause
+    assert cause == expected, cause  # a replay of the run, not another scenario
+
+
+def test_the_replayed_file_is_pinned_and_recorded_by_sha256(runs, tmp_path, capsys):
+    folder, base, slower = runs
+    run = tmp_path / "run.json"
+    run.write_bytes(base._path.read_bytes())
+    params = read_trace(run).metadata["params"]
+    sha = hashlib.sha256(run.read_bytes()).hexdigest()
+    plain = spec(tmp_path, "plain", "torch", params, trace="run.json")
+    pinned = spec(tmp_path, "pinned", "torch", params, trace="run.json", extra=f'sha256 = "{sha}"\n')
+    assert load_spec(pinned).overflow.trace_sha256 == load_spec(plain).overflow.trace_sha256 == sha
+    assert main(["golden", str(plain), "--out", str(tmp_path / "golden"), "--quiet"]) == 0
+    golden = read_trace(tmp_path / "golden" / "plain.json")
+    assert golden.metadata["replayed"] == {"trace": "run.json", "sha256": sha}
+    run.write_bytes(slower._path.read_bytes())  # the recorded run changed under the specs
+    now = hashlib.sha256(run.read_bytes()).hexdigest()
+    with pytest.raises(SpecError, match=rf"overflow\.sha256: .*run\.json changed since the spec pinned it: its "
+                                        rf"sha256 is {now}, the spec pins {sha}"):
+        load_spec(pinned)
+    assert main(["diff", str(plain), "--golden", str(tmp_path / "golden"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (f"plain.json: golden trace was replayed from another version of run.json (its sha256 was {sha[:12]}, "
+            f"the file's is now {now[:12]}): the recorded run changed; regenerate it with `fpemu golden`") in err

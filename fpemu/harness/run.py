@@ -61,7 +61,12 @@ def _metadata(scenario: ScalerScenario | StepScenario, implementation: str, prof
             "packages": versions, "device": device,
             # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
             # so a golden regenerated on another machine is byte-identical.
-            **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
+            **({} if implementation == REFERENCE else {"host": host_provenance()}), **_replayed(scenario), **extra}
+
+
+def _replayed(scenario) -> dict:
+    from fpemu.scalers.replay import replayed_metadata  # replay reads traces: not at import time
+    return replayed_metadata(scenario)
 
 
 def scenario_flags(scenario: ScalerScenario):

@@ -24,7 +24,10 @@ Imports only numpy and the core (no framework).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
+import pathlib
 from typing import Optional
 
 import numpy as np
@@ -130,4 +133,45 @@ def replay(trace, profile: str, *, compute: Optional[str] = None, steps: Optiona
     return ReplayResult(result, tuple(decisions[:result.attempts]), compute)
 
 
-__all__ = ["DECISIONS", "ReplayResult", "replay"]
+def file_sha256(path) -> str:
+    """The sha256 (hex) of a file's bytes."""
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def pinned_sha256_problem(path, actual: str, pinned: str) -> str:
+    """What is wrong with a spec's pinned ``sha256`` of the trace file at ``path`` ('' if it matches).
+
+    Example:
+      >>> pinned_sha256_problem("runs/a.json", "ab" * 32, "cd" * 32)[:60]
+      'runs/a.json changed since the spec pinned it: its sha256 is '
+    """
+    if pinned == actual:
+        return ""
+    return (f"{path} changed since the spec pinned it: its sha256 is {actual}, the spec pins {pinned}; "
+            f"replaying it would replay another run (set sha256 = \"{actual}\" to accept the file as it is now)")
+
+
+def replayed_metadata(scenario) -> dict:
+    """``{"replayed": {"trace": ..., "sha256": ...}}`` for the traces of a scenario whose overflow
+    source is ``recorded`` (the file as the spec names it, relative to the spec, and the sha256 of its
+    bytes when loaded); {} for any other scenario."""
+    source = getattr(scenario, "overflow", None)
+    if source is None or source.kind != "recorded":
+        return {}
+    relative = os.path.relpath(source.trace, pathlib.Path(scenario.path).parent)
+    return {"replayed": {"trace": pathlib.PurePath(relative).as_posix(), "sha256": source.trace_sha256}}
+
+
+def replayed_file_changed(golden_metadata: dict, current: dict, golden_path) -> str:
+    """Why a golden trace replayed from a recorded run no longer fits: the replayed file's sha256
+    recorded in ``golden_metadata`` differs from ``current`` (what :func:`replayed_metadata` gives
+    now); '' where it fits or either side replays nothing."""
+    before, now = golden_metadata.get("replayed"), current.get("replayed")
+    if not (before and now) or before["sha256"] == now["sha256"]:
+        return ""
+    return (f"{golden_path}: golden trace was replayed from another version of {now['trace']} (its sha256 was "
+            f"{before['sha256'][:12]}, the file's is now {now['sha256'][:12]}): the recorded run changed")
+
+
+__all__ = ["DECISIONS", "ReplayResult", "replay", "file_sha256", "pinned_sha256_problem", "replayed_metadata",
+           "replayed_file_changed"]
