@@ -15,7 +15,8 @@ from fpemu import quantize, simulate_scaler  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 from fpemu.formats import get_format, range_stats  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces.recorded import GroupStats, recorded_steps, rounding_limits  # noqa: E402
+from fpemu.traces._binades import CODES, numpy_codes  # noqa: E402
+from fpemu.traces.recorded import GroupStats, ShadowHistogram, recorded_steps, rounding_limits  # noqa: E402
 from fpemu.recorders.jax_run import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
 from tests.trace_checks import bits64  # noqa: E402
 
@@ -187,11 +188,15 @@ def test_shadow_pass_counts_true_underflow():
         small = (want != 0) & (quantize(got, "fp16") != 0) & (np.abs(got) < get_format("fp16").min_normal)
         assert step.shadow[group].underflow == lost.sum() / lost.size
         assert step.shadow[group].subnormal == small.sum() / small.size
+        # the float32 pass by binade, counted inside jit as numpy counts it on the host
+        assert step.shadow_histogram[group] == ShadowHistogram.from_counts(
+            want.size, np.bincount(numpy_codes(want), minlength=CODES))
     assert step.shadow["dense0/kernel"].underflow > 0.1  # true underflow...
     assert step.grad_stats["dense0/kernel"].zero >= step.shadow["dense0/kernel"].underflow  # ...read as zeros
     trace = recorder.trace()
     assert trace.metadata["recorder"]["shadow_every"] == 1 and "shadow" in trace.steps[0]
     assert recorded_steps(trace)[0].shadow == step.shadow
+    assert recorded_steps(trace)[0].shadow_histogram == step.shadow_histogram
 
 
 def test_flax_dynamic_scale_loop():

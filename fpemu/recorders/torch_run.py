@@ -18,10 +18,12 @@ True underflow needs what the run lost, so it needs a second pass: ``rec.shadow(
 after the backward pass, reruns ``loss_fn()`` with autocast off (float32) on every
 ``shadow_every``-th attempt, takes its gradients with ``torch.autograd.grad`` (the run's ``.grad``
 are untouched and the audit does not see the pass) and counts, element by element, the values
-nonzero in float32 that the run holds as zero or as a compute-format subnormal.  It costs one
-float32 forward and backward and a few elementwise passes per sampled attempt, so about
-``1/shadow_every`` of a float32 step per step; dropout draws other masks in the shadow pass
-(record with dropout off, or read the shares as a bound).
+nonzero in float32 that the run holds as zero or as a compute-format subnormal, and histograms the
+float32 gradients by binade (``shadow_histogram``: what a replay at another scale or in another
+format recounts underflow from).  It costs one float32 forward and backward and a few elementwise
+passes and a bincount per sampled attempt, so about ``1/shadow_every`` of a float32 step per step
+(``reports/bench_record.md`` measures it); dropout draws other masks in the shadow pass (record
+with dropout off, or read the shares as a bound).
 
 torch is imported on first use.
 """
@@ -36,8 +38,9 @@ from fpemu.audits.torch_loop import TorchLoopAudit, _torch
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format
 from fpemu.traces import write_trace
-from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, format_thresholds,
-                                   recorded_metadata, recorded_trace)
+from fpemu.traces._binades import CODES, binade_codes
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
+                                   format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
@@ -158,6 +161,16 @@ def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
     return torch.stack(counts).sum(0)
 
 
+def _shadow_histogram(torch, shadow_grad):
+    """The dense binade histogram (fpemu.traces._binades) of one float32-pass gradient, on its device."""
+    counts = torch.zeros(CODES, dtype=torch.int64, device=shadow_grad.device)
+    for piece in shadow_grad.detach().reshape(-1).split(CHUNK):
+        bits = piece.float().contiguous().view(torch.int32) & 0x7FFFFFFF
+        codes = binade_codes(bits, lambda ints: ints.float().view(torch.int32), torch.where)
+        counts += torch.bincount(codes, minlength=CODES)
+    return counts
+
+
 @dataclasses.dataclass
 class _OpenStep:
     """An attempt whose scaler.update has not run yet."""
@@ -195,6 +208,7 @@ class TorchRecorder:
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
+        self._shadow_histogram: Optional[dict] = None
         self._open: Optional[_OpenStep] = None
         self.steps: list = []
         self.trace = None
@@ -234,8 +248,8 @@ class TorchRecorder:
             step=log.attempts, scale=scale, overflow=self._found_inf(completed), applied=bool(completed),
             loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
             lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
-            shadow=self._shadow)
-        self._grad_stats = self._shadow = None
+            shadow=self._shadow, shadow_histogram=self._shadow_histogram)
+        self._grad_stats = self._shadow = self._shadow_histogram = None
         self._open = _OpenStep(step)
         if not self.audit._scaling:
             self._close_open()
@@ -280,12 +294,17 @@ class TorchRecorder:
         for group, members in self._groups:
             counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor, edges)
                       for p in members if shadow_of[id(p)] is not None and p.grad is not None]
+            dense = [_shadow_histogram(torch, shadow_of[id(p)]) for p in members if shadow_of[id(p)] is not None]
+            histogram = torch.stack(dense).sum(0) if dense else torch.zeros(CODES, dtype=torch.int64)
             results.append((group, sum(p.numel() for p in members),
-                            torch.stack(counts).sum(0) if counts else None))
-        for group, elements, counts in results:
+                            torch.stack(counts).sum(0) if counts else None, histogram))
+        histograms = torch.stack([histogram.cpu() for *_, histogram in results]).tolist()  # one copy per device
+        for (group, elements, counts, _), dense in zip(results, histograms):
             under, sub = counts.tolist() if counts is not None else (0, 0)
             shadow[group] = ShadowStats(under / elements if elements else 0.0, sub / elements if elements else 0.0)
         self._shadow = shadow
+        self._shadow_histogram = {group: ShadowHistogram.from_counts(elements, dense)
+                                  for (group, elements, *_), dense in zip(results, histograms)}
         return float(loss.detach())
 
     # --- measuring -------------------------------------------------------------------------
