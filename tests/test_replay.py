@@ -26,7 +26,7 @@ import gpt2_loop  # noqa: E402
 
 STEPS = 10
 BASE = {"init_scale": 2.0 ** 22, "growth_interval": 2}
-TINY = dict(layers=2, width=32, batch=2, length=8, shadow_every=0)
+TINY = dict(layers=2, width=32, batch=2, length=8, shadow_every=2)
 
 
 def record(path, **params):
@@ -59,6 +59,34 @@ def test_replay_holds_while_on_the_recorded_trajectory(runs):
     # up to the first step the replay could not take from the recording, the real rerun agrees exactly
     assert [s.hex() for s in replayed.trace.scales[:first_off + 1]] == [s.hex() for s in real[:first_off + 1]]
     assert first_off < STEPS  # a slower growth leaves the recorded scales: the rest is a prediction
+
+
+def test_replay_recounts_shadow_underflow_at_the_replayed_scale(runs):
+    """The shadow histograms replayed: at the run's own scales the float32 gradients rounded once, exactly;
+    under another growth interval, on the steps before the scales part, what the real rerun's own float32
+    pass gives at its own scale, bit for bit."""
+    _, base, slower = runs
+    trace = read_trace(base._path)
+    same = replay(trace, "torch", **trace.metadata["params"])
+    sampled = [i for i, step in enumerate(base.steps) if step.shadow_histogram is not None]
+    assert sampled == list(range(0, STEPS, 2)) and same.shadow_total[1] is None
+    for i in sampled:
+        step = base.steps[i]
+        assert same.shadow[i] == {group: histogram.shares(step.scale, "fp16")
+                                  for group, histogram in step.shadow_histogram.items()}
+        assert all(shares.exact for shares in same.shadow[i].values())  # power-of-two scales
+    assert any(same.shadow_total[i].underflow[0] > 0 for i in sampled)
+    in_bf16 = replay(trace, "torch", compute="bf16", **trace.metadata["params"])
+    assert all(in_bf16.shadow_total[i].underflow[1] <= same.shadow_total[i].underflow[0] for i in sampled)
+    slower_replay = replay(trace, "torch", **{**trace.metadata["params"], "growth_interval": 3})
+    scales = [step.scale for step in slower.steps]
+    parted = next(i for i, (a, b) in enumerate(zip(scales, [s.scale for s in base.steps])) if a != b)
+    assert parted > 0 and [s.hex() for s in slower_replay.trace.scales[:parted + 1]] == [s.hex() for s in scales[:parted + 1]]
+    for i in (i for i in sampled if i <= parted):
+        rerun = slower.steps[i]
+        assert rerun.shadow_histogram == base.steps[i].shadow_histogram  # the same weights, the same float32 pass
+        assert slower_replay.shadow[i] == {group: histogram.shares(rerun.scale, "fp16")
+                                           for group, histogram in rerun.shadow_histogram.items()}
 
 
 def spec(folder, name, profile, params, trace="base.json", extra=""):

@@ -12,6 +12,14 @@ scaler holds then, from what the run showed at its own scale:
   times the replayed scale, it overflows where it reaches the format's overflow threshold.  A step
   whose gradients held inf/NaN has no finite maximum; the nearest finite step's stands in.
 
+Where the run recorded a shadow pass (``shadow_histogram``: its float32 gradients by binade), the
+replay also recounts true underflow at each sampled step: the shares of elements nonzero in float32
+that the replayed scale and format round to zero or to a subnormal
+(:meth:`fpemu.traces.recorded.ShadowHistogram.counts`: exact at power-of-two scales, bounds
+otherwise).  That is the float32 gradient rounded once; the run's own ``shadow`` shares also hold
+what its backward lost before the gradient was formed (activation gradients underflowing), so at the
+run's own scale the two differ by that.
+
 What replay cannot know: a different scale (or a skipped update the run made, or not) changes the
 weights and so every later gradient; the run's parameter gradients stand in for all the values
 the backward pass rounds (activation gradients can overflow first).  So a replay is exact while it
@@ -35,7 +43,7 @@ import numpy as np
 from fpemu.formats import get_format
 from fpemu.scalers.profiles import get_profile
 from fpemu.scalers.simulate import ScalerTrace, run_rules
-from fpemu.traces.recorded import format_thresholds, recorded_steps, recorder_settings
+from fpemu.traces.recorded import ShadowShares, format_thresholds, recorded_steps, recorder_settings
 
 DECISIONS = ("recorded", "implied", "estimated")
 
@@ -48,11 +56,18 @@ class ReplayResult:
       trace: the profile's :class:`~fpemu.scalers.ScalerTrace` over the replayed overflow flags.
       decisions: per step, how its overflow was decided: one of ``DECISIONS``.
       compute: the format the replay decided overflows in.
+      shadow: per step, None (no shadow pass recorded there), or group ->
+        :class:`~fpemu.traces.recorded.ShadowShares`: the float32 gradients rounded once at the
+        replayed scale into ``compute``.
+      shadow_total: per step, None or the :class:`~fpemu.traces.recorded.ShadowShares` of all groups
+        together (shares of every element).
     """
 
     trace: ScalerTrace
     decisions: tuple
     compute: str
+    shadow: tuple = ()
+    shadow_total: tuple = ()
 
     @property
     def flags(self) -> list:
@@ -121,16 +136,35 @@ def replay(trace, profile: str, *, compute: Optional[str] = None, steps: Optiona
     overflow_from = format_thresholds(compute)[2]
     chosen = get_profile(profile)
     rules = chosen.rules(**params)
-    state, flags, decisions = rules.init(), [], []
+    state, flags, decisions, shadow = rules.init(), [], [], []
     for step, maximum in zip(recorded, _unscaled_maxima(recorded)):
         overflow, decision = _decide(step, maximum, state.scale, same_format, overflow_from)
         flags.append(overflow)
         decisions.append(decision)
+        shadow.append(_shadow_counts(step, float(state.scale), compute))
         state = rules.update(state, overflow).state
         if state.stopped:
             break
     result = run_rules(rules, np.array(flags, dtype=bool), chosen.name, {**chosen.defaults, **params})
-    return ReplayResult(result, tuple(decisions[:result.attempts]), compute)
+    kept = shadow[:result.attempts]
+    return ReplayResult(result, tuple(decisions[:result.attempts]), compute,
+                        shadow=tuple(None if counts is None else {group: share.per(elements) for group, (share, elements)
+                                                                  in counts.items()} for counts in kept),
+                        shadow_total=tuple(None if counts is None else _total(counts.values()) for counts in kept))
+
+
+def _shadow_counts(step, scale: float, compute: str) -> Optional[dict]:
+    """group -> (ShadowShares of counts, elements) of one step's shadow histograms at ``scale``, or None."""
+    if step.shadow_histogram is None:
+        return None
+    return {group: (histogram.counts(scale, compute), histogram.elements)
+            for group, histogram in step.shadow_histogram.items()}
+
+
+def _total(per_group) -> ShadowShares:
+    """Shares of every element of the groups together."""
+    per_group = list(per_group)
+    return ShadowShares.total(counts for counts, _ in per_group).per(sum(elements for _, elements in per_group))
 
 
 def file_sha256(path) -> str:

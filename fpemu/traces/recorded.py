@@ -159,7 +159,7 @@ class ShadowStats:
 @dataclasses.dataclass(frozen=True)
 class ShadowShares:
     """What rounding a group's float32 shadow gradients once at one scale into one format does, as
-    shares of the group's elements, each a (lower, upper) bound (equal where exact).
+    counts or shares of the group's elements, each a (lower, upper) bound (equal where exact).
 
     Attributes:
       underflow: nonzero in float32, zero once scaled and rounded.
@@ -172,6 +172,19 @@ class ShadowShares:
     @property
     def exact(self) -> bool:
         return self.underflow[0] == self.underflow[1] and self.subnormal[0] == self.subnormal[1]
+
+    def per(self, elements: int) -> "ShadowShares":
+        """Counts as shares of ``elements`` (0 for none)."""
+        def share(pair):
+            return tuple(n / elements if elements else 0.0 for n in pair)
+        return ShadowShares(share(self.underflow), share(self.subnormal))
+
+    @classmethod
+    def total(cls, counts) -> "ShadowShares":
+        """The sum of several :meth:`ShadowHistogram.counts`."""
+        counts = list(counts)
+        return cls(*(tuple(sum(getattr(c, name)[i] for c in counts) for i in range(2))
+                     for name in ("underflow", "subnormal")))
 
 
 def _bounds_below(binades: dict, value: float, inclusive: bool, exact: bool) -> tuple:
@@ -209,11 +222,25 @@ class ShadowHistogram:
         binades = {b: tuple(row) for b, row in sparse_binades(counts).items()}
         return cls(int(elements), int(elements) - present + counts[ZERO_CODE], counts[NONFINITE_CODE], binades)
 
-    def shares(self, scale: float, fmt) -> ShadowShares:
-        """The shares of elements that multiplying by ``scale`` (exactly) and rounding once into ``fmt``
-        (nearest even, fpemu's kernel edges) makes zero or subnormal, of those nonzero in float32.
+    def counts(self, scale: float, fmt) -> ShadowShares:
+        """How many elements nonzero in float32 multiplying by ``scale`` (exactly) and rounding once into
+        ``fmt`` (nearest even, at fpemu's kernel edges) makes zero or subnormal, as (lower, upper) counts.
 
         Exact where ``scale`` is a power of two (or 0 or inf); otherwise bounds.
+        """
+        zero_at_most, normal_from, _ = format_thresholds(fmt)
+        exact = scale == 0 or math.isinf(scale) or math.frexp(scale)[0] == 0.5
+
+        def edge(threshold):
+            return threshold / scale if scale else math.inf
+
+        binades = {b: list(row) for b, row in self.binades.items()}
+        under = _bounds_below(binades, edge(zero_at_most), True, exact)
+        below_normal = _bounds_below(binades, edge(normal_from), False, exact)
+        return ShadowShares(under, (max(0, below_normal[0] - under[1]), max(0, below_normal[1] - under[0])))
+
+    def shares(self, scale: float, fmt) -> ShadowShares:
+        """:meth:`counts` as shares of the group's elements.
 
         Example:
           >>> import numpy as np
@@ -225,21 +252,7 @@ class ShadowHistogram:
           >>> hist.shares(2.0 ** 10, "fp16").underflow, hist.shares(1.0, "bf16").underflow
           ((0.0, 0.0), (0.0, 0.0))
         """
-        zero_at_most, normal_from, _ = format_thresholds(fmt)
-        exact = scale == 0 or math.isinf(scale) or math.frexp(scale)[0] == 0.5
-
-        def edge(threshold):
-            return threshold / scale if scale else math.inf
-
-        binades = {b: list(row) for b, row in self.binades.items()}
-        under = _bounds_below(binades, edge(zero_at_most), True, exact)
-        below_normal = _bounds_below(binades, edge(normal_from), False, exact)
-        subnormal = (max(0, below_normal[0] - under[1]), max(0, below_normal[1] - under[0]))
-
-        def share(pair):
-            return tuple(n / self.elements if self.elements else 0.0 for n in pair)
-
-        return ShadowShares(share(under), share(subnormal))
+        return self.counts(scale, fmt).per(self.elements)
 
     def to_json(self) -> dict:
         return {"elements": self.elements, "zero": self.zero, "nonfinite": self.nonfinite,
