@@ -57,6 +57,33 @@ def test_in_jit_statistics_are_the_rounding_kernels():
         assert host_grad_stats(stats[fmt], fmt) == {"w": _expected(values, fmt)}, fmt
 
 
+def _raw_row(leaves, fmt):
+    """A group's packed row as one reduction per statistic computes it: numpy over the float32 bit patterns."""
+    limits = [int(np.array([v], np.float32).view(np.uint32)[0]) for v in rounding_limits(fmt)]
+    bits = np.concatenate([np.asarray(leaf, np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
+                           for leaf in leaves])
+    nan, zero_at_most = bits > 0x7F800000, bits <= limits[0]
+    nonzero = ~zero_at_most & ~nan
+    return [bits.size, zero_at_most.sum(), (nonzero & (bits <= limits[1])).sum(), ((bits >= limits[2]) & ~nan).sum(),
+            nan.sum(), np.where(nan, 0, bits).max(initial=0), np.where(nonzero, bits, 0x7F800000).min(initial=0x7F800000)]
+
+
+def test_one_pass_statistics_are_the_per_statistic_reductions():
+    """grad_stats reduces each leaf in one variadic pass: its packed uint32 rows, raw maxima and minima
+    included, are bit for bit those of one reduction per statistic, for leaves alone and grouped."""
+    values = _awkward_values(2)
+    grads = {"a": {"kernel": jnp.asarray(values[:3000].reshape(60, 50)), "bias": jnp.asarray(values[3000:3100])},
+             "b": {"kernel": jnp.asarray(values[3100:]), "empty": jnp.zeros((0,), jnp.float32)}}
+    for fmt in FORMATS:
+        for scale in (None, 2.0 ** 7):
+            stats = jax.jit(lambda g: grad_stats(g, fmt, scale=scale, group_by="module"))(grads)
+            # the product is XLA's (it flushes float32 subnormals): the reference takes it from XLA too
+            scaled = grads if scale is None else jax.jit(lambda g: jax.tree_util.tree_map(lambda x: x * scale, g))(grads)
+            leaves = {"a": [scaled["a"]["bias"], scaled["a"]["kernel"]], "b": [scaled["b"]["empty"], scaled["b"]["kernel"]]}
+            want = np.array([_raw_row(leaves[group], fmt) for group in stats.groups], np.uint32)
+            assert (np.asarray(stats.values) == want).all(), (fmt, scale)
+
+
 XLA_CASTS = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp8_e5m2": jnp.float8_e5m2}
 
 

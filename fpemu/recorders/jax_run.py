@@ -78,26 +78,42 @@ def _magnitude_bits(jax, leaf, scale):
     return jax.lax.bitcast_convert_type(values, jnp.uint32) & jnp.uint32(_MAGNITUDE_MASK)
 
 
+# How each statistic of grad_stats reduces over elements (and over a group's leaves): its combining
+# function's name in jax.numpy and its identity.  "elements" is a leaf's size and adds.
+_REDUCTIONS = {"zero": ("add", 0), "subnormal": ("add", 0), "overflow": ("add", 0), "nan": ("add", 0),
+               "max_abs": ("maximum", 0), "min_nonzero": ("minimum", _INF_PATTERN)}
+
+
 def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
+    """A leaf's statistics in one variadic reduction: one pass over the leaf computes all six (six
+    reductions made six passes and six kernels per leaf; the counts and extremes are the same integers)."""
     jnp = jax.numpy
-    bits = _magnitude_bits(jax, leaf, scale)
+    bits = _magnitude_bits(jax, leaf, scale).reshape(-1)
     nan = bits > _INF_PATTERN
     nonzero = (bits > _pattern(limits.zero)) & ~nan
-    return {
-        "elements": jnp.int32(leaf.size),
-        "zero": jnp.sum(bits <= _pattern(limits.zero), dtype=jnp.int32),
-        "subnormal": jnp.sum(nonzero & (bits <= _pattern(limits.subnormal)), dtype=jnp.int32),
-        "overflow": jnp.sum((bits >= _pattern(limits.overflow)) & ~nan, dtype=jnp.int32),
-        "nan": jnp.sum(nan, dtype=jnp.int32),
-        "max_abs": jnp.max(jnp.where(nan, jnp.uint32(0), bits), initial=0),
-        "min_nonzero": jnp.min(jnp.where(nonzero, bits, jnp.uint32(_INF_PATTERN)), initial=_INF_PATTERN),
+    contributions = {
+        "zero": bits <= _pattern(limits.zero),
+        "subnormal": nonzero & (bits <= _pattern(limits.subnormal)),
+        "overflow": (bits >= _pattern(limits.overflow)) & ~nan,
+        "nan": nan,
+        "max_abs": jnp.where(nan, jnp.uint32(0), bits),
+        "min_nonzero": jnp.where(nonzero, bits, jnp.uint32(_INF_PATTERN)),
     }
+    names = tuple(_REDUCTIONS)
+    kinds = {name: jnp.uint32 if combine != "add" else jnp.int32 for name, (combine, _) in _REDUCTIONS.items()}
+    operands = tuple(contributions[name].astype(kinds[name]) for name in names)
+    identities = tuple(kinds[name](_REDUCTIONS[name][1]) for name in names)
+
+    def combine(a, b):
+        return tuple(getattr(jnp, _REDUCTIONS[name][0])(x, y) for name, x, y in zip(names, a, b))
+
+    reduced = jax.lax.reduce(operands, identities, combine, (0,))
+    return {"elements": jnp.int32(leaf.size), **dict(zip(names, reduced))}
 
 
 def _combine(jnp, parts: list) -> dict:
     """One group's statistics from its leaves': counts add, maxima and minima reduce."""
-    reduce = {"max_abs": jnp.maximum, "min_nonzero": jnp.minimum}
-    return {name: functools.reduce(reduce.get(name, jnp.add), [part[name] for part in parts])
+    return {name: functools.reduce(getattr(jnp, _REDUCTIONS.get(name, ("add",))[0]), [part[name] for part in parts])
             for name in parts[0]}
 
 

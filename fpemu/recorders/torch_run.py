@@ -161,14 +161,29 @@ def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
     return torch.stack(counts).sum(0)
 
 
-def _shadow_histogram(torch, shadow_grad):
-    """The dense binade histogram (fpemu.traces._binades) of one float32-pass gradient, on its device."""
-    counts = torch.zeros(CODES, dtype=torch.int64, device=shadow_grad.device)
-    for piece in shadow_grad.detach().reshape(-1).split(CHUNK):
-        bits = piece.float().contiguous().view(torch.int32) & 0x7FFFFFFF
+def _shadow_histograms(torch, grads, groups: int):
+    """The dense binade histograms (fpemu.traces._binades) of float32-pass gradients, one row per group.
+
+    Args:
+      grads: (group index, gradient) pairs.
+      groups: how many groups.
+
+    Returns:
+      An int64 tensor (groups, CODES), on the gradients' device: small gradients are coded together, up
+      to CHUNK elements at once, and every group's codes go into one bincount (offset by the group), so a
+      model's many small tensors cost a few tensor operations, not a dozen each.
+    """
+    pieces = [(index, piece) for index, grad in grads for piece in _pieces(grad) if piece.numel()]
+    device = pieces[0][1].device if pieces else "cpu"
+    counts = torch.zeros(groups * CODES, dtype=torch.int64, device=device)
+    for batch in _batches(pieces):
+        bits = torch.cat([piece.float() for _, piece in batch]).view(torch.int32) & 0x7FFFFFFF
         codes = binade_codes(bits, lambda ints: ints.float().view(torch.int32), torch.where)
-        counts += torch.bincount(codes, minlength=CODES)
-    return counts
+        offsets = torch.tensor([index * CODES for index, _ in batch], device=bits.device)
+        codes = codes + offsets.repeat_interleave(torch.tensor([piece.numel() for _, piece in batch],
+                                                               device=bits.device))
+        counts += torch.bincount(codes, minlength=groups * CODES)
+    return counts.view(groups, CODES)
 
 
 @dataclasses.dataclass
@@ -294,17 +309,16 @@ class TorchRecorder:
         for group, members in self._groups:
             counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor, edges)
                       for p in members if shadow_of[id(p)] is not None and p.grad is not None]
-            dense = [_shadow_histogram(torch, shadow_of[id(p)]) for p in members if shadow_of[id(p)] is not None]
-            histogram = torch.stack(dense).sum(0) if dense else torch.zeros(CODES, dtype=torch.int64)
-            results.append((group, sum(p.numel() for p in members),
-                            torch.stack(counts).sum(0) if counts else None, histogram))
-        histograms = torch.stack([histogram.cpu() for *_, histogram in results]).tolist()  # one copy per device
-        for (group, elements, counts, _), dense in zip(results, histograms):
+            results.append((group, sum(p.numel() for p in members), torch.stack(counts).sum(0) if counts else None))
+        histograms = _shadow_histograms(torch, [(index, shadow_of[id(p)]) for index, (_, members) in
+                                                enumerate(self._groups) for p in members
+                                                if shadow_of[id(p)] is not None], len(self._groups)).tolist()
+        for (group, elements, counts), dense in zip(results, histograms):
             under, sub = counts.tolist() if counts is not None else (0, 0)
             shadow[group] = ShadowStats(under / elements if elements else 0.0, sub / elements if elements else 0.0)
         self._shadow = shadow
         self._shadow_histogram = {group: ShadowHistogram.from_counts(elements, dense)
-                                  for (group, elements, *_), dense in zip(results, histograms)}
+                                  for (group, elements, _), dense in zip(results, histograms)}
         return float(loss.detach())
 
     # --- measuring -------------------------------------------------------------------------
