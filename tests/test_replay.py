@@ -110,6 +110,7 @@ def test_spec_source_recorded_through_golden_compare_and_diff(runs, capsys):
     assert main(["compare", str(base._path), str(folder / "golden" / "self.json")]) == 0
     assert "identical" in capsys.readouterr().out
     assert main(["compare", str(base._path), str(folder / "golden" / "bf16.json")]) == 1  # bf16 never overflows
+    assert "(likely cause: recording differs: compute format fp16 -> bf16)" in capsys.readouterr().out
     assert main(["diff", str(specs), "--golden", str(folder / "golden"), "--impl", "torch", "--quiet"]) == 0
 
 
@@ -147,14 +148,18 @@ def test_a_changed_parameter_is_named_as_the_cause_not_timing(runs, capsys):
     assert f"(likely cause: {expected})" in capsys.readouterr().out
     other_format = Trace({**b.metadata, "params": a.metadata["params"],
                           "recorder": {**b.metadata["recorder"], "compute_format": "bf16"}}, b.steps, b.summary)
-    assert trace_changes(a, other_format).divergence.cause == "recording differs: recorder compute_format fp16 -> bf16"
+    assert trace_changes(a, other_format).divergence.cause == "recording differs: compute format fp16 -> bf16"
     specs = folder / "specs_gi3"
     specs.mkdir(exist_ok=True)
     spec(specs, "gi3", "torch", {**a.metadata["params"], "growth_interval": 3}, trace="../base.json")
+    flax = spec(specs, "flax", "flax", {"scale": BASE["init_scale"], "growth_interval": 3}, trace="../base.json")
+    flax.write_text(flax.read_text().replace("[implementations.torch]", "[implementations.flax]"))
     assert main(["golden", str(specs), "--out", str(folder / "golden_gi3"), "--quiet"]) == 0
     replayed = read_trace(folder / "golden_gi3" / "gi3.json")
     cause = compare_traces(a, replayed).divergence.cause
     assert cause == expected, cause  # a replay of the run, not another scenario
+    under_flax = trace_changes(a, read_trace(folder / "golden_gi3" / "flax.json")).divergence.cause
+    assert under_flax == "profiles differ: torch -> flax", under_flax
 
 
 def test_the_replayed_file_is_pinned_and_recorded_by_sha256(runs, tmp_path, capsys):
@@ -168,7 +173,7 @@ def test_the_replayed_file_is_pinned_and_recorded_by_sha256(runs, tmp_path, caps
     assert load_spec(pinned).overflow.trace_sha256 == load_spec(plain).overflow.trace_sha256 == sha
     assert main(["golden", str(plain), "--out", str(tmp_path / "golden"), "--quiet"]) == 0
     golden = read_trace(tmp_path / "golden" / "plain.json")
-    assert golden.metadata["replayed"] == {"trace": "run.json", "sha256": sha}
+    assert golden.metadata["replayed"] == {"trace": "run.json", "sha256": sha, "compute": "fp16"}
     run.write_bytes(slower._path.read_bytes())  # the recorded run changed under the specs
     now = hashlib.sha256(run.read_bytes()).hexdigest()
     with pytest.raises(SpecError, match=rf"overflow\.sha256: .*run\.json changed since the spec pinned it: its "

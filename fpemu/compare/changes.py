@@ -135,9 +135,9 @@ class TraceChanges:
       params: the parameters that differ (same profile).
       packages: the package versions that differ (every package both record; when the
         implementations are the same, also one that only one of them records).
-      settings: how the runs were recorded, where that differs: a recorded run's recorder settings
-        (``compute_format``, ``shadow_every``, ``groups``, ``statistics``) and, for a replay, the
-        replayed trace file (``replayed <file>``: its sha256).
+      settings: how the runs were recorded or replayed, where that differs: a recorded run's recorder
+        settings (``shadow_every``, ``groups``, ``statistics``), the compute format of a recording or a
+        replay, and the file a replay replayed (``replayed <file>``: its sha256).
     """
 
     before: str
@@ -386,16 +386,24 @@ def _metadata_changes(a: Trace, b: Trace) -> _MetadataChanges:
     return _MetadataChanges(profile if profile.changed else None, params, packages, _settings_changes(meta_a, meta_b))
 
 
+def _compute_format(meta: dict):
+    """The format a run computed its statistics in (a recording) or decided overflows in (a replay)."""
+    return (meta.get("recorder") or {}).get("compute_format") or (meta.get("replayed") or {}).get("compute")
+
+
 def _settings_changes(meta_a: dict, meta_b: dict) -> tuple:
-    """How the two runs were recorded, where both say and they differ: the recorder's settings
-    (``recorder compute_format fp16 -> bf16``) and the file a replay replayed (its sha256)."""
+    """How the two runs were recorded or replayed, where both say and they differ: the recorder's
+    settings (``recorder shadow_every 10 -> 0``), the compute format (of a recording or a replay) and
+    the file a replay replayed (its sha256)."""
     ra, rb = meta_a.get("recorder") or {}, meta_b.get("recorder") or {}
-    changes = tuple(ValueChange(f"recorder {key}", ra[key], rb[key]) for key in sorted(set(ra) & set(rb)))
+    changes = tuple(ValueChange(f"recorder {key}", ra[key], rb[key]) for key in sorted(set(ra) & set(rb))
+                    if key != "compute_format")
+    changes += (ValueChange("compute format", _compute_format(meta_a), _compute_format(meta_b)),)
     replayed_a, replayed_b = meta_a.get("replayed"), meta_b.get("replayed")
     if replayed_a and replayed_b:
         changes += (ValueChange(f"replayed {replayed_b['trace']} sha256", replayed_a["sha256"][:12],
                                 replayed_b["sha256"][:12]),)
-    return tuple(change for change in changes if change.changed)
+    return tuple(change for change in changes if change.changed and None not in (change.before, change.after))
 
 
 def _spec_changes(spec_a: dict, spec_b: dict) -> tuple:
@@ -423,15 +431,19 @@ def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges) -> str:
     (:func:`fpemu.compare.diff.likely_cause`)."""
     step, field = first[0], first[1]
     spec_a, spec_b = a.metadata["spec"], b.metadata["spec"]
-    named = [f"parameters differ: {_describe_all(meta.params)}"] if meta.params else []
+    # a recorded run is no spec's trace: its name labels the run and its "spec" text describes it, so
+    # against it another profile is the change (between a spec's implementations it is their subject)
+    recorded = is_recorded(a) or is_recorded(b)
+    named = [f"profiles differ: {meta.profile.before} -> {meta.profile.after}"] if recorded and meta.profile else []
+    if meta.params:
+        named.append(f"parameters differ: {_describe_all(meta.params)}")
     if meta.settings:
         named.append(f"recording differs: {_describe_all(meta.settings)}")
-    # a recorded run's name is the user's label for the run, not a scenario (its replays take other names)
-    if spec_a["name"] != spec_b["name"] and not (is_recorded(a) or is_recorded(b)):
+    if spec_a["name"] != spec_b["name"] and not recorded:
         return "; ".join([f"different scenarios: spec {spec_a['name']} -> {spec_b['name']}", *named])
     if named:
         return "; ".join(named)
-    if spec_a["sha256"] != spec_b["sha256"]:
+    if spec_a["sha256"] != spec_b["sha256"] and not recorded:
         keys = _spec_changes(spec_a, spec_b)
         return (f"the spec changed (sha256 {spec_a['sha256'][:12]} -> {spec_b['sha256'][:12]}): "
                 + (_describe_all(keys) if keys else "other overflow inputs, steps or model"))

@@ -186,14 +186,15 @@ def pinned_sha256_problem(path, actual: str, pinned: str) -> str:
 
 
 def replayed_metadata(scenario) -> dict:
-    """``{"replayed": {"trace": ..., "sha256": ...}}`` for the traces of a scenario whose overflow
-    source is ``recorded`` (the file as the spec names it, relative to the spec, and the sha256 of its
-    bytes when loaded); {} for any other scenario."""
+    """``{"replayed": {"trace": ..., "sha256": ..., "compute": ...}}`` for the traces of a scenario whose
+    overflow source is ``recorded`` (the file as the spec names it, relative to the spec, the sha256 of
+    its bytes when loaded, and the format the replay decides overflows in); {} for any other scenario."""
     source = getattr(scenario, "overflow", None)
     if source is None or source.kind != "recorded":
         return {}
     relative = os.path.relpath(source.trace, pathlib.Path(scenario.path).parent)
-    return {"replayed": {"trace": pathlib.PurePath(relative).as_posix(), "sha256": source.trace_sha256}}
+    return {"replayed": {"trace": pathlib.PurePath(relative).as_posix(), "sha256": source.trace_sha256,
+                         "compute": source.compute}}
 
 
 def replayed_file_changed(golden_metadata: dict, current: dict, golden_path) -> str:
