@@ -74,14 +74,15 @@ def test_one_pass_statistics_are_the_per_statistic_reductions():
     values = _awkward_values(2)
     grads = {"a": {"kernel": jnp.asarray(values[:3000].reshape(60, 50)), "bias": jnp.asarray(values[3000:3100])},
              "b": {"kernel": jnp.asarray(values[3100:]), "empty": jnp.zeros((0,), jnp.float32)}}
-    for fmt in FORMATS:
-        for scale in (None, 2.0 ** 7):
-            stats = jax.jit(lambda g: grad_stats(g, fmt, scale=scale, group_by="module"))(grads)
-            # the product is XLA's (it flushes float32 subnormals): the reference takes it from XLA too
-            scaled = grads if scale is None else jax.jit(lambda g: jax.tree_util.tree_map(lambda x: x * scale, g))(grads)
-            leaves = {"a": [scaled["a"]["bias"], scaled["a"]["kernel"]], "b": [scaled["b"]["empty"], scaled["b"]["kernel"]]}
-            want = np.array([_raw_row(leaves[group], fmt) for group in stats.groups], np.uint32)
-            assert (np.asarray(stats.values) == want).all(), (fmt, scale)
+    cases = [(fmt, None) for fmt in ("fp16", "bf16", "fp8_e4m3fn", "fp4_e2m1fn")] + [("fp16", 2.0 ** 7), ("bf16", 2.0 ** 7)]
+    stats, scaled = jax.jit(lambda g: ([grad_stats(g, fmt, scale=scale, group_by="module") for fmt, scale in cases],
+                                       jax.tree_util.tree_map(lambda x: x * 2.0 ** 7, g)))(grads)  # one compile
+    for (fmt, scale), got in zip(cases, stats):
+        # the product is XLA's (it flushes float32 subnormals): the reference takes it from XLA too
+        tree = grads if scale is None else scaled
+        leaves = {"a": [tree["a"]["bias"], tree["a"]["kernel"]], "b": [tree["b"]["empty"], tree["b"]["kernel"]]}
+        want = np.array([_raw_row(leaves[group], fmt) for group in got.groups], np.uint32)
+        assert (np.asarray(got.values) == want).all(), (fmt, scale)
 
 
 XLA_CASTS = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp8_e5m2": jnp.float8_e5m2}
