@@ -182,7 +182,7 @@ def _shadow_histograms(torch, grads, groups: int):
         offsets = torch.tensor([index * CODES for index, _ in batch], device=bits.device)
         codes = codes + offsets.repeat_interleave(torch.tensor([piece.numel() for _, piece in batch],
                                                                device=bits.device))
-        counts += torch.bincount(codes, minlength=groups * CODES)
+        counts += torch.bincount(codes, minlength=groups * CODES).to(counts.device)  # a model on several devices
     return counts.view(groups, CODES)
 
 
