@@ -71,7 +71,12 @@ def markdown_table(rows, columns) -> str:
     return "\n".join([header, rule, *body])
 
 
-def write_report(stem: str, title: str, result: dict, rows, columns, notes) -> None:
+def write_report(stem: str, title: str, result: dict, rows, columns, notes, sections=()) -> None:
+    """reports/<stem>.md (a table and its notes, then each of ``sections``: (heading, rows, columns,
+    notes)) and reports/<stem>.json (``result``)."""
     text = f"# {title}\n\n" + markdown_table(rows, columns) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    for heading, section_rows, section_columns, section_notes in sections:
+        text += (f"\n## {heading}\n\n" + markdown_table(section_rows, section_columns) + "\n\n"
+                 + "\n".join(f"- {n}" for n in section_notes) + "\n")
     atomic_write(REPORTS / f"{stem}.md", text)
     atomic_write(REPORTS / f"{stem}.json", json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -4,7 +4,7 @@ Writes reports/bench_record.md and .json.  Run: python -m benchmarks.bench_recor
 
 Modes, on one model, taking turns round by round: the plain loop; the loop under record_torch with
 statistics every step (no shadow pass); the same with the float32 shadow pass every step (its cost,
-which shadow_every=N divides by N); the loop under record_torch with statistics off (the watcher's
+which shadow_every=N divides by N; its counting and histogram are also timed apart); the loop under record_torch with statistics off (the watcher's
 own cost).  Times are process CPU seconds with one torch thread (a contended machine stretches wall
 time far more than CPU time).  Memory: the growth of each mode's peak resident set over the loop in a
 fresh process, and the peak growth while measuring one 2^26-element gradient (256 MiB).
@@ -94,6 +94,32 @@ def _statistics_growth_child(elements: int) -> None:
     print(_max_rss_mib() - before)
 
 
+def _shadow_counting(setup, tokens, repeats: int) -> dict:
+    """CPU ms the shadow pass spends counting, beyond its float32 forward and backward, per sampled step:
+    the element-by-element true underflow against the run's gradients, and the binade histogram of the
+    float32 gradients (what replays recount from).  Best of ``repeats``, over every parameter."""
+    import torch
+    from fpemu.recorders.torch_run import _class_bounds, _shadow_counts, _shadow_histograms
+    _, model, *_ = setup
+    params = [p for p in model.parameters() if p.grad is not None]
+    with torch.autocast("cpu", enabled=False):
+        shadow = torch.autograd.grad(model(tokens, labels=tokens).loss, params)
+    edges = _class_bounds(torch, "fp16", "cpu")
+    parts = {"true_underflow": lambda: [_shadow_counts(torch, g, p.grad, 1.0, edges).tolist()
+                                        for g, p in zip(shadow, params)],
+             "histogram": lambda: _shadow_histograms(torch, list(enumerate(shadow)), len(shadow)).tolist()}
+    out = {}
+    for name, part in parts.items():
+        part()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.process_time()
+            part()
+            best = min(best, time.process_time() - start)
+        out[f"{name}_ms"] = best * 1e3
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -125,6 +151,9 @@ def main(argv=None) -> dict:
     rows = [{"mode": mode, "step_ms": per_step[mode] * 1e3, "overhead": per_step[mode] / plain - 1,
              "fixed_ms": fixed[mode] * 1e3,
              "rss_growth_mib": _in_child("_loop_growth_child", mode, args.steps)} for mode in names]
+    counting = _shadow_counting(setup, data[0], args.rounds)
+    float32_pass = per_step["statistics + shadow every step"] - per_step["statistics every step"] - sum(
+        counting.values()) / 1e3
     big = 1 << 26
     statistics_growth = _in_child("_statistics_growth_child", big)
     for row in rows:
@@ -132,6 +161,7 @@ def main(argv=None) -> dict:
     result = {"model": {**MODEL, "batch": BATCH, "length": LENGTH, "parameters": sum(grads),
                         "largest_tensor": max(grads)},
               "rounds": args.rounds, "steps_per_block": args.steps, "rows": rows,
+              "shadow_pass_ms": {**counting, "float32_pass_ms": float32_pass * 1e3},
               "statistics_peak_growth_mib": {"elements": big, "gradient_mib": big * 4 / 2 ** 20,
                                              "growth_mib": statistics_growth}}
     columns = [("mode", "mode"), ("step_ms", "step, CPU time (ms)"), ("overhead", "overhead vs plain"),
@@ -150,8 +180,15 @@ def main(argv=None) -> dict:
              "the modules loaded: transformers loads thousands) and the audit's range statistics of the first "
              "update.",
              "Goal (issue 11): statistics every step cost at most 10% of a step.  The shadow row is the "
-             "float32 forward+backward the shadow pass adds when it runs every step; shadow_every=N "
-             "costs about 1/N of that difference per step.",
+             "float32 forward+backward the shadow pass adds when it runs every step, with its counting; "
+             "shadow_every=N costs about 1/N of that difference per step.",
+             f"Of a shadow pass ({(per_step['statistics + shadow every step'] - per_step['statistics every step']) * 1e3:.1f}"
+             f" ms, the shadow row less the statistics row): counting the true underflow element by element "
+             f"{counting['true_underflow_ms']:.1f} ms, the binade histogram of the float32 gradients (what a replay "
+             f"recounts underflow from at another scale or format) {counting['histogram_ms']:.1f} ms "
+             f"({counting['histogram_ms'] / (plain * 1e3):.1%} of a plain step; times timed apart over every "
+             f"parameter, best of {args.rounds}), the float32 forward and backward the rest "
+             f"({float32_pass * 1e3:.1f} ms).",
              f"Memory: statistics are computed at most 2^{CHUNK.bit_length() - 1} elements at a time (small "
              "gradients together, a large one in pieces) on the tensors' own device; measuring one "
              f"2^26-element float32 gradient ({big * 4 / 2 ** 20:.0f} MiB) grew the peak resident set by "

@@ -86,6 +86,7 @@ def _obtained_path(golden: pathlib.Path) -> pathlib.Path:
 def assert_trace_matches(request):
     """Compare a trace with its golden file (see the module docstring for the modes)."""
     from fpemu.compare import compare_traces
+    from fpemu.scalers.replay import replayed_file_changed
     from fpemu.traces import read_trace, trace_filename, write_trace
     folder = _golden_dir(request.config)
     update = request.config.getoption("fpemu_update_golden")
@@ -114,6 +115,9 @@ def assert_trace_matches(request):
         if golden.metadata["spec"]["sha256"] != trace.metadata["spec"]["sha256"]:
             fail(f"{path} was made from another version of spec {golden.spec_name!r} (its sha256 differs); "
                  "rewrite it with --fpemu-update-golden")
+        problem = replayed_file_changed(golden.metadata, trace.metadata, path)
+        if problem:
+            fail(f"{problem}; rewrite the golden with --fpemu-update-golden to accept it")
         verdict = compare_traces(golden, trace, expect_divergence)
         if verdict.failed:
             fail(f"{trace.implementation} diverges from {path.name}: {verdict.divergence.describe()}")

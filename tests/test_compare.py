@@ -161,6 +161,7 @@ def test_a_spec_change_without_parameter_changes_is_named(tmp_path):
     changes = trace_changes(before, after)
     assert (changes.divergence.step, changes.divergence.field) == (300, "steps")
     assert changes.divergence.cause.startswith("the spec changed (sha256 ")
+    assert changes.divergence.cause.endswith("): steps 400 -> 300")  # the key that changed, named
     assert changes.field("steps").count == 100 and changes.steps_compared == 300 and changes.steps_differ == 0
     assert changes.kind == TRAJECTORY and "attempts 400 -> 300" in changes.verdict()
 

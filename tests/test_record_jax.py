@@ -15,7 +15,8 @@ from fpemu import quantize, simulate_scaler  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 from fpemu.formats import get_format, range_stats  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces.recorded import GroupStats, recorded_steps, rounding_limits  # noqa: E402
+from fpemu.traces._binades import CODES, numpy_codes  # noqa: E402
+from fpemu.traces.recorded import GroupStats, ShadowHistogram, recorded_steps, rounding_limits  # noqa: E402
 from fpemu.recorders.jax_run import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
 from tests.trace_checks import bits64  # noqa: E402
 
@@ -54,6 +55,34 @@ def test_in_jit_statistics_are_the_rounding_kernels():
     stats = jax.jit(lambda g: {fmt: grad_stats(g, fmt) for fmt in FORMATS})({"w": jnp.asarray(values)})
     for fmt in FORMATS:
         assert host_grad_stats(stats[fmt], fmt) == {"w": _expected(values, fmt)}, fmt
+
+
+def _raw_row(leaves, fmt):
+    """A group's packed row as one reduction per statistic computes it: numpy over the float32 bit patterns."""
+    limits = [int(np.array([v], np.float32).view(np.uint32)[0]) for v in rounding_limits(fmt)]
+    bits = np.concatenate([np.asarray(leaf, np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
+                           for leaf in leaves])
+    nan, zero_at_most = bits > 0x7F800000, bits <= limits[0]
+    nonzero = ~zero_at_most & ~nan
+    return [bits.size, zero_at_most.sum(), (nonzero & (bits <= limits[1])).sum(), ((bits >= limits[2]) & ~nan).sum(),
+            nan.sum(), np.where(nan, 0, bits).max(initial=0), np.where(nonzero, bits, 0x7F800000).min(initial=0x7F800000)]
+
+
+def test_one_pass_statistics_are_the_per_statistic_reductions():
+    """grad_stats reduces each leaf in one variadic pass: its packed uint32 rows, raw maxima and minima
+    included, are bit for bit those of one reduction per statistic, for leaves alone and grouped."""
+    values = _awkward_values(2)
+    grads = {"a": {"kernel": jnp.asarray(values[:3000].reshape(60, 50)), "bias": jnp.asarray(values[3000:3100])},
+             "b": {"kernel": jnp.asarray(values[3100:]), "empty": jnp.zeros((0,), jnp.float32)}}
+    cases = [(fmt, None) for fmt in ("fp16", "bf16", "fp8_e4m3fn", "fp4_e2m1fn")] + [("fp16", 2.0 ** 7), ("bf16", 2.0 ** 7)]
+    stats, scaled = jax.jit(lambda g: ([grad_stats(g, fmt, scale=scale, group_by="module") for fmt, scale in cases],
+                                       jax.tree_util.tree_map(lambda x: x * 2.0 ** 7, g)))(grads)  # one compile
+    for (fmt, scale), got in zip(cases, stats):
+        # the product is XLA's (it flushes float32 subnormals): the reference takes it from XLA too
+        tree = grads if scale is None else scaled
+        leaves = {"a": [tree["a"]["bias"], tree["a"]["kernel"]], "b": [tree["b"]["empty"], tree["b"]["kernel"]]}
+        want = np.array([_raw_row(leaves[group], fmt) for group in got.groups], np.uint32)
+        assert (np.asarray(got.values) == want).all(), (fmt, scale)
 
 
 XLA_CASTS = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp8_e5m2": jnp.float8_e5m2}
@@ -187,11 +216,15 @@ def test_shadow_pass_counts_true_underflow():
         small = (want != 0) & (quantize(got, "fp16") != 0) & (np.abs(got) < get_format("fp16").min_normal)
         assert step.shadow[group].underflow == lost.sum() / lost.size
         assert step.shadow[group].subnormal == small.sum() / small.size
+        # the float32 pass by binade, counted inside jit as numpy counts it on the host
+        assert step.shadow_histogram[group] == ShadowHistogram.from_counts(
+            want.size, np.bincount(numpy_codes(want), minlength=CODES))
     assert step.shadow["dense0/kernel"].underflow > 0.1  # true underflow...
     assert step.grad_stats["dense0/kernel"].zero >= step.shadow["dense0/kernel"].underflow  # ...read as zeros
     trace = recorder.trace()
     assert trace.metadata["recorder"]["shadow_every"] == 1 and "shadow" in trace.steps[0]
     assert recorded_steps(trace)[0].shadow == step.shadow
+    assert recorded_steps(trace)[0].shadow_histogram == step.shadow_histogram
 
 
 def test_flax_dynamic_scale_loop():

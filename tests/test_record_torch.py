@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 import fpemu  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces.recorded import format_thresholds, recorded_steps  # noqa: E402
+from fpemu.traces._binades import CODES, numpy_codes  # noqa: E402
+from fpemu.traces.recorded import ShadowHistogram, format_thresholds, recorded_steps  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import gpt2_loop  # noqa: E402
@@ -152,6 +153,21 @@ def test_shadow_finds_underflow_the_run_statistics_cannot_see():
     zero_at_most, normal_from, _ = format_thresholds("fp16")
     sub = int(((fp32 != 0) & (np.abs(run) > zero_at_most) & (np.abs(run) < normal_from)).sum())
     assert sub > 0 and shadow[group].subnormal == sub / fp32.size
+    # the float32 gradients by binade: a replay recounts from them what any scale and format would lose
+    histogram = rec.steps[0].shadow_histogram[group]
+    assert histogram == ShadowHistogram.from_counts(fp32.size, np.bincount(numpy_codes(fp32), minlength=CODES))
+    assert histogram.zero == int((fp32 == 0).sum()) and histogram.nonfinite == 0
+    for fmt, scale in (("fp16", 1.0), ("fp16", 2.0 ** 9), ("bf16", 2.0 ** -100), ("fp8_e5m2", 2.0 ** 12),
+                       ("fp16", 3.0), ("fp8_e4m3fn", 1e3)):
+        rounded = np.abs(fpemu.quantize(fp32.astype(np.float64) * scale, fmt))  # exact product, rounded once
+        under = int(((fp32 != 0) & (rounded == 0)).sum()) / fp32.size
+        subnormal = int(((rounded > 0) & (rounded < fpemu.get_format(fmt).min_normal)).sum()) / fp32.size
+        shares = histogram.shares(scale, fmt)
+        if math.frexp(scale)[0] == 0.5:  # a power of two: exact
+            assert shares.exact and shares.underflow == (under, under) and shares.subnormal == (subnormal,) * 2
+        else:
+            assert shares.underflow[0] <= under <= shares.underflow[1]
+            assert shares.subnormal[0] <= subnormal <= shares.subnormal[1]
 
 
 def test_trace_file_round_trips(recorded):

@@ -7,14 +7,36 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fpemu.formats import quantize
+from fpemu.formats import get_format, quantize
 from fpemu.traces import dumps, loads
 from fpemu.traces.format import FIELDS, TraceError
-from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, format_thresholds,
+from fpemu.traces._binades import CODES, numpy_codes
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
+                                   format_thresholds,
                                    from_step_record, recorded_metadata, recorded_steps, recorded_trace,
                                    recorder_settings, to_step_record)
 
 DTYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def _edge_values() -> np.ndarray:
+    """Gradients on and beside every format's rounding edges at many power-of-two scales (ties, powers of
+    two, their float32 neighbours, float32 subnormals), and random ones from 2^-149 to 2^20."""
+    edges = np.array([t / 2.0 ** s for fmt in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp4_e2m1fn")
+                      for t in format_thresholds(fmt)[:2] for s in range(-12, 40)], np.float32)
+    edges = edges[edges > 0]
+    rng = np.random.default_rng(0)
+    spread = (rng.standard_normal(20000) * np.exp2(rng.uniform(-150, 20, 20000))).astype(np.float32)
+    return np.concatenate([edges, -edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(1)),
+                           spread, np.zeros(3, np.float32), np.array([np.inf, np.nan], np.float32)])
+
+
+EDGE_VALUES = _edge_values()
+
+
+def _histogram(values, elements=None):
+    return ShadowHistogram.from_counts(values.size if elements is None else elements,
+                                       np.bincount(numpy_codes(values), minlength=CODES))
 
 
 def _step(index, **changes):
@@ -22,7 +44,8 @@ def _step(index, **changes):
              "lm_head": GroupStats.from_counts(7, 0, 0, 1, 1, math.inf, 0.1)}
     fields = dict(step=index, scale=2.0 ** 16 * 1.5, overflow=index == 1, applied=index != 1, growth_counter=index,
                   loss=1 / 3, grad_norm=math.nan if index == 1 else 0.1, lr=1e-4, grad_stats=stats,
-                  shadow={"h.0": ShadowStats(0.25, 1 / 7)} if index == 0 else None)
+                  shadow={"h.0": ShadowStats(0.25, 1 / 7)} if index == 0 else None,
+                  shadow_histogram={"h.0": _histogram(EDGE_VALUES)} if index == 0 else None)
     return RecordedStep(**{**fields, **changes})
 
 
@@ -109,3 +132,36 @@ def test_docstring_examples():
     import fpemu.traces.recorded
     result = doctest.testmod(fpemu.traces.recorded, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_old_records_without_a_shadow_histogram_stay_readable():
+    record = to_step_record(_step(0))
+    del record["shadow_histogram"]
+    step = from_step_record(record)
+    assert step.shadow == _step(0).shadow and step.shadow_histogram is None
+
+
+def test_a_malformed_shadow_histogram_names_the_step_group_and_binade():
+    record = to_step_record(_step(0))
+    record["shadow_histogram"]["h.0"]["binades"]["-20"] = [1, -2]
+    with pytest.raises(TraceError, match=r"steps\[0\]\.shadow_histogram\.h\.0\.binades\.-20: expected"):
+        from_step_record(record)
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp6_e3m2fn", "fp4_e2m1fn"])
+def test_shadow_shares_are_exact_at_power_of_two_scales_and_bounds_elsewhere(fmt):
+    """Against fpemu's kernel: every element scaled exactly (float64) and rounded once."""
+    histogram = _histogram(EDGE_VALUES, EDGE_VALUES.size + 5)  # 5 elements without a gradient: zeros
+    assert histogram.zero == int((EDGE_VALUES == 0).sum()) + 5 and histogram.nonfinite == 2
+    finite = EDGE_VALUES[np.isfinite(EDGE_VALUES)].astype(np.float64)
+    min_normal = get_format(fmt).min_normal
+    for scale in [2.0 ** s for s in range(-30, 60, 7)] + [3.0, 1000.0, 65535.5, 7.7e-7]:
+        rounded = np.abs(quantize(finite * scale, fmt))
+        under = int(((finite != 0) & (rounded == 0)).sum()) / histogram.elements
+        subnormal = int(((rounded > 0) & (rounded < min_normal)).sum()) / histogram.elements
+        shares = histogram.shares(scale, fmt)
+        if math.frexp(scale)[0] == 0.5:
+            assert shares.underflow == (under, under) and shares.subnormal == (subnormal, subnormal), scale
+        else:
+            assert shares.underflow[0] <= under <= shares.underflow[1], scale
+            assert shares.subnormal[0] <= subnormal <= shares.subnormal[1], scale

@@ -17,10 +17,16 @@ import dataclasses
 import math
 from typing import Optional
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from fpemu.compare.diff import Divergence, bit_equal, likely_cause, shared_fields, ulp_distance
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
 from fpemu.traces.format import FIELDS, ULP_FIELDS, encode_float
+from fpemu.traces.recorded import is_recorded
 
 # Fields whose differences leave the training trajectory (scale, skips) alone: numerics only.
 NUMERIC_FIELDS = tuple(name for name, field in FIELDS.items() if not field.trajectory)
@@ -75,7 +81,7 @@ class ValueChange:
 
     @property
     def changed(self) -> bool:
-        return not bit_equal(self.before, self.after)
+        return not bit_equal(*map(_as_float_if_mixed, (self.before, self.after), (self.after, self.before)))
 
     def describe(self) -> str:
         """``growth_interval 2000 -> 40``"""
@@ -89,8 +95,19 @@ class ValueChange:
         return out
 
 
+def _as_float_if_mixed(value, other):
+    """An int as a float where the other side is a float: a spec's ``init_scale = 16`` (TOML int) is the
+    16.0 a scaler reads back, not a change."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    return float(value) if is_int and isinstance(other, float) else value
+
+
+_SHOWN = 48  # characters of one value in a description (a spec's overflow sequence can be long)
+
+
 def _plain(value) -> str:
-    return "none" if value is None else repr(value) if isinstance(value, float) else str(value)
+    text = "none" if value is None else repr(value) if isinstance(value, float) else str(value)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
 
 
 def _json(value):
@@ -118,6 +135,9 @@ class TraceChanges:
       params: the parameters that differ (same profile).
       packages: the package versions that differ (every package both record; when the
         implementations are the same, also one that only one of them records).
+      settings: how the runs were recorded or replayed, where that differs: a recorded run's recorder
+        settings (``shadow_every``, ``groups``, ``statistics``), the compute format of a recording or a
+        replay, and the file a replay replayed (``replayed <file>``: its sha256).
     """
 
     before: str
@@ -131,6 +151,7 @@ class TraceChanges:
     profile: Optional[ValueChange] = None
     params: tuple = ()
     packages: tuple = ()
+    settings: tuple = ()
 
     @property
     def identical(self) -> bool:
@@ -159,6 +180,8 @@ class TraceChanges:
         parts = [f"profiles differ: {self.profile.before} -> {self.profile.after}"] if self.profile else []
         if self.params:
             parts.append(f"parameters differ: {_describe_all(self.params)}")
+        if self.settings:
+            parts.append(f"recording differs: {_describe_all(self.settings)}")
         if self.packages:
             parts.append(f"packages differ: {_describe_all(self.packages)}")
         return "; ".join(parts)
@@ -237,7 +260,8 @@ class TraceChanges:
                 "summary": [c.as_dict() for c in self.summary],
                 "divergence": self.divergence.as_dict(before, after) if self.divergence else None,
                 "profile": self.profile.as_dict() if self.profile else None,
-                "params": [c.as_dict() for c in self.params], "packages": [c.as_dict() for c in self.packages]}
+                "params": [c.as_dict() for c in self.params], "packages": [c.as_dict() for c in self.packages],
+                "settings": [c.as_dict() for c in self.settings]}
 
 
 def step_ranges(steps, count: int, limit: int = 12) -> str:
@@ -340,8 +364,16 @@ def _differing(before: dict, after: dict, keys) -> tuple:
     return tuple(change for change in (ValueChange(k, before.get(k), after.get(k)) for k in keys) if change.changed)
 
 
-def _metadata_changes(a: Trace, b: Trace) -> tuple:
-    """(profile change or None, parameter changes, package version changes)."""
+@dataclasses.dataclass(frozen=True)
+class _MetadataChanges:
+    """What differs between two traces' metadata (see the TraceChanges attributes of these names)."""
+    profile: Optional[ValueChange]
+    params: tuple
+    packages: tuple
+    settings: tuple
+
+
+def _metadata_changes(a: Trace, b: Trace) -> _MetadataChanges:
     meta_a, meta_b = a.metadata, b.metadata
     profile = ValueChange("profile", meta_a.get("profile"), meta_b.get("profile"))
     params = ()
@@ -351,30 +383,88 @@ def _metadata_changes(a: Trace, b: Trace) -> tuple:
     ka, kb = meta_a.get("packages") or {}, meta_b.get("packages") or {}
     same_impl = a.implementation == b.implementation
     packages = _differing(ka, kb, sorted(set(ka) | set(kb) if same_impl else set(ka) & set(kb)))
-    return (profile if profile.changed else None), params, packages
+    return _MetadataChanges(profile if profile.changed else None, params, packages, _settings_changes(meta_a, meta_b))
 
 
-def _cause(first, a: Trace, b: Trace, params, packages) -> str:
-    """The likely cause of the first difference, from what else differs: another scenario, then
-    changed parameters (never implementation timing), then a changed spec; package upgrades are
-    named in front of the step-level reading (:func:`fpemu.compare.diff.likely_cause`)."""
+def _compute_format(meta: dict):
+    """The format a run computed its statistics in (a recording) or decided overflows in (a replay)."""
+    return (meta.get("recorder") or {}).get("compute_format") or (meta.get("replayed") or {}).get("compute")
+
+
+def _settings_changes(meta_a: dict, meta_b: dict) -> tuple:
+    """How the two runs were recorded or replayed, where both say and they differ: the recorder's
+    settings (``recorder shadow_every 10 -> 0``), the compute format (of a recording or a replay) and
+    the file a replay replayed (its sha256)."""
+    ra, rb = meta_a.get("recorder") or {}, meta_b.get("recorder") or {}
+    changes = tuple(ValueChange(f"recorder {key}", ra[key], rb[key]) for key in sorted(set(ra) & set(rb))
+                    if key != "compute_format")
+    changes += (ValueChange("compute format", _compute_format(meta_a), _compute_format(meta_b)),)
+    replayed_a, replayed_b = meta_a.get("replayed"), meta_b.get("replayed")
+    if replayed_a and replayed_b:
+        changes += (ValueChange(f"replayed {replayed_b['trace']} sha256", replayed_a["sha256"][:12],
+                                replayed_b["sha256"][:12]),)
+    return tuple(change for change in changes if change.changed and None not in (change.before, change.after))
+
+
+def _spec_changes(spec_a: dict, spec_b: dict) -> tuple:
+    """The keys of two TOML spec texts that differ (``steps 400 -> 300``); () where either is no TOML
+    (a recorded run keeps a description as its text)."""
+    try:
+        flat_a, flat_b = (_flat(tomllib.loads(spec["text"])) for spec in (spec_a, spec_b))
+    except (tomllib.TOMLDecodeError, TypeError):
+        return ()
+    return _differing(flat_a, flat_b, sorted(set(flat_a) | set(flat_b)))
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges) -> str:
+    """The likely cause of the first difference, from what else differs: another scenario (of two
+    spec-made traces), then changed parameters or recorder settings (never implementation timing), then a changed spec
+    (naming its keys that differ); package upgrades are named in front of the step-level reading
+    (:func:`fpemu.compare.diff.likely_cause`)."""
     step, field = first[0], first[1]
     spec_a, spec_b = a.metadata["spec"], b.metadata["spec"]
-    if spec_a["name"] != spec_b["name"]:
-        return f"different scenarios: spec {spec_a['name']} -> {spec_b['name']}" + (
-            f"; parameters differ: {_describe_all(params)}" if params else "")
-    if params:
-        return f"parameters differ: {_describe_all(params)}"
-    if spec_a["sha256"] != spec_b["sha256"]:
-        return (f"the spec changed (sha256 {spec_a['sha256'][:12]} -> {spec_b['sha256'][:12]}): other overflow "
-                "inputs, steps or model")
+    # a recorded run is no spec's trace: its name labels the run and its "spec" text describes it, so
+    # against it another profile is the change (between a spec's implementations it is their subject)
+    recorded = is_recorded(a) or is_recorded(b)
+    named = [f"profiles differ: {meta.profile.before} -> {meta.profile.after}"] if recorded and meta.profile else []
+    if meta.params:
+        named.append(f"parameters differ: {_describe_all(meta.params)}")
+    if meta.settings:
+        named.append(f"recording differs: {_describe_all(meta.settings)}")
+    if spec_a["name"] != spec_b["name"] and not recorded:
+        return "; ".join([f"different scenarios: spec {spec_a['name']} -> {spec_b['name']}", *named])
+    if named:
+        return "; ".join(named)
+    if spec_a["sha256"] != spec_b["sha256"] and not recorded:
+        keys = _spec_changes(spec_a, spec_b)
+        return (f"the spec changed (sha256 {spec_a['sha256'][:12]} -> {spec_b['sha256'][:12]}): "
+                + (_describe_all(keys) if keys else "other overflow inputs, steps or model"))
     if field == LENGTH:
         reading = "one run stopped early (an implementation raised, e.g. at its minimum scale)"
     elif field.startswith("summary."):
         reading = "the steps agree but the summaries do not: the state after the last step (or the count) differs"
     else:
         reading = likely_cause(field, step, a, b)
-    return f"{_describe_all(packages)}: {reading}" if packages else reading
+    return f"{_describe_all(meta.packages)}: {reading}" if meta.packages else reading
+
+
+def divergence_cause(before: Trace, after: Trace, step: int, field: str) -> str:
+    """The likely cause of a first divergence at ``step``, ``field`` between any two traces, read
+    from both traces' metadata first (as :func:`trace_changes` reads it): a parameter, recorder
+    setting, replayed file or spec key that differs is named, never blamed on implementation timing.
+
+    Example: ``divergence_cause(golden, observed, 3, "growth_counter")`` gives
+    ``'parameters differ: growth_interval 4 -> 5'`` where the real scaler holds another interval.
+    """
+    return _cause((step, field), before, after, _metadata_changes(before, after))
 
 
 def trace_changes(before: Trace, after: Trace) -> TraceChanges:
@@ -408,12 +498,12 @@ def trace_changes(before: Trace, after: Trace) -> TraceChanges:
         if changed is not None:
             first = (min(len(before.steps), len(after.steps)), f"summary.{changed.name}", changed.before,
                      changed.after)
-    profile, params, packages = _metadata_changes(before, after)
-    divergence = None if first is None else Divergence(*first, _cause(first, before, after, params, packages))
+    meta = _metadata_changes(before, after)
+    divergence = None if first is None else Divergence(*first, _cause(first, before, after, meta))
     return TraceChanges(before=_label(before), after=_label(after),
                         steps_compared=min(len(before.steps), len(after.steps)), steps_differ=steps_differ,
                         fields_compared=tuple(common), fields=fields, summary=summary, divergence=divergence,
-                        profile=profile, params=params, packages=packages)
+                        profile=meta.profile, params=meta.params, packages=meta.packages, settings=meta.settings)
 
 
 def _label(trace: Trace) -> str:

@@ -188,6 +188,10 @@ def shared_fields(a: Trace, b: Trace) -> list:
 def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Verdict:
     """Compare ``observed`` with ``golden`` on every field both record, at every step.
 
+    The first divergence's likely cause reads both traces' metadata first
+    (:func:`fpemu.compare.changes.divergence_cause`): parameters, recorder settings or a spec that
+    differ are named rather than blamed on the implementation.
+
     Args:
       expect_divergence: an :class:`fpemu.specs.ExpectedDivergence`; a first divergence at
         exactly its step and field is reported as known.
@@ -199,6 +203,7 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
     if not common and (golden.steps or observed.steps):
         raise FpemuInputError(f"{golden.spec_name}: the golden trace and {observed.implementation}'s share no field "
                          "to compare (see the spec's [record] fields)")
+    from fpemu.compare.changes import divergence_cause  # it builds on this module
     max_ulp = {f: 0 for f in common if f in ULP_FIELDS}
     divergence = None
     length = min(len(golden.steps), len(observed.steps))
@@ -208,10 +213,10 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
             if field in ULP_FIELDS and expected is not None and got is not None:
                 max_ulp[field] = max(max_ulp[field], ulp_distance(expected, got))
             if divergence is None and not bit_equal(expected, got):
-                divergence = Divergence(step, field, expected, got, likely_cause(field, step, golden, observed))
+                divergence = Divergence(step, field, expected, got, divergence_cause(golden, observed, step, field))
     if divergence is None and len(golden.steps) != len(observed.steps):
         divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
-                                "one run stopped early (an implementation raised, e.g. at its minimum scale)")
+                                divergence_cause(golden, observed, length, "steps"))
     status, note = MATCH, ""
     if divergence is not None:
         status = DIVERGED

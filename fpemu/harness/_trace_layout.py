@@ -24,7 +24,12 @@ def trace_metadata(scenario, implementation: str, profile: str, params: dict,
             "packages": versions, "device": device,
             # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
             # so a golden regenerated on another machine is byte-identical.
-            **({} if implementation == REFERENCE else {"host": host_provenance()}), **extra}
+            **({} if implementation == REFERENCE else {"host": host_provenance()}), **_replayed(scenario), **extra}
+
+
+def _replayed(scenario) -> dict:
+    from fpemu.scalers.replay import replayed_metadata  # replay reads traces: not at import time
+    return replayed_metadata(scenario)
 
 
 def trace_steps(scaler_trace, fields, model_columns=None) -> tuple:

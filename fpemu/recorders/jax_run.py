@@ -26,12 +26,15 @@ from fpemu._jax_states import scale_of, state_field
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
 from fpemu.traces.format import write_trace
-from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, RoundingLimits, ShadowStats,
-                                   recorded_metadata, recorded_trace, rounding_limits)
+from fpemu.traces._binades import CODES, binade_codes
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, RoundingLimits, ShadowHistogram,
+                                   ShadowStats, recorded_metadata, recorded_trace, rounding_limits)
 
-# What grad_stats and shadow_stats return per group, in the trace's order.
+# What grad_stats and shadow_stats return per group, in the trace's order; a last column named
+# HISTOGRAM holds the rest of the row (CODES counts of the float32 pass's magnitudes by binade).
+HISTOGRAM = "histogram"
 STAT_NAMES = ("elements", "zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero")
-SHADOW_NAMES = ("elements", "underflow", "subnormal")
+SHADOW_NAMES = ("elements", "underflow", "subnormal", HISTOGRAM)
 
 
 def _key_name(key) -> str:
@@ -75,26 +78,42 @@ def _magnitude_bits(jax, leaf, scale):
     return jax.lax.bitcast_convert_type(values, jnp.uint32) & jnp.uint32(_MAGNITUDE_MASK)
 
 
+# How each statistic of grad_stats reduces over elements (and over a group's leaves): its combining
+# function's name in jax.numpy and its identity.  "elements" is a leaf's size and adds.
+_REDUCTIONS = {"zero": ("add", 0), "subnormal": ("add", 0), "overflow": ("add", 0), "nan": ("add", 0),
+               "max_abs": ("maximum", 0), "min_nonzero": ("minimum", _INF_PATTERN)}
+
+
 def _leaf_stats(jax, leaf, scale, limits: RoundingLimits) -> dict:
+    """A leaf's statistics in one variadic reduction: one pass over the leaf computes all six (six
+    reductions made six passes and six kernels per leaf; the counts and extremes are the same integers)."""
     jnp = jax.numpy
-    bits = _magnitude_bits(jax, leaf, scale)
+    bits = _magnitude_bits(jax, leaf, scale).reshape(-1)
     nan = bits > _INF_PATTERN
     nonzero = (bits > _pattern(limits.zero)) & ~nan
-    return {
-        "elements": jnp.int32(leaf.size),
-        "zero": jnp.sum(bits <= _pattern(limits.zero), dtype=jnp.int32),
-        "subnormal": jnp.sum(nonzero & (bits <= _pattern(limits.subnormal)), dtype=jnp.int32),
-        "overflow": jnp.sum((bits >= _pattern(limits.overflow)) & ~nan, dtype=jnp.int32),
-        "nan": jnp.sum(nan, dtype=jnp.int32),
-        "max_abs": jnp.max(jnp.where(nan, jnp.uint32(0), bits), initial=0),
-        "min_nonzero": jnp.min(jnp.where(nonzero, bits, jnp.uint32(_INF_PATTERN)), initial=_INF_PATTERN),
+    contributions = {
+        "zero": bits <= _pattern(limits.zero),
+        "subnormal": nonzero & (bits <= _pattern(limits.subnormal)),
+        "overflow": (bits >= _pattern(limits.overflow)) & ~nan,
+        "nan": nan,
+        "max_abs": jnp.where(nan, jnp.uint32(0), bits),
+        "min_nonzero": jnp.where(nonzero, bits, jnp.uint32(_INF_PATTERN)),
     }
+    names = tuple(_REDUCTIONS)
+    kinds = {name: jnp.uint32 if combine != "add" else jnp.int32 for name, (combine, _) in _REDUCTIONS.items()}
+    operands = tuple(contributions[name].astype(kinds[name]) for name in names)
+    identities = tuple(kinds[name](_REDUCTIONS[name][1]) for name in names)
+
+    def combine(a, b):
+        return tuple(getattr(jnp, _REDUCTIONS[name][0])(x, y) for name, x, y in zip(names, a, b))
+
+    reduced = jax.lax.reduce(operands, identities, combine, (0,))
+    return {"elements": jnp.int32(leaf.size), **dict(zip(names, reduced))}
 
 
 def _combine(jnp, parts: list) -> dict:
     """One group's statistics from its leaves': counts add, maxima and minima reduce."""
-    reduce = {"max_abs": jnp.maximum, "min_nonzero": jnp.minimum}
-    return {name: functools.reduce(reduce.get(name, jnp.add), [part[name] for part in parts])
+    return {name: functools.reduce(getattr(jnp, _REDUCTIONS.get(name, ("add",))[0]), [part[name] for part in parts])
             for name in parts[0]}
 
 
@@ -108,14 +127,21 @@ class GroupCounts:
       groups: the group of each row.
       values: the uint32 array, ``len(groups)`` x ``len(columns)``.
 
-    ``counts[group]`` is that group's row as a dict of column -> value.
+    ``counts[group]`` is that group's row as a dict of column -> value (a last ``HISTOGRAM`` column:
+    the rest of the row, as a list).
     """
 
     def __init__(self, columns: tuple, groups: tuple, values):
         self.columns, self.groups, self.values = tuple(columns), tuple(groups), values
 
+    def _row(self, row) -> dict:
+        if self.columns[-1] != HISTOGRAM:
+            return dict(zip(self.columns, row))
+        head = len(self.columns) - 1
+        return {**dict(zip(self.columns[:head], row[:head])), HISTOGRAM: list(row[head:])}
+
     def __getitem__(self, group: str) -> dict:
-        return dict(zip(self.columns, self.values[self.groups.index(group)]))
+        return self._row(self.values[self.groups.index(group)])
 
     def __iter__(self):
         return iter(self.groups)
@@ -126,7 +152,7 @@ class GroupCounts:
     def rows(self) -> dict:
         """group -> {column: int}, read from one copy of the array on the host."""
         values = np.asarray(self.values, dtype=np.uint32)
-        return {group: dict(zip(self.columns, map(int, row))) for group, row in zip(self.groups, values)}
+        return {group: self._row([int(v) for v in row]) for group, row in zip(self.groups, values)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,8 +179,8 @@ def _grouped(grads, group_by, leaf_stats, columns, *others) -> GroupCounts:
         name = grouper(tuple(_key_name(key) for key in path))
         groups.setdefault(name, []).append(leaf_stats(leaf, *(leaves[index] for leaves in other_leaves)))
     combined = [_combine(jnp, parts) for parts in groups.values()]
-    values = jnp.stack([jnp.stack([row[column].astype(jnp.uint32) for column in columns]) for row in combined]) \
-        if combined else jnp.zeros((0, len(columns)), jnp.uint32)
+    values = jnp.stack([jnp.concatenate([jnp.atleast_1d(row[column]).astype(jnp.uint32) for column in columns])
+                        for row in combined]) if combined else jnp.zeros((0, len(columns)), jnp.uint32)
     return GroupCounts(columns, tuple(groups), values)
 
 
@@ -211,25 +237,33 @@ def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[st
       A :class:`GroupCounts` of ``elements``, ``underflow`` and ``subnormal`` per group: elements
       nonzero in the float32 pass but zero in the run (or, for ``subnormal``, subnormal in ``fmt``).  Values
       that underflowed inside an fp16 backward arrive as plain zeros, which ``grad_stats`` can only
-      count as zeros; this tells them from gradients that are really zero.
+      count as zeros; this tells them from gradients that are really zero.  Its ``histogram``
+      column counts the float32 pass's magnitudes by binade (fpemu.traces._binades), from which a
+      replay recounts underflow at another scale or in another format.
 
     Example:
       >>> import jax, jax.numpy as jnp
       >>> run = {"w": jnp.array([0.0, 0.0, 1e-6, 0.5])}            # what the fp16 backward left
       >>> exact = {"w": jnp.array([0.0, 1e-9, 1e-6, 0.5])}         # the float32 pass
-      >>> jax.jit(shadow_stats)(run, exact).rows()
-      {'w': {'elements': 4, 'underflow': 1, 'subnormal': 1}}
+      >>> row = jax.jit(shadow_stats)(run, exact).rows()["w"]
+      >>> row["elements"], row["underflow"], row["subnormal"], sum(row["histogram"])
+      (4, 1, 1, 4)
     """
     import jax
     jnp = jax.numpy
     limits, factor = rounding_limits(get_format(fmt)), _factor(scale)
 
+    def float_bits(ints):
+        return jax.lax.bitcast_convert_type(ints.astype(jnp.float32), jnp.int32)
+
     def leaf_shadow(leaf, exact):
         bits, nonzero = _magnitude_bits(jax, leaf, factor), exact != 0
+        exact_bits = float_bits(exact) & 0x7FFFFFFF  # a float32 pass: the bitcast is the value
         return {"elements": jnp.int32(leaf.size),
                 "underflow": jnp.sum(nonzero & (bits <= _pattern(limits.zero)), dtype=jnp.int32),
                 "subnormal": jnp.sum(nonzero & (bits > _pattern(limits.zero)) & (bits <= _pattern(limits.subnormal)),
-                                     dtype=jnp.int32)}
+                                     dtype=jnp.int32),
+                HISTOGRAM: jnp.bincount(binade_codes(exact_bits.reshape(-1), float_bits, jnp.where), length=CODES)}
 
     return _grouped(grads, group_by, leaf_shadow, SHADOW_NAMES, reference)
 
@@ -248,6 +282,12 @@ def host_shadow_stats(stats) -> dict:
         elements = row["elements"]
         out[group] = ShadowStats(*(row[name] / elements if elements else 0.0 for name in ("underflow", "subnormal")))
     return out
+
+
+def host_shadow_histograms(stats) -> dict:
+    """``shadow_stats``' histograms on the host as the trace's :class:`~fpemu.traces.recorded.ShadowHistogram` s."""
+    return {group: ShadowHistogram.from_counts(row["elements"], row[HISTOGRAM])
+            for group, row in _rows(stats, SHADOW_NAMES, "shadow_stats").items()}
 
 
 def host_grad_stats(stats, fmt) -> dict:
@@ -349,7 +389,8 @@ class JaxRecorder:
             applied=(not overflow) if applied is None else bool(np.asarray(applied)),
             growth_counter=None if counter is None else int(np.asarray(counter)),
             loss=_optional(loss), grad_norm=_optional(grad_norm), lr=_optional(lr), grad_stats=groups,
-            shadow=None if shadow is None else host_shadow_stats(shadow))
+            shadow=None if shadow is None else host_shadow_stats(shadow),
+            shadow_histogram=None if shadow is None else host_shadow_histograms(shadow))
         self._steps.append(record)
         self._final_scale = scale_of(after, "next_scale_state")
         if schedule_count is not None:
@@ -454,5 +495,5 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
 
 
 __all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "GroupCounts", "grad_stats", "host_grad_stats",
-           "shadow_stats", "host_shadow_stats",
+           "shadow_stats", "host_shadow_stats", "host_shadow_histograms",
            "keras_scale_state", "JaxRecorder", "record_jax"]

@@ -18,10 +18,12 @@ True underflow needs what the run lost, so it needs a second pass: ``rec.shadow(
 after the backward pass, reruns ``loss_fn()`` with autocast off (float32) on every
 ``shadow_every``-th attempt, takes its gradients with ``torch.autograd.grad`` (the run's ``.grad``
 are untouched and the audit does not see the pass) and counts, element by element, the values
-nonzero in float32 that the run holds as zero or as a compute-format subnormal.  It costs one
-float32 forward and backward and a few elementwise passes per sampled attempt, so about
-``1/shadow_every`` of a float32 step per step; dropout draws other masks in the shadow pass
-(record with dropout off, or read the shares as a bound).
+nonzero in float32 that the run holds as zero or as a compute-format subnormal, and histograms the
+float32 gradients by binade (``shadow_histogram``: what a replay at another scale or in another
+format recounts underflow from).  It costs one float32 forward and backward and a few elementwise
+passes and a bincount per sampled attempt, so about ``1/shadow_every`` of a float32 step per step
+(``reports/bench_record.md`` measures it); dropout draws other masks in the shadow pass (record
+with dropout off, or read the shares as a bound).
 
 torch is imported on first use.
 """
@@ -37,8 +39,9 @@ from fpemu.audits.torch_loop import TorchLoopAudit, _torch
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format
 from fpemu.traces import write_trace
-from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowStats, format_thresholds,
-                                   recorded_metadata, recorded_trace)
+from fpemu.traces._binades import CODES, binade_codes
+from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
+                                   format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
@@ -170,6 +173,31 @@ def _rank_path(path, ranks: Optional[dict]):
     return path.with_name(f"{path.stem}.rank{ranks['rank']}{path.suffix}")
 
 
+def _shadow_histograms(torch, grads, groups: int):
+    """The dense binade histograms (fpemu.traces._binades) of float32-pass gradients, one row per group.
+
+    Args:
+      grads: (group index, gradient) pairs.
+      groups: how many groups.
+
+    Returns:
+      An int64 tensor (groups, CODES), on the gradients' device: small gradients are coded together, up
+      to CHUNK elements at once, and every group's codes go into one bincount (offset by the group), so a
+      model's many small tensors cost a few tensor operations, not a dozen each.
+    """
+    pieces = [(index, piece) for index, grad in grads for piece in _pieces(grad) if piece.numel()]
+    device = pieces[0][1].device if pieces else "cpu"
+    counts = torch.zeros(groups * CODES, dtype=torch.int64, device=device)
+    for batch in _batches(pieces):
+        bits = torch.cat([piece.float() for _, piece in batch]).view(torch.int32) & 0x7FFFFFFF
+        codes = binade_codes(bits, lambda ints: ints.float().view(torch.int32), torch.where)
+        offsets = torch.tensor([index * CODES for index, _ in batch], device=bits.device)
+        codes = codes + offsets.repeat_interleave(torch.tensor([piece.numel() for _, piece in batch],
+                                                               device=bits.device))
+        counts += torch.bincount(codes, minlength=groups * CODES).to(counts.device)  # a model on several devices
+    return counts.view(groups, CODES)
+
+
 @dataclasses.dataclass
 class _OpenStep:
     """An attempt whose scaler.update has not run yet."""
@@ -207,6 +235,7 @@ class TorchRecorder:
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
+        self._shadow_histogram: Optional[dict] = None
         self._open: Optional[_OpenStep] = None
         self.steps: list = []
         self.trace = None
@@ -246,8 +275,8 @@ class TorchRecorder:
             step=log.attempts, scale=scale, overflow=self._found_inf(completed), applied=bool(completed),
             loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
             lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
-            shadow=self._shadow)
-        self._grad_stats = self._shadow = None
+            shadow=self._shadow, shadow_histogram=self._shadow_histogram)
+        self._grad_stats = self._shadow = self._shadow_histogram = None
         self._open = _OpenStep(step)
         if not self.audit._scaling:
             self._close_open()
@@ -292,12 +321,16 @@ class TorchRecorder:
         for group, members in self._groups:
             counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor, edges)
                       for p in members if shadow_of[id(p)] is not None and p.grad is not None]
-            results.append((group, sum(p.numel() for p in members),
-                            torch.stack(counts).sum(0) if counts else None))
-        for group, elements, counts in results:
+            results.append((group, sum(p.numel() for p in members), torch.stack(counts).sum(0) if counts else None))
+        histograms = _shadow_histograms(torch, [(index, shadow_of[id(p)]) for index, (_, members) in
+                                                enumerate(self._groups) for p in members
+                                                if shadow_of[id(p)] is not None], len(self._groups)).tolist()
+        for (group, elements, counts), dense in zip(results, histograms):
             under, sub = counts.tolist() if counts is not None else (0, 0)
             shadow[group] = ShadowStats(under / elements if elements else 0.0, sub / elements if elements else 0.0)
         self._shadow = shadow
+        self._shadow_histogram = {group: ShadowHistogram.from_counts(elements, dense)
+                                  for (group, elements, _), dense in zip(results, histograms)}
         return float(loss.detach())
 
     # --- measuring -------------------------------------------------------------------------

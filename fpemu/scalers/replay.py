@@ -12,6 +12,14 @@ scaler holds then, from what the run showed at its own scale:
   times the replayed scale, it overflows where it reaches the format's overflow threshold.  A step
   whose gradients held inf/NaN has no finite maximum; the nearest finite step's stands in.
 
+Where the run recorded a shadow pass (``shadow_histogram``: its float32 gradients by binade), the
+replay also recounts true underflow at each sampled step: the shares of elements nonzero in float32
+that the replayed scale and format round to zero or to a subnormal
+(:meth:`fpemu.traces.recorded.ShadowHistogram.counts`: exact at power-of-two scales, bounds
+otherwise).  That is the float32 gradient rounded once; the run's own ``shadow`` shares also hold
+what its backward lost before the gradient was formed (activation gradients underflowing), so at the
+run's own scale the two differ by that.
+
 What replay cannot know: a different scale (or a skipped update the run made, or not) changes the
 weights and so every later gradient; the run's parameter gradients stand in for all the values
 the backward pass rounds (activation gradients can overflow first).  So a replay is exact while it
@@ -24,7 +32,10 @@ Imports only numpy and the core (no framework).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
+import pathlib
 from typing import Optional
 
 import numpy as np
@@ -32,7 +43,7 @@ import numpy as np
 from fpemu.formats import get_format
 from fpemu.scalers.profiles import get_profile
 from fpemu.scalers.simulate import ScalerTrace, run_rules
-from fpemu.traces.recorded import format_thresholds, recorded_steps, recorder_settings
+from fpemu.traces.recorded import ShadowShares, format_thresholds, recorded_steps, recorder_settings
 
 DECISIONS = ("recorded", "implied", "estimated")
 
@@ -45,11 +56,18 @@ class ReplayResult:
       trace: the profile's :class:`~fpemu.scalers.ScalerTrace` over the replayed overflow flags.
       decisions: per step, how its overflow was decided: one of ``DECISIONS``.
       compute: the format the replay decided overflows in.
+      shadow: per step, None (no shadow pass recorded there), or group ->
+        :class:`~fpemu.traces.recorded.ShadowShares`: the float32 gradients rounded once at the
+        replayed scale into ``compute``.
+      shadow_total: per step, None or the :class:`~fpemu.traces.recorded.ShadowShares` of all groups
+        together (shares of every element).
     """
 
     trace: ScalerTrace
     decisions: tuple
     compute: str
+    shadow: tuple = ()
+    shadow_total: tuple = ()
 
     @property
     def flags(self) -> list:
@@ -118,16 +136,77 @@ def replay(trace, profile: str, *, compute: Optional[str] = None, steps: Optiona
     overflow_from = format_thresholds(compute)[2]
     chosen = get_profile(profile)
     rules = chosen.rules(**params)
-    state, flags, decisions = rules.init(), [], []
+    state, flags, decisions, shadow = rules.init(), [], [], []
     for step, maximum in zip(recorded, _unscaled_maxima(recorded)):
         overflow, decision = _decide(step, maximum, state.scale, same_format, overflow_from)
         flags.append(overflow)
         decisions.append(decision)
+        shadow.append(_shadow_counts(step, float(state.scale), compute))
         state = rules.update(state, overflow).state
         if state.stopped:
             break
     result = run_rules(rules, np.array(flags, dtype=bool), chosen.name, {**chosen.defaults, **params})
-    return ReplayResult(result, tuple(decisions[:result.attempts]), compute)
+    kept = shadow[:result.attempts]
+    return ReplayResult(result, tuple(decisions[:result.attempts]), compute,
+                        shadow=tuple(None if counts is None else {group: share.per(elements) for group, (share, elements)
+                                                                  in counts.items()} for counts in kept),
+                        shadow_total=tuple(None if counts is None else _total(counts.values()) for counts in kept))
 
 
-__all__ = ["DECISIONS", "ReplayResult", "replay"]
+def _shadow_counts(step, scale: float, compute: str) -> Optional[dict]:
+    """group -> (ShadowShares of counts, elements) of one step's shadow histograms at ``scale``, or None."""
+    if step.shadow_histogram is None:
+        return None
+    return {group: (histogram.counts(scale, compute), histogram.elements)
+            for group, histogram in step.shadow_histogram.items()}
+
+
+def _total(per_group) -> ShadowShares:
+    """Shares of every element of the groups together."""
+    per_group = list(per_group)
+    return ShadowShares.total(counts for counts, _ in per_group).per(sum(elements for _, elements in per_group))
+
+
+def file_sha256(path) -> str:
+    """The sha256 (hex) of a file's bytes."""
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def pinned_sha256_problem(path, actual: str, pinned: str) -> str:
+    """What is wrong with a spec's pinned ``sha256`` of the trace file at ``path`` ('' if it matches).
+
+    Example:
+      >>> pinned_sha256_problem("runs/a.json", "ab" * 32, "cd" * 32)[:60]
+      'runs/a.json changed since the spec pinned it: its sha256 is '
+    """
+    if pinned == actual:
+        return ""
+    return (f"{path} changed since the spec pinned it: its sha256 is {actual}, the spec pins {pinned}; "
+            f"replaying it would replay another run (set sha256 = \"{actual}\" to accept the file as it is now)")
+
+
+def replayed_metadata(scenario) -> dict:
+    """``{"replayed": {"trace": ..., "sha256": ..., "compute": ...}}`` for the traces of a scenario whose
+    overflow source is ``recorded`` (the file as the spec names it, relative to the spec, the sha256 of
+    its bytes when loaded, and the format the replay decides overflows in); {} for any other scenario."""
+    source = getattr(scenario, "overflow", None)
+    if source is None or source.kind != "recorded":
+        return {}
+    relative = os.path.relpath(source.trace, pathlib.Path(scenario.path).parent)
+    return {"replayed": {"trace": pathlib.PurePath(relative).as_posix(), "sha256": source.trace_sha256,
+                         "compute": source.compute}}
+
+
+def replayed_file_changed(golden_metadata: dict, current: dict, golden_path) -> str:
+    """Why a golden trace replayed from a recorded run no longer fits: the replayed file's sha256
+    recorded in ``golden_metadata`` differs from ``current`` (what :func:`replayed_metadata` gives
+    now); '' where it fits or either side replays nothing."""
+    before, now = golden_metadata.get("replayed"), current.get("replayed")
+    if not (before and now) or before["sha256"] == now["sha256"]:
+        return ""
+    return (f"{golden_path}: golden trace was replayed from another version of {now['trace']} (its sha256 was "
+            f"{before['sha256'][:12]}, the file's is now {now['sha256'][:12]}): the recorded run changed")
+
+
+__all__ = ["DECISIONS", "ReplayResult", "replay", "file_sha256", "pinned_sha256_problem", "replayed_metadata",
+           "replayed_file_changed"]

@@ -62,7 +62,7 @@ _SOURCE_KEYS = {
     "bursts": {"rate", "seed", "length"},
     "periodic": {"period", "offset", "length"},
     "model": {"model", "seed", "compute", "lr", "target_scale"},
-    "recorded": {"trace", "compute"},  # a recorded run's gradients, replayed (fpemu.scalers.replay)
+    "recorded": {"trace", "compute", "sha256"},  # a recorded run's gradients, replayed (fpemu.scalers.replay)
 }
 
 
@@ -165,7 +165,9 @@ def _overflow_source(check: _Checker, raw) -> OverflowSource:
 
 
 def _recorded_source(check: _Checker, raw) -> dict:
-    """The trace file (relative to the spec's folder) and the replay's format (default: the run's)."""
+    """The trace file (relative to the spec's folder), its sha256 (checked against ``sha256`` where
+    the spec pins one) and the replay's format (default: the run's)."""
+    from fpemu.scalers.replay import file_sha256, pinned_sha256_problem
     from fpemu.traces import read_trace
     from fpemu.traces.recorded import recorded_steps, recorder_settings
     trace_path = pathlib.Path(check.path).parent / check.string(raw.get("trace"), "overflow.trace")
@@ -175,8 +177,13 @@ def _recorded_source(check: _Checker, raw) -> dict:
         recorded_format = recorder_settings(trace, str(trace_path)).compute_format
     except FpemuInputError as error:
         check.fail("overflow.trace", str(error))
+    sha256 = file_sha256(trace_path)
+    if "sha256" in raw:
+        problem = pinned_sha256_problem(trace_path, sha256, check.string(raw["sha256"], "overflow.sha256"))
+        if problem:
+            check.fail("overflow.sha256", problem)
     compute = check.choice(raw.get("compute", recorded_format), "overflow.compute", MODEL_COMPUTE)
-    return {"trace": str(trace_path), "compute": compute, "sequence": verdicts}
+    return {"trace": str(trace_path), "compute": compute, "sequence": verdicts, "trace_sha256": sha256}
 
 
 def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:

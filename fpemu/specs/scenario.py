@@ -34,6 +34,8 @@ class OverflowSource:
       trace: ``recorded``: the recorded run's trace file, whose gradients are replayed (see
         fpemu.scalers.replay); compute is then the format the replay decides overflows in, and
         sequence the run's own overflow verdicts.
+      trace_sha256: ``recorded``: the sha256 of the trace file as loaded (traces made from the
+        scenario record it, so a golden replayed from another version of the file is refused).
     """
 
     kind: str
@@ -48,6 +50,7 @@ class OverflowSource:
     lr: float = 0.05
     target_scale: float = 1e-3
     trace: str = ""
+    trace_sha256: str = ""
 
     def flags(self, steps: int) -> np.ndarray:
         """The overflow flag of each of ``steps`` steps (not for ``model``, which needs the scaler)."""

@@ -102,6 +102,7 @@ FIELDS = {field.name: field for field in [
     TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
     TraceField("grad_stats", False, ("recorded",), by_default=False, trajectory=False),
     TraceField("shadow", False, ("recorded",), by_default=False, trajectory=False),
+    TraceField("shadow_histogram", False, ("recorded",), by_default=False, trajectory=False),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)

@@ -19,7 +19,9 @@ A recorded trace is an ordinary trace (see :mod:`fpemu.traces.format`), so ``fpe
        "lr": 0.0001, "lr_hex": ...,              # the optimizer's (first group's) rate at the attempt
        "grad_stats": {"h.0.attn": {"elements": 49152, "zero": 0.01, "zero_hex": ..., "subnormal": ...,
                                    "overflow": ..., "nan": ..., "max_abs": ..., "min_nonzero": ...}},
-       "shadow": {"h.0.attn": {"underflow": 0.02, "underflow_hex": ..., "subnormal": ...}}},  # sampled steps
+       "shadow": {"h.0.attn": {"underflow": 0.02, "underflow_hex": ..., "subnormal": ...}},   # sampled steps
+       "shadow_histogram": {"h.0.attn": {"elements": 49152, "zero": 12, "nonfinite": 0,        # sampled steps
+                                         "binades": {"-20": [3, 512, 260, 121, ...], ...}}}},
       ...
     ],
     "summary": {"attempts": 20, "completed_updates": 19, "skipped_updates": 1, "examples": 160,
@@ -32,6 +34,15 @@ the largest magnitude and the smallest nonzero magnitude of the stored (scaled) 
 ``shadow`` compares a float32 pass over the same batch (autocast off) with the run's gradients
 element by element: ``underflow`` is the share of elements nonzero in float32 but zero in the run,
 ``subnormal`` the share nonzero in float32 but subnormal in the compute format in the run.
+``shadow_histogram`` keeps the float32 pass's gradient magnitudes themselves, counted per binade
+(``2**b <= |g| < 2**(b+1)``, float32 subnormals included): per binade ``[powers, n_0, n_1, ...]``,
+the exact powers of two and the values whose fraction (the bits below the leading one) starts with
+exactly k ones, plus the group's float32 zeros and non-finite values (traces without it stay
+readable: it is optional).  From it, :meth:`ShadowHistogram.shares` counts what rounding the float32
+gradients once, at any scale and into any format, makes zero or subnormal: exactly at power-of-two
+scales (every fpemu format's zero edge is a power of two and its normal edge a tie point, whose
+fractions the histogram resolves), within bounds at other scales.  A replay under another scale or
+format (:mod:`fpemu.scalers.replay`) recomputes the true underflow from it.
 
 Every float is stored as a readable value and its ``float.hex()`` (the trace rule); the reader
 decodes the hex.  This module imports no framework: the torch and JAX recorders both build their
@@ -44,6 +55,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
@@ -52,6 +64,7 @@ import fpemu
 from fpemu._host import host_provenance
 from fpemu.formats import get_format
 from fpemu.formats.rounding import round_to_format
+from fpemu.traces._binades import NONFINITE_CODE, ZERO_CODE, count_below, sparse_binades
 from fpemu.traces.format import Trace, TraceError, decode_value, float_fields
 
 SOURCE = "recorded_run"
@@ -144,6 +157,121 @@ class ShadowStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShadowShares:
+    """What rounding a group's float32 shadow gradients once at one scale into one format does, as
+    counts or shares of the group's elements, each a (lower, upper) bound (equal where exact).
+
+    Attributes:
+      underflow: nonzero in float32, zero once scaled and rounded.
+      subnormal: nonzero in float32, subnormal once scaled and rounded.
+    """
+
+    underflow: tuple
+    subnormal: tuple
+
+    @property
+    def exact(self) -> bool:
+        return self.underflow[0] == self.underflow[1] and self.subnormal[0] == self.subnormal[1]
+
+    def per(self, elements: int) -> "ShadowShares":
+        """Counts as shares of ``elements`` (0 for none)."""
+        def share(pair):
+            return tuple(n / elements if elements else 0.0 for n in pair)
+        return ShadowShares(share(self.underflow), share(self.subnormal))
+
+    @classmethod
+    def total(cls, counts) -> "ShadowShares":
+        """The sum of several :meth:`ShadowHistogram.counts`."""
+        counts = list(counts)
+        return cls(*(tuple(sum(getattr(c, name)[i] for c in counts) for i in range(2))
+                     for name in ("underflow", "subnormal")))
+
+
+def _bounds_below(binades: dict, value: float, inclusive: bool, exact: bool) -> tuple:
+    """count_below, widened by a float64 ulp either side where ``value`` came from an inexact division."""
+    if exact or math.isinf(value) or value == 0:
+        return count_below(binades, value, inclusive)
+    return (count_below(binades, value * (1 - 2.0 ** -52), inclusive)[0],
+            count_below(binades, value * (1 + 2.0 ** -52), inclusive)[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ShadowHistogram:
+    """One group's float32 shadow-pass gradient magnitudes at a sampled attempt, by binade.
+
+    Attributes:
+      elements: gradient elements in the group (parameters without a shadow gradient count as zeros).
+      zero: elements that are zero in the float32 pass.
+      nonfinite: elements that are inf or NaN in the float32 pass.
+      binades: binade b (``2**b <= |g| < 2**(b+1)``) -> ``(powers, n_0, n_1, ...)``: the exact powers
+        of two, and the other values whose fraction starts with exactly k one bits (trailing zero
+        counts left out); only binades that hold a value.
+    """
+
+    elements: int
+    zero: int
+    nonfinite: int
+    binades: Mapping
+
+    @classmethod
+    def from_counts(cls, elements: int, counts) -> "ShadowHistogram":
+        """From a dense histogram of :data:`fpemu.traces._binades.CODES` counts of the group's present
+        elements (the rest count as zeros)."""
+        counts = [int(n) for n in counts]
+        present = sum(counts)
+        binades = {b: tuple(row) for b, row in sparse_binades(counts).items()}
+        return cls(int(elements), int(elements) - present + counts[ZERO_CODE], counts[NONFINITE_CODE], binades)
+
+    def counts(self, scale: float, fmt) -> ShadowShares:
+        """How many elements nonzero in float32 multiplying by ``scale`` (exactly) and rounding once into
+        ``fmt`` (nearest even, at fpemu's kernel edges) makes zero or subnormal, as (lower, upper) counts.
+
+        Exact where ``scale`` is a power of two (or 0 or inf); otherwise bounds.
+        """
+        zero_at_most, normal_from, _ = format_thresholds(fmt)
+        exact = scale == 0 or math.isinf(scale) or math.frexp(scale)[0] == 0.5
+
+        def edge(threshold):
+            return threshold / scale if scale else math.inf
+
+        binades = {b: list(row) for b, row in self.binades.items()}
+        under = _bounds_below(binades, edge(zero_at_most), True, exact)
+        below_normal = _bounds_below(binades, edge(normal_from), False, exact)
+        return ShadowShares(under, (max(0, below_normal[0] - under[1]), max(0, below_normal[1] - under[0])))
+
+    def shares(self, scale: float, fmt) -> ShadowShares:
+        """:meth:`counts` as shares of the group's elements.
+
+        Example:
+          >>> import numpy as np
+          >>> from fpemu.traces._binades import CODES, numpy_codes
+          >>> grads = np.array([2.0 ** -26, 2.0 ** -25, 3e-8, 1e-5, 0.0], np.float32)
+          >>> hist = ShadowHistogram.from_counts(5, np.bincount(numpy_codes(grads), minlength=CODES))
+          >>> hist.shares(1.0, "fp16")        # 2^-26 and the tie 2^-25 round to zero; 3e-8 and 1e-5 are subnormal
+          ShadowShares(underflow=(0.4, 0.4), subnormal=(0.4, 0.4))
+          >>> hist.shares(2.0 ** 10, "fp16").underflow, hist.shares(1.0, "bf16").underflow
+          ((0.0, 0.0), (0.0, 0.0))
+        """
+        return self.counts(scale, fmt).per(self.elements)
+
+    def to_json(self) -> dict:
+        return {"elements": self.elements, "zero": self.zero, "nonfinite": self.nonfinite,
+                "binades": {str(b): list(row) for b, row in self.binades.items()}}
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str) -> "ShadowHistogram":
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("binades"), Mapping):
+            raise TraceError(f"{where}: expected a shadow histogram (elements, zero, nonfinite, binades), got {raw!r}")
+        binades = {}
+        for key, row in raw["binades"].items():
+            if not (key.lstrip("-").isdigit() and isinstance(row, list) and row
+                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in row)):
+                raise TraceError(f"{where}.binades.{key}: expected a binade -> a list of counts, got {row!r}")
+            binades[int(key)] = tuple(row)
+        return cls(*(_read(raw, name, where, int) for name in ("elements", "zero", "nonfinite")), binades)
+
+
+@dataclasses.dataclass(frozen=True)
 class RecordedStep:
     """One update attempt of a recorded run.
 
@@ -158,6 +286,7 @@ class RecordedStep:
       lr: the learning rate the attempt used (first parameter group), None where unknown.
       grad_stats: group name -> :class:`GroupStats` (empty where statistics are off).
       shadow: group name -> :class:`ShadowStats` on sampled attempts, else None.
+      shadow_histogram: group name -> :class:`ShadowHistogram` on sampled attempts, else None.
     """
 
     step: int
@@ -170,6 +299,7 @@ class RecordedStep:
     lr: Optional[float] = None
     grad_stats: Mapping = dataclasses.field(default_factory=dict)
     shadow: Optional[Mapping] = None
+    shadow_histogram: Optional[Mapping] = None
 
     def max_abs(self) -> float:
         """The largest stored gradient magnitude over every group (0 without statistics)."""
@@ -177,6 +307,8 @@ class RecordedStep:
 
 
 _OPTIONAL_FLOATS = ("loss", "grad_norm", "lr")
+# the per-group tables of sampled (shadow-pass) attempts: step field -> its class
+_PER_GROUP_SAMPLED = {"shadow": ShadowStats, "shadow_histogram": ShadowHistogram}
 
 
 def to_step_record(step: RecordedStep) -> dict:
@@ -196,8 +328,9 @@ def to_step_record(step: RecordedStep) -> dict:
             record.update(float_fields(name, getattr(step, name)))
     if step.grad_stats:
         record["grad_stats"] = {group: stats.to_json() for group, stats in step.grad_stats.items()}
-    if step.shadow is not None:
-        record["shadow"] = {group: stats.to_json() for group, stats in step.shadow.items()}
+    for name in _PER_GROUP_SAMPLED:
+        if getattr(step, name) is not None:
+            record[name] = {group: stats.to_json() for group, stats in getattr(step, name).items()}
     return record
 
 
@@ -211,14 +344,14 @@ def from_step_record(record: Mapping) -> RecordedStep:
     optional = {name: _read(record, name, where) if name in record else None for name in _OPTIONAL_FLOATS}
     grad_stats = {group: GroupStats.from_json(raw, f"{where}.grad_stats.{group}")
                   for group, raw in record.get("grad_stats", {}).items()}
-    shadow = record.get("shadow")
-    if shadow is not None:
-        shadow = {group: ShadowStats.from_json(raw, f"{where}.shadow.{group}") for group, raw in shadow.items()}
+    sampled = {name: None if record.get(name) is None else
+               {group: kind.from_json(raw, f"{where}.{name}.{group}") for group, raw in record[name].items()}
+               for name, kind in _PER_GROUP_SAMPLED.items()}
     return RecordedStep(
         step=_read(record, "step", where, int), scale=_read(record, "scale", where),
         overflow=_read(record, "overflow", where, bool), applied=_read(record, "applied", where, bool),
         growth_counter=_read(record, "growth_counter", where, int) if "growth_counter" in record else None,
-        grad_stats=grad_stats, shadow=shadow, **optional)
+        grad_stats=grad_stats, **sampled, **optional)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,6 +517,6 @@ def recorder_settings(trace: Trace, path: str = "<trace>") -> RecorderSettings:
         raise TraceError(f"{path}: metadata.recorder: {error} (got {json.dumps(raw)})") from None
 
 
-__all__ = ["SOURCE", "FRAMEWORKS", "GroupStats", "ShadowStats", "RecordedStep", "RecorderSettings",
+__all__ = ["SOURCE", "FRAMEWORKS", "GroupStats", "ShadowStats", "ShadowHistogram", "ShadowShares", "RecordedStep", "RecorderSettings",
            "to_step_record", "from_step_record", "format_thresholds", "RoundingLimits", "rounding_limits", "recorded_metadata", "recorded_trace",
            "is_recorded", "recorded_steps", "recorder_settings"]
