@@ -11,6 +11,7 @@ folds them into reports/exhaustive_shortcuts.md.
 
 Run: python -m benchmarks.exhaustive_shortcuts --shard 0/2 & python -m benchmarks.exhaustive_shortcuts --shard 1/2
      python -m benchmarks.exhaustive_shortcuts --merge --shards 2
+     python -m benchmarks.exhaustive_shortcuts --edges   (the binades around each format's range only)
 """
 
 from __future__ import annotations
@@ -105,12 +106,66 @@ def merge(shards: int) -> dict:
     return result
 
 
+def edge_fields(fmt) -> list:
+    """float32 exponent fields around fmt's range: float32's subnormals, from three binades below
+    fmt's least subnormal to three above its max finite, and the top (inf, NaN).  Below and above
+    them every input rounds alike (to +-0, or past max), by the same passes.  A format as wide as
+    float32 (tf32, bf16, e8m0) gets the lowest and highest eight binades and 2**-7 .. 2**8."""
+    low, high = fmt.emin - fmt.mantissa_bits - 3 + 127, fmt.emax + 3 + 127
+    if low < 8 or high > 247:
+        return sorted({*range(0, 9), *range(120, 136), *range(247, 256)})
+    return sorted({0, 1, 2, *range(low, high + 1), 200, 253, 254, 255})
+
+
+def run_edges() -> dict:
+    """Every float32 pattern of every edge binade (both signs, all 2**23 mantissas) of each case."""
+    rows = []
+    mantissas = np.arange(1 << 23, dtype=np.uint32)
+    for case in cases():
+        name, rounding, overflow, subnormals = case
+        fmt = fpemu.get_format(name)
+        mismatches, examples, inputs = 0, [], 0
+        for field in edge_fields(fmt):
+            for sign in (0, 1):
+                x = (mantissas | np.uint32((sign << 31) | (field << 23))).view(np.float32)
+                with np.errstate(all="ignore"):
+                    short = fpemu.quantize(x, fmt, rounding=rounding, overflow=overflow, subnormals=subnormals)
+                    kernel = _round_array(x, fmt, rounding, overflow, subnormals, None, flags=False).values
+                differ = (short.view(np.uint32) != kernel.view(np.uint32)) & ~(np.isnan(short) & np.isnan(kernel))
+                mismatches += int(np.count_nonzero(differ))
+                examples = (examples + [hex(v) for v in x[differ][:3].view(np.uint32).tolist()])[:5]
+                inputs += x.size
+        rows.append({"format": name, "rounding": rounding, "overflow": overflow, "subnormals": str(subnormals),
+                     "binades": 2 * len(edge_fields(fmt)), "inputs": inputs, "mismatches": mismatches,
+                     "examples": examples})
+        print(rows[-1], flush=True)
+    result = {"rows": rows}
+    columns = [("format", "format"), ("rounding", "rounding"), ("overflow", "overflow"),
+               ("subnormals", "subnormals"), ("binades", "float32 binades (both signs)"),
+               ("inputs", "float32 inputs"), ("mismatches", "mismatches")]
+    notes = ["Every float32 bit pattern of the binades around each format's range (float32's subnormals; "
+             "three binades below the format's least subnormal to three above its max finite; 2^73, "
+             "2^126, 2^127, inf/NaN; for the formats as wide as float32 the lowest and highest eight "
+             "binades and 2^-7 .. 2^8; both signs, all 2^23 mantissas) through fpemu.quantize's short "
+             "path and the bit kernel it replaces, NaN-aware. bf16 in the 'inf' mode is ml_dtypes' cast "
+             "in quantize (the exhaustive_float32 sweep checks it). The full sweep (all 2^32 inputs) is "
+             "`python -m benchmarks.exhaustive_shortcuts --shard K/N`."]
+    write_report("exhaustive_shortcuts_edges", "Short paths against the kernel on every input of the edge binades",
+                 result, rows, columns, notes)
+    return result
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shard", default="0/1", help="K/N: run slices K, K+N, K+2N, ...")
     parser.add_argument("--merge", action="store_true", help="fold finished shards into the report")
     parser.add_argument("--shards", type=int, default=1, help="with --merge: how many shards ran")
+    parser.add_argument("--edges", action="store_true",
+                        help="only the binades around each format's range (reports/exhaustive_shortcuts_edges.md)")
     args = parser.parse_args(argv)
+    if args.edges:
+        run_edges()
+        return
     if args.merge:
         merge(args.shards)
         return

@@ -10,6 +10,9 @@ format digests cover every mode):
 * ``e8m0`` (unsigned, no zero, powers of two): nearest (ties up: every significand is 1, odd)
   is adding half the exponent's unit to the bit pattern and clearing the mantissa; negative
   inputs, zeros, NaN and what rounds past 2**127 are NaN (or 2**127 when saturating).
+* float32's leading bits (tf32: float32's exponent, fewer mantissa bits, IEEE specials): nearest
+  even is rounding the bit pattern itself at the last kept bit, the carry crossing binades, into
+  the subnormals and to inf; NaN inputs (whose payload could carry to inf) are put back.
 * signed formats with a zero and a narrow range (fp16, the fp8, fp6 and fp4 formats), nearest
   even with subnormals: :func:`_nearest_even` in a dozen cache-resident passes, half of them
   in-place multiplies by constants (the kernel's abs, sign restore and overflow select cost more).
@@ -103,6 +106,38 @@ def _e8m0_edges(x: np.ndarray, r: np.ndarray, overflow: str) -> np.ndarray:
     beyond = _E8M0_GREATEST if overflow == "saturate" else _NAN_BITS
     r = np.where(past & (x <= _U32(0x7F800000)), beyond, r)
     return np.where(((x > _U32(0x7F800000)) & positive) | (x == 0), _NAN_BITS, r)  # NaN, +0 (-0: its sign)
+
+
+def _leading_bits_admits(fmt: Format) -> bool:
+    """Formats whose codes are float32's leading bit patterns (tf32; bf16 takes ml_dtypes' cast)."""
+    return (fmt.exponent_bits, fmt.bias, fmt.special, fmt.signed) == (8, 127, "ieee", True) and 1 <= fmt.mantissa_bits < 23
+
+
+def _leading_bits_nearest(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
+    """Nearest even onto float32's leading bits: bits + (2**(drop - 1) - 1) + the last kept bit, the
+    dropped bits cleared (the sign rides along: only a NaN's magnitude can carry into it)."""
+    drop = _U32(23 - fmt.mantissa_bits)
+    half_less_one, keep = _U32((1 << (23 - fmt.mantissa_bits - 1)) - 1), _U32((0xFFFFFFFF << (23 - fmt.mantissa_bits)) & 0xFFFFFFFF)
+    flat = arr.reshape(-1)
+    bits = flat.view(_U32)
+    out = np.empty_like(bits)
+    odd = np.empty(min(_BLOCK, bits.size), _U32)
+    for start in range(0, bits.size, _BLOCK):
+        x = bits[start:start + _BLOCK]
+        r, u = out[start:start + len(x)], odd[:len(x)]
+        np.right_shift(x, drop, out=u)
+        np.bitwise_and(u, _U32(1), out=u)
+        np.add(x, u, out=r)
+        np.add(r, half_less_one, out=r)
+        np.bitwise_and(r, keep, out=r)
+        peak = flat[start:start + len(x)].max()                 # NaN if the block holds one
+        if peak != peak:
+            nan = np.isnan(flat[start:start + len(x)])
+            r[nan] = _NAN_BITS
+    values = out.view(np.float32)
+    if overflow == "saturate":  # (NaN stays NaN)
+        np.clip(values, -fmt.max_finite, fmt.max_finite, out=values)
+    return values.reshape(arr.shape)
 
 
 class _Split(NamedTuple):
@@ -236,6 +271,7 @@ _SHORTCUTS = (
     _Shortcut(_layout_is((8, 0, 127, False, False, 1, False, False)), ("nearest_even",), (True, False),
               _e8m0_nearest),
     _Shortcut(_split_admits, ("nearest_even",), (True,), _nearest_even),
+    _Shortcut(_leading_bits_admits, ("nearest_even",), (True,), _leading_bits_nearest),
 )
 
 
