@@ -153,11 +153,16 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
-    tensor_scale = None
+    tensor_scale, redo = None, []
     for start in range(0, len(flat), step):
         rows = slice(start, start + step)
-        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale = compute(
+        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale, left = compute(
             flat[rows], elem, rule, tensor_amax, values[rows])
+        if left is not None and left.size:
+            redo.append(left + start * flat.shape[1])
+    if redo:  # the elements the fast element path left, in one call for the whole tensor
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            _redo_elements(np.concatenate(redo), flat, scale_codes, scales, codes, values, elem, rule)
     if tensor_amax is not None and not len(flat):
         tensor_scale = compute(flat, elem, rule, tensor_amax, values)[4]
     shape = blocks.shape[:-1]
@@ -166,21 +171,23 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
 
 
 def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
-    dequantized values are written into ``values``."""
+    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None, the
+    flat indices of the elements left for :func:`_redo_elements` or None); the dequantized values
+    are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         magnitude = _magnitude_bits(blocks)
         peak = _block_peak(magnitude)
         amax = _block_amax(blocks, magnitude, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
+        left = None
         if blocks.dtype == _F32 and rule.rounding == "nearest_even":
-            elements = _shifted_elements(blocks, peak, codes, scales, elem, rule, values)
+            elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
         else:
             # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
             may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
             elements = _scaled_elements(blocks, codes, scales, elem, rule, values, may_hold_nan)
-    return codes, scales, elements, values, None
+    return codes, scales, elements, values, None, left
 
 
 def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, values: np.ndarray,
@@ -199,7 +206,27 @@ _ELEMENT_VALUES = 1 << 16
 
 def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule,
                       values: np.ndarray) -> np.ndarray:
-    """:func:`_scaled_elements` for float32 blocks and nearest even, without scaling.
+    """:func:`_scaled_elements` for float32 blocks and nearest even: :func:`_fast_elements`, then
+    :func:`_redo_elements` for the elements it leaves."""
+    elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
+    if left.size:
+        _redo_elements(left, blocks, codes, scales, elements, values, elem, rule)
+    return elements
+
+
+def _redo_elements(at, blocks, codes, scales, elements, values, elem: Format, rule: ScaleRule) -> None:
+    """The elements at flat indices ``at`` of 2-D ``blocks`` by the rule's own arithmetic, into
+    ``elements`` and ``values``."""
+    block, column = np.divmod(at, blocks.shape[1])
+    own_values = np.empty((len(block), 1), _F32)
+    elements[block, column] = _scaled_elements(blocks[block, column][:, None], codes[block], scales[block],
+                                               elem, rule, own_values)[:, 0]
+    values[block, column] = own_values[:, 0]
+
+
+def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray) -> tuple:
+    """:func:`_scaled_elements` for float32 blocks and nearest even, without scaling, but for the
+    elements it leaves: (element codes, the flat indices of those left).
 
     For a scale 2**X with every quantity a float32 normal, each rule's scaling (x / 2**X,
     x * 2**-X) is exact and only subtracts X from the exponent field, and so the scaling back
@@ -212,7 +239,7 @@ def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule
     One compare finds the elements whose code falls outside elem's normal codes: those rounded
     past max (the block's largest, under a floor scale) saturate here, to max's code and
     max * 2**X; those below min normal (elem's subnormals, zero, float32's subnormals: their code
-    wraps) are left to :func:`_scaled_elements`, as are whole blocks with a NaN or inf, a peak of
+    wraps) are left to the rule's own arithmetic, as are whole blocks with a NaN or inf, a peak of
     2**107 or more (where c overflows) or a scale code outside [1 - emin, 253] (torchao's 2**-126
     clamp, byte 0's rules, NaN).
     """
@@ -236,7 +263,7 @@ def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule
     size = min(step, len(blocks)) * width
     scratch, low, off = np.empty(size, _F32), np.empty(size, u16), np.empty(size, bool)
     flat_values, flat_blocks, flat_elements = values.reshape(-1), blocks.reshape(-1), elements.reshape(-1)
-    below_min = []
+    below_min, past_max_at = [], []
     for start in range(0, len(blocks), step):
         rows = slice(start, start + step)
         k = min(step, len(blocks) - start) * width
@@ -259,19 +286,15 @@ def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule
         np.copyto(elements[rows].reshape(-1), magnitude_code, casting="unsafe")
         if outside is not None:
             outside += start * width
-            _saturate(outside[past], flat_blocks, flat_values, flat_elements, scales, width, elem)
+            past_max_at.append(outside[past])
             below_min.append(outside[~past])
-    redo = np.concatenate(below_min) if below_min else np.empty(0, np.intp)
+    if past_max_at:
+        _saturate(np.concatenate(past_max_at), flat_blocks, flat_values, flat_elements, scales, width, elem)
+    left = np.concatenate(below_min) if below_min else np.empty(0, np.intp)
     if not fast_block.all():  # (their elements' codes above are meaningless: all of them are redone)
         slow = np.flatnonzero(~fast_block)
-        redo = np.union1d(redo, (slow[:, None] * width + np.arange(width)).reshape(-1))
-    if redo.size:
-        block, at = np.divmod(redo, width)
-        own_values = np.empty((len(block), 1), _F32)
-        elements[block, at] = _scaled_elements(blocks[block, at][:, None], codes[block], scales[block], elem,
-                                               rule, own_values)[:, 0]
-        values[block, at] = own_values[:, 0]
-    return elements
+        left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
+    return elements, left
 
 
 def _saturate(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:
@@ -424,7 +447,7 @@ _APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_r
 
 
 def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
+    """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels); :func:`_mx`'s tuple."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         amax = _block_peak(_magnitude_bits(blocks)).view(blocks.dtype)  # (NaN if the block holds one)
@@ -442,7 +465,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, value
         elements, _ = _element_codes(data, elem, rule)
         # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
         np.multiply(decode(elements, elem, dtype=_F32), dequant_scale[..., None], out=values)
-    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
+    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale), None
 
 
 def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
