@@ -1,13 +1,15 @@
 """Every float32 bit pattern through fpemu's rounding kernel and the native casts.
 
-For fp16 (numpy), bf16 and each fp8 format (ml_dtypes), all 2**32 float32
-inputs are rounded by fpemu's bit kernel (never a native cast), both as
-``quantize`` runs it and as ``round_to_format`` runs it (with overflow flags),
-and by ``x.astype(dtype).astype(float32)``; results are compared bit for bit,
-any NaN equal to any NaN.  Goal: 0 mismatches.
+For fp16 (numpy), bf16 and each fp8, fp6 and fp4 format (ml_dtypes), all 2**32 float32
+inputs are rounded by fpemu, both as ``quantize`` runs it (its short path,
+``fpemu/formats/_shortcuts.py``, where it has one, else the bit kernel without overflow
+flags; bf16: the leading-bits short path, which quantize takes when saturating, never a native
+cast) and as ``round_to_format`` runs it (the kernel, with overflow flags), and by
+``x.astype(dtype).astype(float32)``; results are compared bit for bit, any NaN equal to any
+NaN.  Goal: 0 mismatches.
 
 e8m0 runs against two peers in the same sweep, ml_dtypes' float8_e8m0fnu and torch's
-float8_e8m0fnu cast (``fpemu.quantize`` is its short path there, ``round_to_format`` the kernel).
+float8_e8m0fnu cast.
 Both peers compute some inputs differently by design; :data:`DEPARTURES` names those inputs and
 why, and the sweep counts them apart from the mismatches, whose goal stays 0.
 
@@ -84,8 +86,8 @@ def sweep_slice(index: int, names) -> dict:
     for name in names:
         fmt = fpemu.get_format(name)
         t0 = time.perf_counter()
-        # quantize's path: its short path where it has one (e8m0), else the kernel without overflow
-        # flags (also for bf16, whose native cast quantize would use)
+        # quantize's path: its short path where it has one, else the kernel without overflow flags
+        # (bf16: the leading-bits path, never the native cast quantize would use)
         ours = shortcut(x, fmt, "nearest_even", "inf", True)
         if ours is None:
             ours = _round_array(x, fmt, "nearest_even", "inf", True, None, flags=False).values
@@ -169,13 +171,14 @@ def merge() -> dict:
     columns = [("format", "format"), ("peer", "peer"), ("inputs", "float32 inputs"), ("mismatches", "mismatches"),
                ("departures", "known departures"), ("fpemu_s", "fpemu s"), ("native_s", "peer cast s"),
                ("fpemu_mvals", "fpemu M values/s")]
-    notes = ["Every float32 bit pattern, rounded by fpemu (quantize's path: the bit kernel, or its short "
-             "path where it has one, e8m0; and round_to_format's kernel with overflow flags) and by the "
+    notes = ["Every float32 bit pattern, rounded by fpemu (quantize's path: its short path where it has "
+             "one, else the bit kernel; and round_to_format's kernel with overflow flags) and by the "
              "peer's cast (nearest even, IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison. "
              "'mismatches' counts inputs where either fpemu path differs from the peer outside the known "
              "departures; 'known departures' the inputs where the peer computes differently by design:",
              *(f"{name} vs {label}: {why}" for (name, label), (_, why) in DEPARTURES.items()),
-             "'native' is the numpy/ml_dtypes cast in sweeps run before the peers were named.",
+             "'native' is the numpy/ml_dtypes cast in sweeps run before the peers were named, and before "
+             "quantize had short paths (their 'fpemu' is the kernel alone).",
              "Times are summed over the shards (CPU seconds of each process)."]
     write_report("exhaustive_float32", "Exhaustive float32 sweep", result, rows, columns, notes)
     return result
