@@ -153,6 +153,7 @@ def merge() -> dict:
         sets.setdefault(part["shards"], []).append(part)
     rows = []
     names = list(dict.fromkeys(name for _, parts in sorted(sets.items()) for p in parts for name in p["formats"]))
+    names.sort(key=lambda name: FORMATS.index(name) if name in FORMATS else len(FORMATS))
     for name in names:
         parts = _covering(sets, name)
         labels = list(dict.fromkeys(label for p in parts for label in _peers(p["formats"][name])))
