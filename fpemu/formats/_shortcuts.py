@@ -1,9 +1,11 @@
 """Short quantize paths for float32 inputs whose result needs only a few passes.
 
 :func:`fpemu.quantize` asks :func:`shortcut` first; where it answers None the bit kernel runs.
-Each path is bit-identical to the kernel for the cases its descriptor admits (the exhaustive
-check ``benchmarks/exhaustive_shortcuts.py`` compares them on all 2**32 float32 inputs, and the
-format digests cover every mode):
+Each path is bit-identical to the kernel for the cases its descriptor admits: the format digests
+cover every mode, ``tests/test_shortcuts.py`` an edge-dense sample of every case,
+``benchmarks/exhaustive_shortcuts.py`` all 2**32 float32 inputs (``--edges``: the binades around
+each format's range) and ``benchmarks/exhaustive_float32.py`` the default mode against the native
+casts:
 
 * ``fp32`` (float32's own layout): every rounding mode keeps a float32 input; only saturation
   (infinities to +-max) and flush-to-zero change values.  The kernel widened to float64 first.
