@@ -1,18 +1,27 @@
 """Every float32 bit pattern through fpemu's rounding kernel and the native casts.
 
-For fp16 (numpy), bf16 and each fp8 format (ml_dtypes), all 2**32 float32
-inputs are rounded by fpemu's bit kernel (never a native cast), both as
-``quantize`` runs it and as ``round_to_format`` runs it (with overflow flags),
-and by ``x.astype(dtype).astype(float32)``; results are compared bit for bit,
-any NaN equal to any NaN.  Goal: 0 mismatches.
+For fp16 (numpy), bf16 and each fp8, fp6 and fp4 format (ml_dtypes), all 2**32 float32
+inputs are rounded by fpemu, both as ``quantize`` runs it (its short path,
+``fpemu/formats/_shortcuts.py``, where it has one, else the bit kernel without overflow
+flags; bf16: the leading-bits short path, which quantize takes when saturating, never a native
+cast) and as ``round_to_format`` runs it (the kernel, with overflow flags), and by
+``x.astype(dtype).astype(float32)``; results are compared bit for bit, any NaN equal to any
+NaN.  Goal: 0 mismatches.
+
+e8m0 runs against two peers in the same sweep, ml_dtypes' float8_e8m0fnu and torch's
+float8_e8m0fnu cast.
+Both peers compute some inputs differently by design; :data:`DEPARTURES` names those inputs and
+why, and the sweep counts them apart from the mismatches, whose goal stays 0.
 
 The 2**32 inputs are split into 256 slices of 2**24; ``--shard K/N`` runs
 every N-th slice starting at K, so N processes (or machines) share the sweep.
 Each shard writes reports/exhaustive/shard-K-of-N.json; ``--merge`` folds the
-shards into reports/exhaustive_float32.md.
+shards into reports/exhaustive_float32.md (a format swept later on its own, with ``--formats``
+and another N, is taken from its own shard set).
 
 Run: python -m benchmarks.exhaustive_float32 --shard 0/2 & python -m benchmarks.exhaustive_float32 --shard 1/2
-     python -m benchmarks.exhaustive_float32 --merge --shards 2
+     python -m benchmarks.exhaustive_float32 --merge
+     python -m benchmarks.exhaustive_float32 --shard 0/1 --formats e8m0 && python -m benchmarks.exhaustive_float32 --merge
 """
 
 from __future__ import annotations
@@ -26,13 +35,48 @@ import numpy as np
 import fpemu
 from benchmarks._common import REPORTS, atomic_write, write_report
 from fpemu.formats import round_to_format
+from fpemu.formats._shortcuts import shortcut
 from fpemu.formats.rounding import _round_array
 
 FORMATS = ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz",
-           "fp8_e4m3", "fp8_e3m4", "fp8_e4m3b11fnuz", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn"]
+           "fp8_e4m3", "fp8_e3m4", "fp8_e4m3b11fnuz", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn", "e8m0"]
 SLICE_BITS = 24
 SLICES = 1 << (32 - SLICE_BITS)
 SHARD_DIR = REPORTS / "exhaustive"
+
+
+def _native_cast(x: np.ndarray, fmt) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(fmt.dtype).astype(np.float32)
+
+
+def _torch_e8m0_cast(x: np.ndarray, fmt) -> np.ndarray:
+    import torch
+    return torch.from_numpy(x).to(torch.float8_e8m0fnu).to(torch.float32).numpy()
+
+
+def _e8m0_subnormals_up(x):
+    return (x > 2.0**-127) & (x < 1.5 * 2.0**-127)
+
+
+# Peers per format: label, the peer's rounding of a float32 array to float32 values.
+PEERS = {"e8m0": (("ml_dtypes", _native_cast), ("torch", _torch_e8m0_cast))}
+# Inputs a peer computes differently by design: (format, peer) -> (inputs, why).
+DEPARTURES = {
+    ("e8m0", "ml_dtypes"): (_e8m0_subnormals_up, "float32 subnormals in (2^-127, 1.5 * 2^-127) go up to 2^-126, not to the "
+                            "nearer 2^-127"),
+    ("e8m0", "torch"): (lambda x: _e8m0_subnormals_up(np.abs(x)) | (x <= 0),
+                        "the same subnormals go up to 2^-126; 0 and -0 become code 0 (2^-127) and x < 0 "
+                        "the code of |x|, where e8m0 has no code (fpemu: NaN)"),
+    # (formats without NaN: fpemu keeps NaN NaN, ml_dtypes makes it -0)
+    **{(name, "ml_dtypes"): (np.isnan, "NaN: fpemu keeps it NaN (the format cannot encode it), "
+                                       "ml_dtypes makes it -0")
+       for name in ("fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn")},
+}
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a.view(np.uint32) != b.view(np.uint32)) & ~(np.isnan(a) & np.isnan(b))
 
 
 def sweep_slice(index: int, names) -> dict:
@@ -42,64 +86,101 @@ def sweep_slice(index: int, names) -> dict:
     for name in names:
         fmt = fpemu.get_format(name)
         t0 = time.perf_counter()
-        # quantize's kernel path (no overflow flags), as quantize runs it for every format
-        # whose native cast it does not use
-        ours = _round_array(x, fmt, "nearest_even", "inf", True, None, flags=False).values
+        # quantize's path: its short path where it has one, else the kernel without overflow flags
+        # (bf16: the leading-bits path, never the native cast quantize would use)
+        ours = shortcut(x, fmt, "nearest_even", "inf", True)
+        if ours is None:
+            ours = _round_array(x, fmt, "nearest_even", "inf", True, None, flags=False).values
         t1 = time.perf_counter()
-        with np.errstate(over="ignore", invalid="ignore"):
-            native = x.astype(fmt.dtype).astype(np.float32)
-        t2 = time.perf_counter()
-        flagged = round_to_format(x, fmt).values  # the same kernel with overflow flags
-        differ = (ours.view(np.uint32) != native.view(np.uint32)) & ~(np.isnan(ours) & np.isnan(native))
-        differ |= (flagged.view(np.uint32) != native.view(np.uint32)) & ~(np.isnan(flagged) & np.isnan(native))
-        if not fmt.has_nan:  # NaN stays NaN in fpemu; ml_dtypes' formats without NaN make it -0
-            differ &= ~np.isnan(x)
-        examples = x[differ][:3].view(np.uint32).tolist()
-        out[name] = {"mismatches": int(np.count_nonzero(differ)), "fpemu_s": t1 - t0,
-                     "native_s": t2 - t1, "examples": [hex(v) for v in examples]}
+        flagged = round_to_format(x, fmt).values  # the kernel with overflow flags
+        peers = {}
+        for label, cast in PEERS.get(name, (("ml_dtypes" if fmt.dtype != np.float16 else "numpy", _native_cast),)):
+            t2 = time.perf_counter()
+            theirs = cast(x, fmt)
+            t3 = time.perf_counter()
+            differ = _differ(ours, theirs) | _differ(flagged, theirs)
+            known, _ = DEPARTURES.get((name, label), (lambda v: np.zeros(v.shape, bool), ""))
+            departs = known(x)
+            unexplained = differ & ~departs
+            peers[label] = {"mismatches": int(np.count_nonzero(unexplained)),
+                            "departures": int(np.count_nonzero(differ & departs)), "native_s": t3 - t2,
+                            "examples": [hex(v) for v in x[unexplained][:3].view(np.uint32).tolist()]}
+        out[name] = {"fpemu_s": t1 - t0, "peers": peers}
     return out
 
 
 def run_shard(shard: int, shards: int, names) -> None:
-    totals = {name: {"mismatches": 0, "fpemu_s": 0.0, "native_s": 0.0, "examples": []} for name in names}
+    totals = {name: {"fpemu_s": 0.0, "peers": {}} for name in names}
     slices = list(range(shard, SLICES, shards))
     for done, index in enumerate(slices, 1):
         for name, res in sweep_slice(index, names).items():
             total = totals[name]
-            total["mismatches"] += res["mismatches"]
             total["fpemu_s"] += res["fpemu_s"]
-            total["native_s"] += res["native_s"]
-            total["examples"] = (total["examples"] + res["examples"])[:5]
+            for label, peer in res["peers"].items():
+                into = total["peers"].setdefault(label, {"mismatches": 0, "departures": 0, "native_s": 0.0,
+                                                         "examples": []})
+                for key in ("mismatches", "departures", "native_s"):
+                    into[key] += peer[key]
+                into["examples"] = (into["examples"] + peer["examples"])[:5]
         print(f"shard {shard}/{shards}: slice {done}/{len(slices)}", flush=True)
     result = {"shard": shard, "shards": shards, "slices": slices, "formats": totals}
     atomic_write(SHARD_DIR / f"shard-{shard}-of-{shards}.json", json.dumps(result, indent=2) + "\n")
 
 
-def merge(shards: int) -> dict:
-    parts = [json.loads((SHARD_DIR / f"shard-{k}-of-{shards}.json").read_text()) for k in range(shards)]
-    covered = sorted(i for part in parts for i in part["slices"])
-    if covered != list(range(SLICES)):
-        raise SystemExit(f"shards cover {len(covered)} of {SLICES} slices; run the missing ones first")
+def _peers(entry: dict) -> dict:
+    """A shard's per-peer results for one format (shards written before the peers were named held
+    one peer, the native cast, at the top level)."""
+    if "peers" in entry:
+        return entry["peers"]
+    return {"native": {key: entry[key] for key in ("mismatches", "native_s", "examples")} | {"departures": 0}}
+
+
+def _covering(sets: dict, name: str) -> list:
+    """The shards of the first set (by shard count) whose slices for format ``name`` cover the sweep."""
+    for _, parts in sorted(sets.items()):
+        parts = [p for p in parts if name in p["formats"]]
+        if sorted(i for p in parts for i in p["slices"]) == list(range(SLICES)):
+            return parts
+    raise SystemExit(f"{name}: no shard set covers all {SLICES} slices; run the missing ones first")
+
+
+def merge() -> dict:
+    """Fold the shard files into the report, each format from a shard set (shard-K-of-N, the N it
+    was run with) that covers all slices, so a format added later is swept on its own."""
+    sets = {}
+    for path in sorted(SHARD_DIR.glob("shard-*-of-*.json")):
+        part = json.loads(path.read_text())
+        sets.setdefault(part["shards"], []).append(part)
     rows = []
-    for name in parts[0]["formats"]:
-        row = {"format": name, "inputs": 1 << 32,
-               "mismatches": sum(p["formats"][name]["mismatches"] for p in parts),
-               "fpemu_s": sum(p["formats"][name]["fpemu_s"] for p in parts),
-               "native_s": sum(p["formats"][name]["native_s"] for p in parts),
-               "examples": sum((p["formats"][name]["examples"] for p in parts), [])[:5]}
-        row["fpemu_mvals"] = row["inputs"] / row["fpemu_s"] / 1e6
-        rows.append(row)
-    result = {"inputs_per_format": 1 << 32, "shards": shards, "rows": rows}
-    columns = [("format", "format"), ("inputs", "float32 inputs"), ("mismatches", "mismatches"),
-               ("fpemu_s", "fpemu kernel s"), ("native_s", "native cast s"),
+    names = list(dict.fromkeys(name for _, parts in sorted(sets.items()) for p in parts for name in p["formats"]))
+    names.sort(key=lambda name: FORMATS.index(name) if name in FORMATS else len(FORMATS))
+    for name in names:
+        parts = _covering(sets, name)
+        labels = list(dict.fromkeys(label for p in parts for label in _peers(p["formats"][name])))
+        fpemu_s = sum(p["formats"][name]["fpemu_s"] for p in parts)
+        for label in labels:
+            peer = [_peers(p["formats"][name])[label] for p in parts]
+            row = {"format": name, "peer": label, "inputs": 1 << 32,
+                   "mismatches": sum(q["mismatches"] for q in peer),
+                   "departures": sum(q["departures"] for q in peer),
+                   "fpemu_s": fpemu_s, "native_s": sum(q["native_s"] for q in peer),
+                   "examples": sum((q["examples"] for q in peer), [])[:5]}
+            row["fpemu_mvals"] = row["inputs"] / row["fpemu_s"] / 1e6
+            rows.append(row)
+    result = {"inputs_per_format": 1 << 32, "rows": rows,
+              "departures": {f"{name}/{label}": why for (name, label), (_, why) in DEPARTURES.items()}}
+    columns = [("format", "format"), ("peer", "peer"), ("inputs", "float32 inputs"), ("mismatches", "mismatches"),
+               ("departures", "known departures"), ("fpemu_s", "fpemu s"), ("native_s", "peer cast s"),
                ("fpemu_mvals", "fpemu M values/s")]
-    notes = ["Every float32 bit pattern, rounded by fpemu's bit kernel (both as quantize runs it and as "
-             "round_to_format runs it, with overflow flags) and by the numpy/ml_dtypes cast (nearest even, "
-             "IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison. 'mismatches' counts inputs "
-             "where either kernel path differs from the cast; the kernel time is quantize's path. For the "
-             "formats without NaN (fp6, fp4) NaN inputs are left out: fpemu keeps them NaN, ml_dtypes makes "
-             "them -0.",
-             f"Times are summed over {shards} shards (CPU seconds of each process)."]
+    notes = ["Every float32 bit pattern, rounded by fpemu (quantize's path: its short path where it has "
+             "one, else the bit kernel; and round_to_format's kernel with overflow flags) and by the "
+             "peer's cast (nearest even, IEEE overflow; NaN for fn/fnuz overflow); NaN-aware bit comparison. "
+             "'mismatches' counts inputs where either fpemu path differs from the peer outside the known "
+             "departures; 'known departures' the inputs where the peer computes differently by design:",
+             *(f"{name} vs {label}: {why}" for (name, label), (_, why) in DEPARTURES.items()),
+             "'native' is the numpy/ml_dtypes cast in sweeps run before the peers were named, and before "
+             "quantize had short paths (their 'fpemu' is the kernel alone).",
+             "Times are summed over the shards (CPU seconds of each process)."]
     write_report("exhaustive_float32", "Exhaustive float32 sweep", result, rows, columns, notes)
     return result
 
@@ -109,10 +190,9 @@ def main(argv=None) -> None:
     parser.add_argument("--shard", default="0/1", help="K/N: run slices K, K+N, K+2N, ...")
     parser.add_argument("--formats", nargs="+", default=FORMATS)
     parser.add_argument("--merge", action="store_true", help="fold finished shards into the report")
-    parser.add_argument("--shards", type=int, default=1, help="with --merge: how many shards ran")
     args = parser.parse_args(argv)
     if args.merge:
-        merge(args.shards)
+        merge()
         return
     shard, shards = (int(v) for v in args.shard.split("/"))
     if not 0 <= shard < shards:

@@ -69,7 +69,7 @@ def test_shipped_recipe_specs_cover_every_recipe_and_adapter():
     scenarios = [load_spec(path) for path in RECIPE_SPECS]
     from fpemu.adapters import adapters_of_kind
     from fpemu.scalers.fp8_recipes import RECIPES
-    assert {s.recipe for s in scenarios} == set(RECIPES) - {"torchao_rowwise"}  # rowwise = tensorwise per row
+    assert {s.recipe for s in scenarios} == set(RECIPES)
     assert {i.name for s in scenarios for i in s.implementations} == set(adapters_of_kind("recipe"))
     assert {s.amax.kind for s in scenarios} == {"explicit", "generated"}
 
@@ -79,7 +79,7 @@ def test_a_recipe_says_driven_exactly_when_real_code_drives_it():
     from fpemu.scalers.fp8_recipes import RECIPES
     adapted = {adapter.profile for adapter in adapters_of_kind("recipe").values()}
     driven = {name for name, row in RECIPES.items() if row.source.verified == "driven"}
-    assert adapted == driven - {"torchao_rowwise"}  # rowwise: driven through torchao's casts and Float8Linear
+    assert adapted == driven  # rowwise also through torchao's casts and Float8Linear (test_float8_training_trace...)
     assert {row.source.verified for name, row in RECIPES.items() if name not in driven} == {"source-derived"}
 
 
@@ -100,6 +100,7 @@ def test_recipe_specs_diff_against_the_real_code(capsys, tmp_path):
     assert set(statuses.values()) == {"match", "known divergence"}
     assert statuses[("recipe_te_delayed_unfused_events", "te_unfused@cpu")] == "match"
     assert statuses[("recipe_torchao_tensorwise", "torchao_float8@cpu")] == "match"
+    assert statuses[("recipe_torchao_rowwise", "torchao_float8_rowwise@cpu")] == "match"
     zero = verdicts[("recipe_te_delayed_zero_amax", "te_unfused@cpu")]["divergence"]
     assert (zero["step"], zero["field"]) == (1, "amax_used")
 

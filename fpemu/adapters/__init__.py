@@ -204,6 +204,9 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("torchao_float8", RECIPE, "fpemu.adapters.torchao_float8:record_amax_to_scale", ("torchao", "torch"),
             ("torchao", "torch"), profile="torchao_tensorwise", verified=("torchao 0.18.0",) + _TORCH_VERIFIED,
             fields=_RECIPE_FIELDS[:3]),
+    Adapter("torchao_float8_rowwise", RECIPE, "fpemu.adapters.torchao_float8:record_rowwise_amax_to_scale",
+            ("torchao", "torch"), ("torchao", "torch"), profile="torchao_rowwise",
+            verified=("torchao 0.18.0",) + _TORCH_VERIFIED, fields=_RECIPE_FIELDS[:3]),
     Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
             ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
 ]}

@@ -48,6 +48,23 @@ def record_amax_to_scale(amaxes, params, device) -> dict:
     return {"amax": held.tolist(), "amax_used": held.tolist(), "scale": scales.tolist()}
 
 
+def record_rowwise_amax_to_scale(amaxes, params, device) -> dict:
+    """The recipe adapter ``torchao_float8_rowwise``: torchao's rowwise (axiswise) cast of one tensor
+    whose row t is ``[amax_t, 0]``, so its own ``tensor_to_amax`` along the rows gives each step's
+    amax and its ``amax_to_scale`` each step's scale, as a Float8Linear rowwise recipe computes the
+    scales of a tensor's rows (``params``: ``fp8_format``, ``power_of_2``).
+
+    Example:
+      >>> record_rowwise_amax_to_scale([2.0, 448.0], {}, "cpu")["scale"]  # doctest: +SKIP
+      [224.0, 1.0]
+    """
+    held = np.asarray(amaxes, dtype=np.float32)
+    rows = np.stack([held, np.zeros_like(held)], axis=1)
+    scales, _ = quantize(rows, params.get("fp8_format", "fp8_e4m3fn"), granularity="rowwise", axis=-1,
+                         power_of_2=params.get("power_of_2", False))
+    return {"amax": held.tolist(), "amax_used": held.tolist(), "scale": scales.reshape(-1).tolist()}
+
+
 def quantize(x, fp8_format: str = "fp8_e4m3fn", granularity: str = "tensorwise", axis: int = -1,
              power_of_2: bool = False, dtype: str = "float32") -> tuple:
     """torchao's ``hp_tensor_to_float8_dynamic`` on ``x`` (held as torch ``dtype``): (scale, fp8 codes)."""

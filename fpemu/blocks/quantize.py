@@ -153,11 +153,16 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
-    tensor_scale = None
+    tensor_scale, redo = None, []
     for start in range(0, len(flat), step):
         rows = slice(start, start + step)
-        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale = compute(
+        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale, left = compute(
             flat[rows], elem, rule, tensor_amax, values[rows])
+        if left is not None and left.size:
+            redo.append(left + start * flat.shape[1])
+    if redo:  # the elements the fast element path left, in one call for the whole tensor
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            _redo_elements(np.concatenate(redo), flat, scale_codes, scales, codes, values, elem, rule)
     if tensor_amax is not None and not len(flat):
         tensor_scale = compute(flat, elem, rule, tensor_amax, values)[4]
     shape = blocks.shape[:-1]
@@ -166,21 +171,23 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
 
 
 def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
-    dequantized values are written into ``values``."""
+    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None, the
+    flat indices of the elements left for :func:`_redo_elements` or None); the dequantized values
+    are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         magnitude = _magnitude_bits(blocks)
         peak = _block_peak(magnitude)
         amax = _block_amax(blocks, magnitude, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
+        left = None
         if blocks.dtype == _F32 and rule.rounding == "nearest_even":
-            elements = _shifted_elements(blocks, magnitude, peak, codes, scales, elem, rule, values)
+            elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
         else:
             # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
             may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
             elements = _scaled_elements(blocks, codes, scales, elem, rule, values, may_hold_nan)
-    return codes, scales, elements, values, None
+    return codes, scales, elements, values, None, left
 
 
 def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, values: np.ndarray,
@@ -197,64 +204,105 @@ def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, value
 _ELEMENT_VALUES = 1 << 16
 
 
-def _shifted_elements(blocks, magnitude, peak, codes, scales, elem: Format, rule: ScaleRule,
+def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule,
                       values: np.ndarray) -> np.ndarray:
-    """:func:`_scaled_elements` for float32 blocks and nearest even, in integer arithmetic.
+    """:func:`_scaled_elements` for float32 blocks and nearest even: :func:`_fast_elements`, then
+    :func:`_redo_elements` for the elements it leaves."""
+    elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
+    if left.size:
+        _redo_elements(left, blocks, codes, scales, elements, values, elem, rule)
+    return elements
+
+
+def _redo_elements(at, blocks, codes, scales, elements, values, elem: Format, rule: ScaleRule) -> None:
+    """The elements at flat indices ``at`` of 2-D ``blocks`` by the rule's own arithmetic, into
+    ``elements`` and ``values``."""
+    block, column = np.divmod(at, blocks.shape[1])
+    own_values = np.empty((len(block), 1), _F32)
+    elements[block, column] = _scaled_elements(blocks[block, column][:, None], codes[block], scales[block],
+                                               elem, rule, own_values)[:, 0]
+    values[block, column] = own_values[:, 0]
+
+
+def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray) -> tuple:
+    """:func:`_scaled_elements` for float32 blocks and nearest even, without scaling, but for the
+    elements it leaves: (element codes, the flat indices of those left).
 
     For a scale 2**X with every quantity a float32 normal, each rule's scaling (x / 2**X,
     x * 2**-X) is exact and only subtracts X from the exponent field, and so the scaling back
-    adds it: rounding y = x / 2**X to elem at its last mantissa bit (half an ulp less one plus the
-    kept last bit, carried into the exponent) is rounding x's own bits there, the dequantized value
-    is x's rounded bits, and the element code is them shifted down less a per-block offset.  A
-    dozen integer passes, one along the blocks.  Elements whose code falls outside elem's normal
-    codes (y rounds below min normal: elem's subnormals, zero, float32's subnormals; or beyond max,
-    to saturate) and the blocks with a NaN or inf or a scale code outside [1 - emin, 253]
-    (torchao's 2**-126 clamp, byte 0's rules, NaN; their offset makes every code wrap) are found
-    by one unsigned compare and left to :func:`_scaled_elements`.
+    adds it: rounding y = x / 2**X to elem's m mantissa bits is rounding x itself to m bits, and
+    the dequantized value is that.  Veltkamp's split does it in three float passes, the sign and
+    -0 kept: c = x * (2**(23 - m) + 1), hi = c - (c - x) is x rounded to m + 1 significant bits,
+    ties to even (checked on every float32 significand).  The element code is hi's bits shifted
+    down to sign, exponent and m mantissa bits (16 bits), less a per-block offset, with the sign
+    (then at bit 8 + m) moved to the code's top bit: a dozen passes, most on 16-bit integers.
+    One compare finds the elements whose code falls outside elem's normal codes: those rounded
+    past max (the block's largest, under a floor scale) saturate here, to max's code and
+    max * 2**X; those below min normal (elem's subnormals, zero, float32's subnormals: their code
+    wraps) are left to the rule's own arithmetic, as are whole blocks with a NaN or inf, a peak of
+    2**107 or more (where c overflows) or a scale code outside [1 - emin, 253] (torchao's 2**-126
+    clamp, byte 0's rules, NaN).
     """
-    m, uint = elem.mantissa_bits, np.uint32
-    drop = 23 - m
+    m, uint, u16 = elem.mantissa_bits, np.uint32, np.uint16
     lowest = 1 << m                                                    # min normal's code
-    fast_block = (peak < uint(0x7F800000)) & (codes >= 1 - elem.emin) & (codes <= 253)
-    # code = (rounded bits >> drop) - ((X + 127 - bias) << m), X = scale code - 127
+    below = 8 + m                                                      # bits below the sign after the shift
+    # code - lowest = (hi's bits >> (23 - m)) - offset, offset = ((X + 127 - bias) << m) + lowest and
+    # X = scale code - 127.  Below the sign bit, codes past max reach at most 2**(emax + 1)'s, and a
+    # code under min normal's wraps above that, as long as offset + that stays below 2**below
+    # (always so under the 2**107 peak bound).
+    span = elem.max_finite_code - lowest
+    past_max = ((elem.emax + 1 + elem.bias) << m) - lowest
     offsets = ((codes.astype(np.int64) - elem.bias) << m) + lowest
-    offsets = np.where(fast_block, offsets, 2**31).astype(uint)        # code - lowest = q - offset
-    span = uint(elem.max_finite_code - lowest)
+    fast_block = ((peak < uint(0x75000000)) & (codes >= 1 - elem.emin) & (codes <= 253)
+                  & (offsets + past_max < (1 << below)))
+    offsets = np.where(fast_block, offsets, 0).astype(u16)
+    split = np.float32(2.0 ** (23 - m) + 1)
     elements = np.empty(blocks.shape, np.uint8)
     width = blocks.shape[1]
     step = max(1, _ELEMENT_VALUES // width)
     size = min(step, len(blocks)) * width
-    rounded, low, sign, off = np.empty(size, uint), np.empty(size, uint), np.empty(size, uint), np.empty(size, bool)
-    off_at = []
+    scratch, low, off = np.empty(size, _F32), np.empty(size, u16), np.empty(size, bool)
+    flat_values, flat_blocks, flat_elements = values.reshape(-1), blocks.reshape(-1), elements.reshape(-1)
+    below_min, past_max_at = [], []
     for start in range(0, len(blocks), step):
         rows = slice(start, start + step)
         k = min(step, len(blocks) - start) * width
-        a, b, g, z = rounded[:k], low[:k], sign[:k], off[:k]
-        bits = magnitude[rows].reshape(-1)
-        np.right_shift(bits, uint(drop), out=b)
-        np.bitwise_and(b, uint(1), out=b)
-        np.add(bits, b, out=a)
-        np.add(a, uint((1 << (drop - 1)) - 1), out=a)                  # rounded at bit drop, low bits junk
-        np.bitwise_and(blocks[rows].view(uint), uint(0x80000000), out=g.reshape(-1, width))
-        out = values[rows].view(uint)
-        np.bitwise_and(a.reshape(-1, width), uint(0xFFFFFFFF ^ ((1 << drop) - 1)), out=out)
-        np.bitwise_or(out, g.reshape(-1, width), out=out)
-        np.right_shift(a, uint(drop), out=a)
-        np.subtract(a.reshape(-1, width), offsets[rows, None], out=a.reshape(-1, width))
-        np.greater(a, span, out=z)                                     # below min normal, above max, wrapped
-        if z.any():
-            off_at.append(np.flatnonzero(z) + start * width)
-        np.add(a, uint(lowest), out=a)
-        np.right_shift(g, uint(32 - elem.bits), out=g)                 # to the code's sign bit
-        np.bitwise_or(a, g, out=a)
-        elements[rows] = a.reshape(-1, width)
-    if off_at:
-        block, at = np.divmod(np.concatenate(off_at), width)
-        own_values = np.empty((len(block), 1), _F32)
-        elements[block, at] = _scaled_elements(blocks[block, at][:, None], codes[block], scales[block], elem,
-                                               rule, own_values)[:, 0]
-        values[block, at] = own_values[:, 0]
-    return elements
+        x, c, q, z = blocks[rows], scratch[:k].reshape(-1, width), low[:k], off[:k]
+        hi = values[rows]
+        np.multiply(x, split, out=c)
+        np.subtract(c, x, out=hi)
+        np.subtract(c, hi, out=hi)                                     # x rounded to m + 1 bits
+        np.right_shift(hi.view(uint), uint(23 - m), out=q.reshape(-1, width), casting="unsafe")
+        np.subtract(q.reshape(-1, width), offsets[rows, None], out=q.reshape(-1, width))
+        magnitude_code = c.view(u16).reshape(-1)[:k]                   # (c is free again)
+        np.bitwise_and(q, u16((1 << below) - 1), out=magnitude_code)
+        np.greater(magnitude_code, u16(span), out=z)                   # past max, or below min normal
+        outside = np.flatnonzero(z) if z.any() else None
+        past = None if outside is None else magnitude_code[outside] <= u16(past_max)
+        np.add(magnitude_code, u16(lowest), out=magnitude_code)
+        np.right_shift(q, u16(below - (elem.bits - 1)), out=q)         # the sign to the code's top bit
+        np.bitwise_and(q, u16(1 << (elem.bits - 1)), out=q)
+        np.bitwise_or(magnitude_code, q, out=magnitude_code)
+        np.copyto(elements[rows].reshape(-1), magnitude_code, casting="unsafe")
+        if outside is not None:
+            outside += start * width
+            past_max_at.append(outside[past])
+            below_min.append(outside[~past])
+    if past_max_at:
+        _saturate(np.concatenate(past_max_at), flat_blocks, flat_values, flat_elements, scales, width, elem)
+    left = np.concatenate(below_min) if below_min else np.empty(0, np.intp)
+    if not fast_block.all():  # (their elements' codes above are meaningless: all of them are redone)
+        slow = np.flatnonzero(~fast_block)
+        left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
+    return elements, left
+
+
+def _saturate(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:
+    """The elements at flat indices ``at`` rounded past max: max's code and max * scale, x's sign."""
+    negative = np.signbit(flat_blocks[at])
+    flat_elements[at] = np.where(negative, elem.max_finite_code | (1 << (elem.bits - 1)), elem.max_finite_code)
+    peak_value = _F32(elem.max_finite) * scales[at // width]
+    flat_values[at] = np.where(negative, -peak_value, peak_value)
 
 
 def _magnitude_bits(blocks: np.ndarray) -> np.ndarray:
@@ -399,7 +447,7 @@ _APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_r
 
 
 def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels)."""
+    """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels); :func:`_mx`'s tuple."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         amax = _block_peak(_magnitude_bits(blocks)).view(blocks.dtype)  # (NaN if the block holds one)
@@ -417,7 +465,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, value
         elements, _ = _element_codes(data, elem, rule)
         # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
         np.multiply(decode(elements, elem, dtype=_F32), dequant_scale[..., None], out=values)
-    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
+    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale), None
 
 
 def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import NamedTuple, Optional
 import ml_dtypes
 import numpy as np
 
+from fpemu.formats._shortcuts import shortcut
 from fpemu.formats.format import Format, get_format
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
@@ -133,6 +134,9 @@ def quantize(x, fmt, *, rounding: str = "nearest_even", overflow: str = "inf",
     if (rounding == "stochastic" and overflow == "inf" and subnormals and arr.dtype == np.float32
             and fmt.dtype == np.dtype(ml_dtypes.bfloat16)):
         return _stochastic_bf16(arr, seed)
+    short = shortcut(arr, fmt, rounding, overflow, subnormals)
+    if short is not None:
+        return short
     return _round_array(arr, fmt, rounding, overflow, subnormals, seed, flags=False).values
 
 
