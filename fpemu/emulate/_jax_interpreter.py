@@ -18,7 +18,10 @@ How it works (the WHY of each part):
   parameters fix its dtype) runs XLA's kernel in the program's dtype; ``convert`` rounds float ->
   narrower float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting)
   cannot round and runs on the program's own dtypes; ``call`` / ``cond`` / ``while`` / ``scan``
-  recurse into their jaxprs.  Every other rounding to a format narrower than float32 goes through
+  recurse into their jaxprs.  With ``excess_precision`` (``jax_cpu``: XLA's default
+  ``--xla_allow_excess_precision=true``) a bf16 result XLA computes in float32 keeps its float32 value
+  for the readers that upcast it as the program states (``_excess_precision_values``); other readers
+  read it rounded, and a value no one reads rounded is never rounded (nor counted).  Every other rounding to a format narrower than float32 goes through
   :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
   one is counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
 * A floating equation whose primitive is not in the table is refused (FpemuInputError naming it, the
@@ -60,6 +63,17 @@ _EXACT = """reshape broadcast_in_dim transpose squeeze expand_dims concatenate s
 _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh cosh asinh acosh atanh
     sqrt rsqrt cbrt pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
     cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum conv_general_dilated""".split()
+# Excess precision (StepSemantics.excess_precision, bf16 only: XLA:CPU upcasts every bf16 elementwise op, a
+# dot and a convolution to float32 and rounds its result back; with --xla_allow_excess_precision=true the
+# simplifier drops that rounding where the next op is an upcast the program itself asks for): the
+# primitives JAX lowers (chlo decompositions) with an explicit float32 upcast of a bf16 input and an explicit
+# rounding of the result (read their input in float32; their result is rounded), and those whose low dtype
+# reducer rounds inside (their result is XLA's as it stands).  Found in jax 0.10.2's lowered and compiled
+# HLO (docs/emulate.md).
+_XLA_UPCASTING = ("erfc", "lgamma", "digamma", "erf_inv", "igamma", "sinh")
+_XLA_REDUCING = ("cumsum", "cumprod", "cumlogsumexp", "cummax", "cummin", "reduce_prod", "select_and_scatter_add",
+                 "reduce_window_sum")
+_BF16 = np.dtype(jax.numpy.bfloat16)
 # Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
 # program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
 # Under a policy that rounds otherwise, the scatter runs in float32 (the lax function, which builds a
@@ -84,7 +98,8 @@ PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _
               "cond": "cond", "while": "while", "scan": "scan"}
 # The StepSemantics fields the interpreter applies to every program (the others model rewrites XLA
 # makes across equations of the built-in step; the trace lists them as not applied).
-APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "fma", "dot", "reduce")
+APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "fma", "dot", "reduce",
+                     "excess_precision")
 DOT_ORDERS = ("xla_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "sequential", "pairwise")
 # Name-stack segments JAX itself pushes (not modules; jnp.einsum also pushes its spec, "...qhd,...khd->...hqk").
@@ -172,7 +187,7 @@ class _Interpreter:
         self.kernel = Kernel(semantics, _FP32)
         self.rounding_calls = 0
         self.where = None  # the equation being evaluated
-        self._fusions = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies)
+        self._plans = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies, its float32-kept values)
         # XLA's own low-precision kernels round so; another policy cannot use them
         self.policy_is_xla_rounding = (policy.rounding, policy.overflow, policy.subnormals) == ("nearest_even", "inf",
                                                                                                  True)
@@ -194,37 +209,51 @@ class _Interpreter:
             env[var] = _host(value)
         for var, value in zip(jaxpr.invars, args):
             env[var] = value
-        fused = self._fused_products(jaxpr) if self.semantics.fma else ()
+        fused, kept, readers = self._plan(jaxpr)
+        wide = {}  # the float32 values of kept (excess precision) that are also read rounded
         for eqn in jaxpr.eqns:
             if id(eqn) in fused:  # a float32 multiply the add or sub reading it contracts into an FMA
                 env[eqn.outvars[0]] = _Product(*(self._widen(read(v)) for v in eqn.invars))
                 continue
             inner = str(eqn.source_info.name_stack)
             full = "/".join(part for part in (stack, inner) if part)
-            outs = self.equation(eqn, [read(v) for v in eqn.invars], full)
+            args = [read(v) for v in eqn.invars]
+            if wide and id(eqn) in readers:
+                args = [wide.get(v, a) if not isinstance(v, jcore.Literal) else a for v, a in zip(eqn.invars, args)]
+            outs = self.equation(eqn, args, full, [kept.get(v) for v in eqn.outvars])
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
+                if kept.get(var) is False:
+                    wide[var], env[var] = value, self.round(value, var.aval.dtype, self.where, "arith")
         return [read(v) for v in jaxpr.outvars]
 
-    def _fused_products(self, jaxpr) -> set:
-        """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
-        sets ``AllowFPOpFusion=Fast``): StepSemantics' ``fma``, as in the step's ``p - lr * g``."""
-        hit = self._fusions.get(id(jaxpr))
+    def _plan(self, jaxpr):
+        """(multiplies fused into FMAs, values kept in float32, their float32 readers) of a jaxpr, found once
+        per jaxpr."""
+        hit = self._plans.get(id(jaxpr))
         if hit is None:
             uses = collections.Counter(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jcore.Literal))
             uses.update(v for v in jaxpr.outvars if not isinstance(v, jcore.Literal))
-            products, fused = {}, set()
-            for eqn in jaxpr.eqns:
-                single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
-                if eqn.primitive.name in ("add", "add_any", "sub") and single:
-                    source = next((products[v] for v in eqn.invars
-                                   if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
-                    if source is not None:
-                        fused.add(source)
-                elif eqn.primitive.name == "mul" and single:
-                    products[eqn.outvars[0]] = id(eqn)
-            hit = self._fusions[id(jaxpr)] = (jaxpr, fused)  # the jaxpr kept alive: its id stays its own
-        return hit[1]
+            fused = self._fused_products(jaxpr, uses) if self.semantics.fma else set()
+            kept = _excess_precision_values(jaxpr, uses) if self.semantics.excess_precision else ({}, set())
+            hit = self._plans[id(jaxpr)] = (jaxpr, fused, *kept)  # the jaxpr kept alive: its id stays its own
+        return hit[1:]
+
+    @staticmethod
+    def _fused_products(jaxpr, uses) -> set:
+        """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
+        sets ``AllowFPOpFusion=Fast``): StepSemantics' ``fma``, as in the step's ``p - lr * g``."""
+        products, fused = {}, set()
+        for eqn in jaxpr.eqns:
+            single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
+            if eqn.primitive.name in ("add", "add_any", "sub") and single:
+                source = next((products[v] for v in eqn.invars
+                               if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
+                if source is not None:
+                    fused.add(source)
+            elif eqn.primitive.name == "mul" and single:
+                products[eqn.outvars[0]] = id(eqn)
+        return fused
 
     def run_closed(self, closed, args, stack: str) -> list:
         if isinstance(closed, jcore.ClosedJaxpr):
@@ -232,7 +261,9 @@ class _Interpreter:
         return self.run(closed, [], args, stack)  # remat's open jaxpr
 
     # -- one equation ------------------------------------------------------------
-    def equation(self, eqn, args, stack: str) -> list:
+    def equation(self, eqn, args, stack: str, kept=()) -> list:
+        """The results of one equation, rounded to their dtypes except where ``kept`` (one entry per result,
+        :func:`_excess_precision_values`' verdict or None) says XLA keeps the float32 value."""
         name = eqn.primitive.name
         direction, module = parse_name_stack(stack)
         where = self.where = _Where(name, direction, module)
@@ -247,10 +278,14 @@ class _Interpreter:
             raise FpemuInputError(
                 f"emulate_jax cannot place primitive {name!r} (module {module}, {direction} pass): it is not in "
                 "the interpreter's table fpemu.emulate._jax_interpreter.PRIMITIVES, so how it rounds is unknown")
-        if kind == "exact":
-            return self._bind(eqn, args)
+        kept = list(kept) or [None] * len(eqn.outvars)
+        if kind == "exact":  # a move of a float32-kept value (_moves_nothing) is rounded where read rounded
+            return [value if keep is not None or value.dtype == var.aval.dtype
+                    else self.round(value, var.aval.dtype, where, kind)
+                    for value, var, keep in zip(self._bind(eqn, args), eqn.outvars, kept)]
         exact = getattr(self, f"_{kind}")(eqn, args)
-        return [self.round(value, var.aval.dtype, where, kind) for value, var in zip(exact, eqn.outvars)]
+        return [value if keep is not None else self.round(value, var.aval.dtype, where, kind)
+                for value, var, keep in zip(exact, eqn.outvars, kept)]
 
     def _bind(self, eqn, args) -> list:
         result = eqn.primitive.bind(*args, **eqn.params)
@@ -454,6 +489,61 @@ class _Interpreter:
             stacked.append(np.stack([ys[i][position] for i in range(p["length"])]) if p["length"]
                            else np.zeros(var.aval.shape, var.aval.dtype))
         return [*carry, *stacked]
+
+
+def _rounds_in_float32(eqn) -> bool:
+    """Whether XLA:CPU computes this equation's one bf16 result in float32 and rounds it by a convert of
+    its own (the convert excess precision may drop)."""
+    name = eqn.primitive.name
+    kind = PRIMITIVES.get(name)
+    if len(eqn.outvars) != 1 or np.dtype(eqn.outvars[0].aval.dtype) != _BF16:
+        return False
+    return kind in ("arith", "dot", "chain") or kind == "xla" and name not in _XLA_UPCASTING + _XLA_REDUCING
+
+
+def _moves_nothing(eqn) -> bool:
+    """A transpose, reshape or copy whose result has its operand's shape (a transpose of unit dims): XLA's
+    simplifier deletes it, so a rounding before it and an upcast after it meet (a 1x1 weight gradient)."""
+    return (eqn.primitive.name in ("transpose", "reshape", "copy", "copy_p") and len(eqn.invars) == 1
+            and eqn.invars[0].aval.shape == eqn.outvars[0].aval.shape)
+
+
+def _reads_float32(eqn) -> bool:
+    """Whether this equation upcasts its bf16 inputs to float32 as the program states it (a convert, or a
+    primitive JAX lowers with one), or passes its input on unchanged (:func:`_moves_nothing`): a reader
+    the simplifier folds with the rounding before it."""
+    name = eqn.primitive.name
+    if name == "convert_element_type":
+        return np.dtype(eqn.params["new_dtype"]) == F32
+    return name in _XLA_UPCASTING or _moves_nothing(eqn)
+
+
+def _excess_precision_values(jaxpr, uses) -> tuple:
+    """The bf16 values XLA:CPU keeps in float32 under ``--xla_allow_excess_precision=true``: each result of
+    an op XLA computes in float32 (:func:`_rounds_in_float32`) that an upcast the program states reads
+    directly (:func:`_reads_float32`): the simplifier folds ``convert(convert(x, bf16), f32)`` into ``x``.
+    Other readers (another op, a reshape, a reduction, the program's outputs) read it rounded.
+
+    Returns:
+      ``(kept, readers)``: var -> True when only such upcasts read it (never rounded), False when it is
+      read both ways; the ids of the equations that read kept values in float32.
+    """
+    producers, candidates = {}, []
+    for eqn in jaxpr.eqns:  # in program order: a move's result is a producer where its operand is one
+        if _reads_float32(eqn):
+            read = [v for v in eqn.invars if not isinstance(v, jcore.Literal) and v in producers]
+            if read:
+                candidates.append((eqn, read))
+                if _moves_nothing(eqn):
+                    producers[eqn.outvars[0]] = eqn
+        elif _rounds_in_float32(eqn):
+            producers[eqn.outvars[0]] = eqn
+    wide_reads, readers = collections.Counter(), set()
+    for eqn, read in reversed(candidates):  # a move reads in float32 only for a reader after it that does
+        if not _moves_nothing(eqn) or wide_reads[eqn.outvars[0]]:
+            wide_reads.update(read)
+            readers.add(id(eqn))
+    return {var: count == uses[var] for var, count in wide_reads.items()}, readers
 
 
 def _matrix_layout(x: np.ndarray, batch, contract) -> np.ndarray:
