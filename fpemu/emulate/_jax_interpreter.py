@@ -19,9 +19,10 @@ How it works (the WHY of each part):
   narrower float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting)
   cannot round and runs on the program's own dtypes; ``call`` / ``cond`` / ``while`` / ``scan``
   recurse into their jaxprs.  With ``excess_precision`` (``jax_cpu``: XLA's default
-  ``--xla_allow_excess_precision=true``) a bf16 result XLA computes in float32 keeps its float32 value
-  for the readers that upcast it as the program states (``_excess_precision_values``); other readers
-  read it rounded, and a value no one reads rounded is never rounded (nor counted).  Every other rounding to a format narrower than float32 goes through
+  ``--xla_allow_excess_precision=true``) a bf16 result XLA computes in float32 is held unrounded
+  (:class:`_Kept`): the upcasts the program states read its float32 value, every other reader the
+  rounded one, rounded (and counted) on the first such read, so a value read only upcast is never
+  rounded.  It travels into and out of jit calls, which XLA inlines.  Every other rounding to a format narrower than float32 goes through
   :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
   one is counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
 * A floating equation whose primitive is not in the table is refused (FpemuInputError naming it, the
@@ -171,6 +172,17 @@ class _Product:
     right: np.ndarray
 
 
+class _Kept:
+    """A bf16 result XLA keeps in float32 (excess precision): ``wide`` for the upcasts that read it, and its
+    rounding, made by :meth:`_Interpreter.resolve` on the first other read (mutable so that it is made,
+    and counted, once)."""
+
+    __slots__ = ("wide", "dtype", "where", "kind", "rounded")
+
+    def __init__(self, wide, dtype, where, kind):
+        self.wide, self.dtype, self.where, self.kind, self.rounded = wide, dtype, where, kind, None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Where:
     """The equation being evaluated: its primitive, pass and module (errors and telemetry name them)."""
@@ -187,7 +199,7 @@ class _Interpreter:
         self.kernel = Kernel(semantics, _FP32)
         self.rounding_calls = 0
         self.where = None  # the equation being evaluated
-        self._plans = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies, its float32-kept values)
+        self._fusions = {}  # id(jaxpr) -> (jaxpr, ids of its contracted multiplies)
         # XLA's own low-precision kernels round so; another policy cannot use them
         self.policy_is_xla_rounding = (policy.rounding, policy.overflow, policy.subnormals) == ("nearest_even", "inf",
                                                                                                  True)
@@ -209,8 +221,7 @@ class _Interpreter:
             env[var] = _host(value)
         for var, value in zip(jaxpr.invars, args):
             env[var] = value
-        fused, kept, readers = self._plan(jaxpr)
-        wide = {}  # the float32 values of kept (excess precision) that are also read rounded
+        fused = self._fused_products(jaxpr) if self.semantics.fma else ()
         for eqn in jaxpr.eqns:
             if id(eqn) in fused:  # a float32 multiply the add or sub reading it contracts into an FMA
                 env[eqn.outvars[0]] = _Product(*(self._widen(read(v)) for v in eqn.invars))
@@ -218,52 +229,59 @@ class _Interpreter:
             inner = str(eqn.source_info.name_stack)
             full = "/".join(part for part in (stack, inner) if part)
             args = [read(v) for v in eqn.invars]
-            if wide and id(eqn) in readers:
-                args = [wide.get(v, a) if not isinstance(v, jcore.Literal) else a for v, a in zip(eqn.invars, args)]
-            outs = self.equation(eqn, args, full, [kept.get(v) for v in eqn.outvars])
+            if any(isinstance(a, _Kept) for a in args):
+                args = [self._as_read_by(eqn, a) for a in args]
+            outs = self.equation(eqn, args, full)
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
-                if kept.get(var) is False:
-                    wide[var], env[var] = value, self.round(value, var.aval.dtype, self.where, "arith")
         return [read(v) for v in jaxpr.outvars]
 
-    def _plan(self, jaxpr):
-        """(multiplies fused into FMAs, values kept in float32, their float32 readers) of a jaxpr, found once
-        per jaxpr."""
-        hit = self._plans.get(id(jaxpr))
+    def _as_read_by(self, eqn, value):
+        """A :class:`_Kept` value as ``eqn`` reads it: a jit call (which XLA inlines) or a move XLA deletes
+        takes it as it is, an upcast the program states its float32 value, any other reader its rounding."""
+        if not isinstance(value, _Kept) or PRIMITIVES.get(eqn.primitive.name) == "call" or _moves_nothing(eqn):
+            return value
+        return value.wide if _reads_float32(eqn) else self.resolve(value)
+
+    def resolve(self, value):
+        """A value as an ordinary reader reads it: a :class:`_Kept` value rounded (once, and counted)."""
+        if not isinstance(value, _Kept):
+            return value
+        if value.rounded is None:
+            value.rounded = self.round(value.wide, value.dtype, value.where, value.kind)
+        return value.rounded
+
+    def _fused_products(self, jaxpr) -> set:
+        """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
+        sets ``AllowFPOpFusion=Fast``): StepSemantics' ``fma``, as in the step's ``p - lr * g``."""
+        hit = self._fusions.get(id(jaxpr))
         if hit is None:
             uses = collections.Counter(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jcore.Literal))
             uses.update(v for v in jaxpr.outvars if not isinstance(v, jcore.Literal))
-            fused = self._fused_products(jaxpr, uses) if self.semantics.fma else set()
-            kept = _excess_precision_values(jaxpr, uses) if self.semantics.excess_precision else ({}, set())
-            hit = self._plans[id(jaxpr)] = (jaxpr, fused, *kept)  # the jaxpr kept alive: its id stays its own
-        return hit[1:]
+            products, fused = {}, set()
+            for eqn in jaxpr.eqns:
+                single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
+                if eqn.primitive.name in ("add", "add_any", "sub") and single:
+                    source = next((products[v] for v in eqn.invars
+                                   if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
+                    if source is not None:
+                        fused.add(source)
+                elif eqn.primitive.name == "mul" and single:
+                    products[eqn.outvars[0]] = id(eqn)
+            hit = self._fusions[id(jaxpr)] = (jaxpr, fused)  # the jaxpr kept alive: its id stays its own
+        return hit[1]
 
-    @staticmethod
-    def _fused_products(jaxpr, uses) -> set:
-        """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
-        sets ``AllowFPOpFusion=Fast``): StepSemantics' ``fma``, as in the step's ``p - lr * g``."""
-        products, fused = {}, set()
-        for eqn in jaxpr.eqns:
-            single = eqn.outvars[0].aval.dtype == F32 if eqn.outvars else False
-            if eqn.primitive.name in ("add", "add_any", "sub") and single:
-                source = next((products[v] for v in eqn.invars
-                               if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
-                if source is not None:
-                    fused.add(source)
-            elif eqn.primitive.name == "mul" and single:
-                products[eqn.outvars[0]] = id(eqn)
-        return fused
-
-    def run_closed(self, closed, args, stack: str) -> list:
+    def run_closed(self, closed, args, stack: str, inlined: bool = False) -> list:
+        """A nested jaxpr's results; kept values leave it only when XLA ``inlined`` it (a jit call), not
+        from a loop body or a branch (their own computations, whose results are materialized)."""
         if isinstance(closed, jcore.ClosedJaxpr):
-            return self.run(closed.jaxpr, closed.consts, args, stack)
-        return self.run(closed, [], args, stack)  # remat's open jaxpr
+            outs = self.run(closed.jaxpr, closed.consts, args, stack)
+        else:
+            outs = self.run(closed, [], args, stack)  # remat's open jaxpr
+        return outs if inlined else [self.resolve(o) for o in outs]
 
     # -- one equation ------------------------------------------------------------
-    def equation(self, eqn, args, stack: str, kept=()) -> list:
-        """The results of one equation, rounded to their dtypes except where ``kept`` (one entry per result,
-        :func:`_excess_precision_values`' verdict or None) says XLA keeps the float32 value."""
+    def equation(self, eqn, args, stack: str) -> list:
         name = eqn.primitive.name
         direction, module = parse_name_stack(stack)
         where = self.where = _Where(name, direction, module)
@@ -278,14 +296,15 @@ class _Interpreter:
             raise FpemuInputError(
                 f"emulate_jax cannot place primitive {name!r} (module {module}, {direction} pass): it is not in "
                 "the interpreter's table fpemu.emulate._jax_interpreter.PRIMITIVES, so how it rounds is unknown")
-        kept = list(kept) or [None] * len(eqn.outvars)
-        if kind == "exact":  # a move of a float32-kept value (_moves_nothing) is rounded where read rounded
-            return [value if keep is not None or value.dtype == var.aval.dtype
-                    else self.round(value, var.aval.dtype, where, kind)
-                    for value, var, keep in zip(self._bind(eqn, args), eqn.outvars, kept)]
+        if kind == "exact":
+            if args and isinstance(args[0], _Kept):  # a move XLA deletes (_moves_nothing): still kept
+                kept = args[0]
+                return [_Kept(self._bind(eqn, [kept.wide])[0], kept.dtype, kept.where, kept.kind)]
+            return self._bind(eqn, args)
         exact = getattr(self, f"_{kind}")(eqn, args)
-        return [value if keep is not None else self.round(value, var.aval.dtype, where, kind)
-                for value, var, keep in zip(exact, eqn.outvars, kept)]
+        if self.semantics.excess_precision and _rounds_in_float32(eqn):  # rounded where read rounded
+            return [_Kept(exact[0], eqn.outvars[0].aval.dtype, where, kind)]
+        return [self.round(value, var.aval.dtype, where, kind) for value, var in zip(exact, eqn.outvars)]
 
     def _bind(self, eqn, args) -> list:
         result = eqn.primitive.bind(*args, **eqn.params)
@@ -460,7 +479,7 @@ class _Interpreter:
 
     # -- control flow -----------------------------------------------------------------
     def _call(self, eqn, args, stack: str) -> list:
-        return self.run_closed(eqn.params[_CALLS[eqn.primitive.name]], args, stack)
+        return self.run_closed(eqn.params[_CALLS[eqn.primitive.name]], args, stack, inlined=True)
 
     def _cond(self, eqn, args, stack: str) -> list:
         branches = eqn.params["branches"]
@@ -518,34 +537,6 @@ def _reads_float32(eqn) -> bool:
     return name in _XLA_UPCASTING or _moves_nothing(eqn)
 
 
-def _excess_precision_values(jaxpr, uses) -> tuple:
-    """The bf16 values XLA:CPU keeps in float32 under ``--xla_allow_excess_precision=true``: each result of
-    an op XLA computes in float32 (:func:`_rounds_in_float32`) that an upcast the program states reads
-    directly (:func:`_reads_float32`): the simplifier folds ``convert(convert(x, bf16), f32)`` into ``x``.
-    Other readers (another op, a reshape, a reduction, the program's outputs) read it rounded.
-
-    Returns:
-      ``(kept, readers)``: var -> True when only such upcasts read it (never rounded), False when it is
-      read both ways; the ids of the equations that read kept values in float32.
-    """
-    producers, candidates = {}, []
-    for eqn in jaxpr.eqns:  # in program order: a move's result is a producer where its operand is one
-        if _reads_float32(eqn):
-            read = [v for v in eqn.invars if not isinstance(v, jcore.Literal) and v in producers]
-            if read:
-                candidates.append((eqn, read))
-                if _moves_nothing(eqn):
-                    producers[eqn.outvars[0]] = eqn
-        elif _rounds_in_float32(eqn):
-            producers[eqn.outvars[0]] = eqn
-    wide_reads, readers = collections.Counter(), set()
-    for eqn, read in reversed(candidates):  # a move reads in float32 only for a reader after it that does
-        if not _moves_nothing(eqn) or wide_reads[eqn.outvars[0]]:
-            wide_reads.update(read)
-            readers.add(id(eqn))
-    return {var: count == uses[var] for var, count in wide_reads.items()}, readers
-
-
 def _matrix_layout(x: np.ndarray, batch, contract) -> np.ndarray:
     """x with its batch dims first, free dims next, contracted dims last, as (B, free, K)."""
     free = [i for i in range(x.ndim) if i not in batch and i not in contract]
@@ -600,7 +591,7 @@ class JaxEmulation:
         dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
         leaves = [_host(x, var.aval.dtype)
                   for x, var in zip(jax.tree_util.tree_leaves(dynamic), closed.jaxpr.invars)]
-        outs = self._interpreter.run(closed.jaxpr, closed.consts, leaves)
+        outs = [self._interpreter.resolve(o) for o in self._interpreter.run(closed.jaxpr, closed.consts, leaves)]
         return jax.tree_util.tree_unflatten(out_tree, [jax.numpy.asarray(o) for o in outs])
 
 
