@@ -39,7 +39,8 @@ COMPOSITE = {
 # The excess-precision rule one reader at a time (docs/emulate.md): a result XLA computes in float32 read by
 # an upcast the program states (kept in float32 under default flags), through a reshape (rounded), a dot's
 # result upcast (kept), erfc's input (kept: JAX lowers erfc with an upcast) and result (rounded), a 1x1
-# transpose (deleted by XLA: kept), a value read both upcast and as an output (kept for the upcast only),
+# transpose (deleted by XLA: kept), a value read both upcast and as an output (kept for the upcast only), the
+# last multiply of integer_pow and the last divide of logistic (kept),
 # across a jit call either way (XLA inlines it: kept).
 EXCESS = {
     "a * b upcast": (lambda a, b: (a * b).astype(jnp.float32), 2),
@@ -49,6 +50,7 @@ EXCESS = {
     "a * b, 1x1 transpose, upcast": (lambda a, b: (a.reshape(-1, 1)[8:9] * b.reshape(-1, 1)[8:9]).T.astype(jnp.float32),
                                      2),
     "a * b upcast and returned": (lambda a, b: (a * b).astype(jnp.float32) + (a * b), 2),
+    "a ** 3 and sigmoid, upcast": (lambda a, b: (a ** 3).astype(jnp.float32) + jax.nn.sigmoid(b).astype(jnp.float32), 2),
     "a * b upcast in a jit": (lambda a, b: jax.jit(lambda v: v.astype(jnp.float32))(a * b), 2),
     "a jit's a * b upcast": (lambda a, b: jax.jit(jnp.multiply)(a, b).astype(jnp.float32), 2),
 }

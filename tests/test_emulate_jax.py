@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from fpemu.emulate import Telemetry, emulate_jax, emulate_torch  # noqa: E402
-from fpemu.emulate._jax_interpreter import parse_name_stack  # noqa: E402
+from fpemu.emulate._jax_interpreter import parse_name_stack, primitive_table  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 
 from jax_op_cases import COMPOSITE, EXCESS, SINGLE, inputs  # noqa: E402
@@ -158,6 +158,8 @@ def test_excess_precision_counts_only_the_roundings_made():
         emulate_jax(fn, semantics=semantics, telemetry=telemetry)(x)
         counts[semantics] = telemetry.summary().by_op[("forward", "mul")][0]
     assert counts == {"jax_cpu_strict": 3 * x.size, "jax_cpu": 2 * x.size}
+    recorded = primitive_table("jax_cpu")["semantics"]  # what a trace's op_table says was applied
+    assert recorded["applied"]["excess_precision"] and "excess_precision" not in recorded["not_applied"]
 
 
 def test_float32_multiply_add_is_contracted_as_xla_does():

@@ -22,8 +22,8 @@ How it works (the WHY of each part):
   ``--xla_allow_excess_precision=true``) a bf16 result XLA computes in float32 is held unrounded
   (:class:`_Kept`): the upcasts the program states read its float32 value, every other reader the
   rounded one, rounded (and counted) on the first such read, so a value read only upcast is never
-  rounded.  It travels into and out of jit calls, which XLA inlines.  Every other rounding to a format narrower than float32 goes through
-  :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
+  rounded.  It travels into and out of jit calls, which XLA inlines.  Every other rounding to a format
+  narrower than float32 goes through :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
   one is counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
 * A floating equation whose primitive is not in the table is refused (FpemuInputError naming it, the
   module and the pass), never run silently; an equation without floating values cannot round and
@@ -344,22 +344,25 @@ class _Interpreter:
 
     def _chain(self, eqn, args) -> list:
         """integer_pow as JAX lowers it (square-and-multiply, every multiply in the program's dtype) and
-        logistic as XLA expands it (1 / (1 + exp(-x)) in the program's dtype): each step rounded."""
+        logistic as XLA expands it (1 / (1 + exp(-x)) in the program's dtype): each step rounded, the
+        last by :meth:`round`."""
         dtype = eqn.outvars[0].aval.dtype
         step = (lambda v: v) if np.dtype(dtype) == F32 else (lambda v: self._quantize(v, get_format(dtype)))
         k, x = self.kernel, self._widen(args[0])
         if eqn.primitive.name == "logistic":
             return [k.div(F32(1), step(k.add(step(self._xla_f32(jax.lax.exp_p, -x)), F32(1))))]
-        power, acc = abs(eqn.params["y"]), None
+        power, acc, unrounded = abs(eqn.params["y"]), None, False
         if power == 0:
             return [np.ones_like(x)]
-        while power:
+        while power:  # the last product is left to round (excess precision may keep it in float32)
             if power & 1:
-                acc = x if acc is None else step(k.mul(acc, x))
+                acc, unrounded = (x, False) if acc is None else (k.mul(step(acc) if unrounded else acc, x), True)
             power >>= 1
             if power:
                 x = step(k.mul(x, x))
-        return [k.div(F32(1), acc) if eqn.params["y"] < 0 else acc]
+        if eqn.params["y"] < 0:
+            return [k.div(F32(1), step(acc) if unrounded else acc)]
+        return [acc]
 
     @staticmethod
     def _xla_f32(primitive, value):
@@ -529,12 +532,11 @@ def _moves_nothing(eqn) -> bool:
 
 def _reads_float32(eqn) -> bool:
     """Whether this equation upcasts its bf16 inputs to float32 as the program states it (a convert, or a
-    primitive JAX lowers with one), or passes its input on unchanged (:func:`_moves_nothing`): a reader
-    the simplifier folds with the rounding before it."""
+    primitive JAX lowers with one): a reader the simplifier folds with the rounding before it."""
     name = eqn.primitive.name
     if name == "convert_element_type":
         return np.dtype(eqn.params["new_dtype"]) == F32
-    return name in _XLA_UPCASTING or _moves_nothing(eqn)
+    return name in _XLA_UPCASTING
 
 
 def _matrix_layout(x: np.ndarray, batch, contract) -> np.ndarray:
