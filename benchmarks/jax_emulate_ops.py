@@ -3,7 +3,8 @@
 Programs: tests/jax_op_cases.py (one-primitive and chained programs, bf16 and fp16, 4096 values with
 signed zeros, infinities, NaN and subnormals), jitted under default XLA flags (this process) and under
 ``--xla_allow_excess_precision=false`` (a worker process started with those flags), against the
-interpreter's default semantics (jax_cpu_strict).  Then the built-in step (fpemu.adapters.jax_step's
+interpreter's default semantics (jax_cpu_strict) under both, and semantics jax_cpu (XLA's excess precision
+applied) against default flags.  Then the built-in step (fpemu.adapters.jax_step's
 jitted step, its jaxpr interpreted) against mixed_precision_step in the same semantics on
 fpemu.steps.probes.edge_cases.  Writes reports/emulate_jax_ops.md and .json.
 
@@ -24,7 +25,7 @@ from benchmarks._common import write_report
 from benchmarks.emulate_ops import BUCKETS, histogram
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-from jax_op_cases import COMPOSITE, SINGLE, inputs  # noqa: E402
+from jax_op_cases import COMPOSITE, EXCESS, SINGLE, inputs  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
 SIZE = 4096
@@ -34,24 +35,26 @@ STEP_FORMATS = ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2")
 
 
 def _programs():
-    for kind, table in (("one primitive", SINGLE), ("chained", COMPOSITE)):
+    for kind, table in (("one primitive", SINGLE), ("chained", COMPOSITE), ("excess-precision rule", EXCESS)):
         for name, (fn, arity) in table.items():
             for dtype in DTYPES:
                 yield kind, name, dtype, fn, arity
 
 
 def _emulations():
-    """Each program under the default semantics; reduce_sum also rounded once (a float32 sum in
-    program order), beside XLA's own low-precision reducer that the default runs."""
+    """Each program under the default semantics and under jax_cpu (excess precision, compared with default
+    flags only); reduce_sum also rounded once (a float32 sum in program order), beside XLA's own
+    low-precision reducer that the default runs."""
     import dataclasses
 
     from fpemu.steps import SEMANTICS
     default = SEMANTICS["jax_cpu_strict"]
     once = dataclasses.replace(default, name="jax_cpu_strict, reduce=sequential", reduce="sequential")
     for kind, name, dtype, fn, arity in _programs():
-        yield kind, name, dtype, fn, arity, default
+        yield kind, name, dtype, fn, arity, default, ("default", "strict")
+        yield kind, name, dtype, fn, arity, SEMANTICS["jax_cpu"], ("default",)
         if name.startswith("reduce_sum"):
-            yield kind, name, dtype, fn, arity, once
+            yield kind, name, dtype, fn, arity, once, ("default", "strict")
 
 
 def _jitted_results() -> dict:
@@ -76,16 +79,17 @@ def _op_rows() -> list:
     from fpemu.emulate import emulate_jax
     by_flags = {"default": _jitted_results(), "strict": _strict_results()}
     rows = []
-    for kind, name, dtype, fn, arity, semantics in _emulations():
+    for kind, name, dtype, fn, arity, semantics, flag_sets in _emulations():
         args = inputs(jnp.dtype(dtype), arity, len(name), SIZE)
-        got = np.asarray(emulate_jax(fn, semantics=semantics)(*args)).astype(np.float32)
-        fmt = fpemu.get_format("bf16" if dtype == "bfloat16" else "fp16")
+        result = np.asarray(emulate_jax(fn, semantics=semantics)(*args))
+        got, fmt = result.astype(np.float32), fpemu.get_format("bf16" if dtype == "bfloat16" else "fp16")
+        ulp = fpemu.get_format(str(result.dtype)) if result.dtype != np.float32 else fpemu.get_format("fp32")
         label = name if semantics.name == "jax_cpu_strict" else f"{name} ({semantics.name})"
-        for flags, results in by_flags.items():
-            expected, emulated = results[(name, dtype)].ravel(), got.ravel()
+        for flags in flag_sets:
+            expected, emulated = by_flags[flags][(name, dtype)].ravel(), got.ravel()
             # equal infinities and NaN on both sides agree; the histogram reads the rest (its norm needs finite values)
             agree = (expected == emulated) & ~np.isfinite(expected) | np.isnan(expected) & np.isnan(emulated)
-            measured = histogram(expected[~agree], emulated[~agree], fmt)
+            measured = histogram(expected[~agree], emulated[~agree], ulp)  # ulps of the result's format
             rows.append({"format": fmt.name, "program": label, "kind": kind, "flags": flags, "values": expected.size,
                          "non-finite agree": int(agree.sum()), **measured})
     return rows
@@ -99,7 +103,7 @@ def _step_rows() -> list:
     f32 = np.float32
     rows = []
     for compute in STEP_FORMATS:
-        for mode in ("jax_cpu_strict", "seed"):
+        for mode in ("jax_cpu_strict", "seed", "jax_cpu"):
             emulated = emulate_jax(_jitted(_JAX_DTYPES[compute]), semantics=mode)
             cases, differ, shapes = 0, 0, set()
             for shape in STEP_SHAPES:
@@ -140,7 +144,7 @@ def main() -> dict:
                   f"XLA flags: default, or strict ({STRICT}, a worker process).  Inputs: tests/jax_op_cases.py, "
                   f"{SIZE} values of the format (normal at three magnitudes, signed zeros, infinities, NaN, "
                   "subnormals); equal infinities and NaN on both sides agree (their own column), the ulp columns "
-                  "count the rest.",
+                  "count the rest, in ulps of the result's format (float32 for the programs that upcast).",
                   "One-primitive programs at 0 ulp are asserted bit for bit by tests/test_emulate_jax.py (integer_pow "
                   "and logistic computed as JAX lowers and XLA expands them: square-and-multiply, 1 / (1 + exp(-x)), "
                   "each op in the low dtype).  Where XLA computes otherwise (its lowered and compiled HLO): cumsum is "
@@ -148,8 +152,15 @@ def main() -> dict:
                   "XLA's float32 result once.  reduce_sum "
                   "under the default semantics is XLA's own low-precision reducer (0 ulp by construction, not "
                   "claimed); the reduce=sequential row is fpemu's float32 sum rounded once against it.",
-                  "Chained programs under default flags: XLA's excess precision keeps bf16 intermediates of a "
-                  "fusion in float32 (strict flags round them, as the interpreter does).",
+                  "Chained programs under default flags: XLA's excess precision keeps bf16 results it computes in "
+                  "float32 unrounded where the next op is an upcast the program states (strict flags round them, as "
+                  "jax_cpu_strict does); the (jax_cpu) rows apply that rule (docs/emulate.md): bf16 gelu (erf) and "
+                  "layer norm are then 0 ulp.  The excess-precision rule rows isolate one reader each.  The fp16 "
+                  "softmax's 3 values and the one-primitive differences above are not excess precision (the same "
+                  "under both flags).",
+                  "The step under jax_cpu: the (3, 1, 2) and (1, 4, 2) cases differ in the float32 loss only (1 ulp; "
+                  "XLA contracts the square of the unrounded residual into its reduce as FMAs, the interpreter "
+                  "squares then runs XLA's reduce); parameters, scale and finiteness agree.",
                   "The built-in step's jaxpr, interpreted, against fpemu.mixed_precision_step in the same "
                   "semantics (edge cases of fpemu.steps.probes, 12 per shape):"] + step_lines)
     return result

@@ -707,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--policy", help="torch: cuda_autocast_fp16 (default), cuda_autocast_bf16, "
                          "cpu_autocast_fp16, cpu_autocast_bf16, pure_fp16, pure_bf16, fp8; JAX: program (default)")
     emulate.add_argument("--semantics", help="JAX: the interpreter's float32 arithmetic, a fpemu.steps.SEMANTICS "
-                         "preset (default jax_cpu_strict: XLA:CPU's; seed: IEEE, sequential sums)")
+                         "preset (default jax_cpu_strict: XLA:CPU's; jax_cpu: with XLA's default bf16 excess "
+                         "precision; seed: IEEE, sequential sums)")
     emulate.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     emulate.add_argument("--scaler", help="the loss-scaler profile (default torch for torch files, flax for JAX "
                          "files; `fpemu simulate` takes the same names)")

@@ -36,6 +36,25 @@ COMPOSITE = {
     "layer norm over rows": (lambda a: jax.nn.standardize(a.reshape(16, -1), axis=-1), 1),
 }
 
+# The excess-precision rule one reader at a time (docs/emulate.md): a result XLA computes in float32 read by
+# an upcast the program states (kept in float32 under default flags), through a reshape (rounded), a dot's
+# result upcast (kept), erfc's input (kept: JAX lowers erfc with an upcast) and result (rounded), a 1x1
+# transpose (deleted by XLA: kept), a value read both upcast and as an output (kept for the upcast only), the
+# last multiply of integer_pow and the last divide of logistic (kept),
+# across a jit call either way (XLA inlines it: kept).
+EXCESS = {
+    "a * b upcast": (lambda a, b: (a * b).astype(jnp.float32), 2),
+    "a * b reshaped, upcast": (lambda a, b: (a * b).reshape(16, -1).astype(jnp.float32), 2),
+    "dot upcast": (lambda a, b: (a.reshape(16, -1) @ b.reshape(-1, 16)).astype(jnp.float32), 2),
+    "erfc of a * b, upcast": (lambda a, b: jax.lax.erfc(a * b * 0.1).astype(jnp.float32), 2),
+    "a * b, 1x1 transpose, upcast": (lambda a, b: (a.reshape(-1, 1)[8:9] * b.reshape(-1, 1)[8:9]).T.astype(jnp.float32),
+                                     2),
+    "a * b upcast and returned": (lambda a, b: (a * b).astype(jnp.float32) + (a * b), 2),
+    "a ** 3 and sigmoid, upcast": (lambda a, b: (a ** 3).astype(jnp.float32) + jax.nn.sigmoid(b).astype(jnp.float32), 2),
+    "a * b upcast in a jit": (lambda a, b: jax.jit(lambda v: v.astype(jnp.float32))(a * b), 2),
+    "a jit's a * b upcast": (lambda a, b: jax.jit(jnp.multiply)(a, b).astype(jnp.float32), 2),
+}
+
 
 def inputs(dtype, count: int, seed: int, size: int = 1024) -> list:
     """``count`` arrays of ``dtype``: normal values at three magnitudes, the first eight special

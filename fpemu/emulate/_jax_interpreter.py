@@ -18,8 +18,12 @@ How it works (the WHY of each part):
   parameters fix its dtype) runs XLA's kernel in the program's dtype; ``convert`` rounds float ->
   narrower float with fpemu's kernel; ``exact`` (data movement, compares, selects, max/min, sorting)
   cannot round and runs on the program's own dtypes; ``call`` / ``cond`` / ``while`` / ``scan``
-  recurse into their jaxprs.  Every other rounding to a format narrower than float32 goes through
-  :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
+  recurse into their jaxprs.  With ``excess_precision`` (``jax_cpu``: XLA's default
+  ``--xla_allow_excess_precision=true``) a bf16 result XLA computes in float32 is held unrounded
+  (:class:`_Kept`): the upcasts the program states read its float32 value, every other reader the
+  rounded one, rounded (and counted) on the first such read, so a value read only upcast is never
+  rounded.  It travels into and out of jit calls, which XLA inlines.  Every other rounding to a format
+  narrower than float32 goes through :func:`fpemu.formats.quantize` with the policy's rounding, overflow and subnormal modes, and every
   one is counted in the :class:`~fpemu.emulate.telemetry.Telemetry`.
 * A floating equation whose primitive is not in the table is refused (FpemuInputError naming it, the
   module and the pass), never run silently; an equation without floating values cannot round and
@@ -60,6 +64,17 @@ _EXACT = """reshape broadcast_in_dim transpose squeeze expand_dims concatenate s
 _XLA = """exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan sinh cosh asinh acosh atanh
     sqrt rsqrt cbrt pow erf erfc erf_inv atan2 lgamma digamma igamma rem cumsum cumprod
     cumlogsumexp cummax cummin reduce_prod select_and_scatter_add reduce_window_sum conv_general_dilated""".split()
+# Excess precision (StepSemantics.excess_precision, bf16 only: XLA:CPU upcasts every bf16 elementwise op, a
+# dot and a convolution to float32 and rounds its result back; with --xla_allow_excess_precision=true the
+# simplifier drops that rounding where the next op is an upcast the program itself asks for): the
+# primitives JAX lowers (chlo decompositions) with an explicit float32 upcast of a bf16 input and an explicit
+# rounding of the result (read their input in float32; their result is rounded), and those whose low dtype
+# reducer rounds inside (their result is XLA's as it stands).  Found in jax 0.10.2's lowered and compiled
+# HLO (docs/emulate.md).
+_XLA_UPCASTING = ("erfc", "lgamma", "digamma", "erf_inv", "igamma", "sinh")
+_XLA_REDUCING = ("cumsum", "cumprod", "cumlogsumexp", "cummax", "cummin", "reduce_prod", "select_and_scatter_add",
+                 "reduce_window_sum")
+_BF16 = np.dtype(jax.numpy.bfloat16)
 # Primitives whose parameters fix their dtype (a scatter's update jaxpr): XLA's own kernel in the
 # program's dtype, rounding as XLA does; the result is counted (a value XLA made inf counts as inf).
 # Under a policy that rounds otherwise, the scatter runs in float32 (the lax function, which builds a
@@ -84,7 +99,8 @@ PRIMITIVES = {**{name: "exact" for name in _EXACT}, **{name: "xla" for name in _
               "cond": "cond", "while": "while", "scan": "scan"}
 # The StepSemantics fields the interpreter applies to every program (the others model rewrites XLA
 # makes across equations of the built-in step; the trace lists them as not applied).
-APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "fma", "dot", "reduce")
+APPLIED_SEMANTICS = ("flush_subnormals", "fp8_ops_in_fp16", "mean_by_reciprocal", "fma", "dot", "reduce",
+                     "excess_precision")
 DOT_ORDERS = ("xla_cpu", "sequential", "blas")
 REDUCE_ORDERS = ("xla_cpu", "sequential", "pairwise")
 # Name-stack segments JAX itself pushes (not modules; jnp.einsum also pushes its spec, "...qhd,...khd->...hqk").
@@ -156,6 +172,17 @@ class _Product:
     right: np.ndarray
 
 
+class _Kept:
+    """A bf16 result XLA keeps in float32 (excess precision): ``wide`` for the upcasts that read it, and its
+    rounding, made by :meth:`_Interpreter.resolve` on the first other read (mutable so that it is made,
+    and counted, once)."""
+
+    __slots__ = ("wide", "dtype", "where", "kind", "rounded")
+
+    def __init__(self, wide, dtype, where, kind):
+        self.wide, self.dtype, self.where, self.kind, self.rounded = wide, dtype, where, kind, None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Where:
     """The equation being evaluated: its primitive, pass and module (errors and telemetry name them)."""
@@ -201,10 +228,28 @@ class _Interpreter:
                 continue
             inner = str(eqn.source_info.name_stack)
             full = "/".join(part for part in (stack, inner) if part)
-            outs = self.equation(eqn, [read(v) for v in eqn.invars], full)
+            args = [read(v) for v in eqn.invars]
+            if any(isinstance(a, _Kept) for a in args):
+                args = [self._as_read_by(eqn, a) for a in args]
+            outs = self.equation(eqn, args, full)
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
+
+    def _as_read_by(self, eqn, value):
+        """A :class:`_Kept` value as ``eqn`` reads it: a jit call (which XLA inlines) or a move XLA deletes
+        takes it as it is, an upcast the program states its float32 value, any other reader its rounding."""
+        if not isinstance(value, _Kept) or PRIMITIVES.get(eqn.primitive.name) == "call" or _moves_nothing(eqn):
+            return value
+        return value.wide if _reads_float32(eqn) else self.resolve(value)
+
+    def resolve(self, value):
+        """A value as an ordinary reader reads it: a :class:`_Kept` value rounded (once, and counted)."""
+        if not isinstance(value, _Kept):
+            return value
+        if value.rounded is None:
+            value.rounded = self.round(value.wide, value.dtype, value.where, value.kind)
+        return value.rounded
 
     def _fused_products(self, jaxpr) -> set:
         """ids of the float32 multiplies that LLVM contracts with the one add or sub reading them (XLA
@@ -226,10 +271,14 @@ class _Interpreter:
             hit = self._fusions[id(jaxpr)] = (jaxpr, fused)  # the jaxpr kept alive: its id stays its own
         return hit[1]
 
-    def run_closed(self, closed, args, stack: str) -> list:
+    def run_closed(self, closed, args, stack: str, inlined: bool = False) -> list:
+        """A nested jaxpr's results; kept values leave it only when XLA ``inlined`` it (a jit call), not
+        from a loop body or a branch (their own computations, whose results are materialized)."""
         if isinstance(closed, jcore.ClosedJaxpr):
-            return self.run(closed.jaxpr, closed.consts, args, stack)
-        return self.run(closed, [], args, stack)  # remat's open jaxpr
+            outs = self.run(closed.jaxpr, closed.consts, args, stack)
+        else:
+            outs = self.run(closed, [], args, stack)  # remat's open jaxpr
+        return outs if inlined else [self.resolve(o) for o in outs]
 
     # -- one equation ------------------------------------------------------------
     def equation(self, eqn, args, stack: str) -> list:
@@ -248,8 +297,13 @@ class _Interpreter:
                 f"emulate_jax cannot place primitive {name!r} (module {module}, {direction} pass): it is not in "
                 "the interpreter's table fpemu.emulate._jax_interpreter.PRIMITIVES, so how it rounds is unknown")
         if kind == "exact":
+            if args and isinstance(args[0], _Kept):  # a move XLA deletes (_moves_nothing): still kept
+                kept = args[0]
+                return [_Kept(self._bind(eqn, [kept.wide])[0], kept.dtype, kept.where, kept.kind)]
             return self._bind(eqn, args)
         exact = getattr(self, f"_{kind}")(eqn, args)
+        if self.semantics.excess_precision and _rounds_in_float32(eqn):  # rounded where read rounded
+            return [_Kept(exact[0], eqn.outvars[0].aval.dtype, where, kind)]
         return [self.round(value, var.aval.dtype, where, kind) for value, var in zip(exact, eqn.outvars)]
 
     def _bind(self, eqn, args) -> list:
@@ -290,22 +344,25 @@ class _Interpreter:
 
     def _chain(self, eqn, args) -> list:
         """integer_pow as JAX lowers it (square-and-multiply, every multiply in the program's dtype) and
-        logistic as XLA expands it (1 / (1 + exp(-x)) in the program's dtype): each step rounded."""
+        logistic as XLA expands it (1 / (1 + exp(-x)) in the program's dtype): each step rounded, the
+        last by :meth:`round`."""
         dtype = eqn.outvars[0].aval.dtype
         step = (lambda v: v) if np.dtype(dtype) == F32 else (lambda v: self._quantize(v, get_format(dtype)))
         k, x = self.kernel, self._widen(args[0])
         if eqn.primitive.name == "logistic":
             return [k.div(F32(1), step(k.add(step(self._xla_f32(jax.lax.exp_p, -x)), F32(1))))]
-        power, acc = abs(eqn.params["y"]), None
+        power, acc, unrounded = abs(eqn.params["y"]), None, False
         if power == 0:
             return [np.ones_like(x)]
-        while power:
+        while power:  # the last product is left to round (excess precision may keep it in float32)
             if power & 1:
-                acc = x if acc is None else step(k.mul(acc, x))
+                acc, unrounded = (x, False) if acc is None else (k.mul(step(acc) if unrounded else acc, x), True)
             power >>= 1
             if power:
                 x = step(k.mul(x, x))
-        return [k.div(F32(1), acc) if eqn.params["y"] < 0 else acc]
+        if eqn.params["y"] < 0:
+            return [k.div(F32(1), step(acc) if unrounded else acc)]
+        return [acc]
 
     @staticmethod
     def _xla_f32(primitive, value):
@@ -425,7 +482,7 @@ class _Interpreter:
 
     # -- control flow -----------------------------------------------------------------
     def _call(self, eqn, args, stack: str) -> list:
-        return self.run_closed(eqn.params[_CALLS[eqn.primitive.name]], args, stack)
+        return self.run_closed(eqn.params[_CALLS[eqn.primitive.name]], args, stack, inlined=True)
 
     def _cond(self, eqn, args, stack: str) -> list:
         branches = eqn.params["branches"]
@@ -454,6 +511,32 @@ class _Interpreter:
             stacked.append(np.stack([ys[i][position] for i in range(p["length"])]) if p["length"]
                            else np.zeros(var.aval.shape, var.aval.dtype))
         return [*carry, *stacked]
+
+
+def _rounds_in_float32(eqn) -> bool:
+    """Whether XLA:CPU computes this equation's one bf16 result in float32 and rounds it by a convert of
+    its own (the convert excess precision may drop)."""
+    name = eqn.primitive.name
+    kind = PRIMITIVES.get(name)
+    if len(eqn.outvars) != 1 or np.dtype(eqn.outvars[0].aval.dtype) != _BF16:
+        return False
+    return kind in ("arith", "dot", "chain") or kind == "xla" and name not in _XLA_UPCASTING + _XLA_REDUCING
+
+
+def _moves_nothing(eqn) -> bool:
+    """A transpose, reshape or copy whose result has its operand's shape (a transpose of unit dims): XLA's
+    simplifier deletes it, so a rounding before it and an upcast after it meet (a 1x1 weight gradient)."""
+    return (eqn.primitive.name in ("transpose", "reshape", "copy", "copy_p") and len(eqn.invars) == 1
+            and eqn.invars[0].aval.shape == eqn.outvars[0].aval.shape)
+
+
+def _reads_float32(eqn) -> bool:
+    """Whether this equation upcasts its bf16 inputs to float32 as the program states it (a convert, or a
+    primitive JAX lowers with one): a reader the simplifier folds with the rounding before it."""
+    name = eqn.primitive.name
+    if name == "convert_element_type":
+        return np.dtype(eqn.params["new_dtype"]) == F32
+    return name in _XLA_UPCASTING
 
 
 def _matrix_layout(x: np.ndarray, batch, contract) -> np.ndarray:
@@ -510,7 +593,7 @@ class JaxEmulation:
         dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
         leaves = [_host(x, var.aval.dtype)
                   for x, var in zip(jax.tree_util.tree_leaves(dynamic), closed.jaxpr.invars)]
-        outs = self._interpreter.run(closed.jaxpr, closed.consts, leaves)
+        outs = [self._interpreter.resolve(o) for o in self._interpreter.run(closed.jaxpr, closed.consts, leaves)]
         return jax.tree_util.tree_unflatten(out_tree, [jax.numpy.asarray(o) for o in outs])
 
 
