@@ -26,7 +26,7 @@ path gives the kernel's 0x7FC00000, the e8m0 path all ones for negative inputs).
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
@@ -49,6 +49,15 @@ class _Shortcut(NamedTuple):
 
 def _layout_is(layout: tuple) -> Callable:
     return lambda fmt: fmt._layout == layout
+
+
+def _blocks(source: np.ndarray, out: np.ndarray, scratch_dtype) -> Iterator:
+    """``source`` and ``out`` (flat, of one length) in pieces of ``_BLOCK`` elements, each with a scratch
+    array of its length: one scratch serves every piece, so each pass over a piece stays in cache."""
+    scratch = np.empty(min(_BLOCK, source.size), scratch_dtype)
+    for start in range(0, source.size, _BLOCK):
+        x = source[start:start + _BLOCK]
+        yield x, out[start:start + len(x)], scratch[:len(x)]
 
 
 def _fp32_identity(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
@@ -85,10 +94,7 @@ def _e8m0_nearest(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
     flat = arr.reshape(-1)
     bits = flat.view(_U32)
     out = np.empty_like(bits)
-    sign = np.empty(min(_BLOCK, bits.size), _I32)
-    for start in range(0, bits.size, _BLOCK):
-        x = bits[start:start + _BLOCK]
-        r, s = out[start:start + len(x)], sign[:len(x)]
+    for x, r, s in _blocks(bits, out, _I32):
         np.add(x, _HALF_UNIT, out=r)
         np.bitwise_and(r, _EXPONENT_AND_SIGN, out=r)
         np.right_shift(x.view(_I32), _I32(31), out=s)
@@ -123,19 +129,15 @@ def _leading_bits_nearest(arr: np.ndarray, fmt: Format, overflow: str, subnormal
     flat = arr.reshape(-1)
     bits = flat.view(_U32)
     out = np.empty_like(bits)
-    odd = np.empty(min(_BLOCK, bits.size), _U32)
-    for start in range(0, bits.size, _BLOCK):
-        x = bits[start:start + _BLOCK]
-        r, u = out[start:start + len(x)], odd[:len(x)]
+    for x, r, u in _blocks(bits, out, _U32):
         np.right_shift(x, drop, out=u)
         np.bitwise_and(u, _U32(1), out=u)
         np.add(x, u, out=r)
         np.add(r, half_less_one, out=r)
         np.bitwise_and(r, keep, out=r)
-        peak = flat[start:start + len(x)].max()                 # NaN if the block holds one
+        peak = x.view(np.float32).max()                         # NaN if the block holds one
         if peak != peak:
-            nan = np.isnan(flat[start:start + len(x)])
-            r[nan] = _NAN_BITS
+            r[np.isnan(x.view(np.float32))] = _NAN_BITS
     values = out.view(np.float32)
     if overflow == "saturate":  # (NaN stays NaN)
         np.clip(values, -fmt.max_finite, fmt.max_finite, out=values)
@@ -242,11 +244,8 @@ def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
     plan = _split_plan(fmt, overflow)
     flat = arr.reshape(-1)
     out = np.empty_like(flat)
-    scratch = np.empty(min(_BLOCK, flat.size), np.float32)
     with np.errstate(all="ignore"):
-        for start in range(0, flat.size, _BLOCK):
-            x = flat[start:start + _BLOCK]
-            r, t = out[start:start + len(x)], scratch[:len(x)]
+        for x, r, t in _blocks(flat, out, np.float32):
             np.multiply(x, plan.to_y, out=t)
             np.bitwise_and(t.view(_U32), plan.field_mask, out=t.view(_U32))
             for factor in plan.to_t:
