@@ -36,7 +36,6 @@ import pathlib
 from typing import Callable, Optional
 
 from fpemu.audits.torch_loop import TorchLoopAudit, _torch
-from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format
 from fpemu.traces import write_trace
 from fpemu.traces._binades import CODES, binade_codes
