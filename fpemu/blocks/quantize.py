@@ -255,7 +255,8 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
     offsets = ((codes.astype(np.int64) - elem.bias) << m) + lowest
     fast_block = ((peak < uint(0x75000000)) & (codes >= 1 - elem.emin) & (codes <= 253)
                   & (offsets + past_max < (1 << below)))
-    offsets = np.where(fast_block, offsets, 0).astype(u16)
+    # one offset per element: a flat subtract is 4x faster than one broadcast over 32-value rows
+    offsets = np.repeat(np.where(fast_block, offsets, 0).astype(u16), blocks.shape[1])
     split = np.float32(2.0 ** (23 - m) + 1)
     elements = np.empty(blocks.shape, np.uint8)
     width = blocks.shape[1]
@@ -273,7 +274,7 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
         np.subtract(c, x, out=hi)
         np.subtract(c, hi, out=hi)                                     # x rounded to m + 1 bits
         np.right_shift(hi.view(uint), uint(23 - m), out=q.reshape(-1, width), casting="unsafe")
-        np.subtract(q.reshape(-1, width), offsets[rows, None], out=q.reshape(-1, width))
+        np.subtract(q, offsets[start * width:start * width + k], out=q)
         magnitude_code = c.view(u16).reshape(-1)[:k]                   # (c is free again)
         np.bitwise_and(q, u16((1 << below) - 1), out=magnitude_code)
         np.greater(magnitude_code, u16(span), out=z)                   # past max, or below min normal
