@@ -6,7 +6,7 @@ frameworks import them on first use.
 
 from fpemu.formats import (FORMATS, OVERFLOW_MODES, ROUNDING_MODES, Format, RangeStats, decode,
                            encode, format_names, get_format, make_format, quantize, range_stats)
-from fpemu.blocks import SCALE_RULES, BlockQuantized, block_quantize
+from fpemu.blocks import SCALE_RULES, BlockQuantized, BlockStats, block_quantize, block_stats
 from fpemu.scalers import (PROFILES, ScalerTrace, dynamic_loss_scale, get_profile, simulate_scaler,
                            step_overflowed, unscale)
 from fpemu.scalers.fp8_recipes import RECIPES, CurrentScaling, DelayedScaling, TorchaoScaling, simulate_recipe
@@ -23,7 +23,7 @@ __all__ = [
     "FORMATS", "OVERFLOW_MODES", "ROUNDING_MODES", "Format", "RangeStats", "decode", "encode",
     "format_names", "get_format", "make_format", "quantize", "range_stats",
     # block-scaled formats (MX, NVFP4)
-    "SCALE_RULES", "BlockQuantized", "block_quantize",
+    "SCALE_RULES", "BlockQuantized", "BlockStats", "block_quantize", "block_stats",
     # loss scalers
     "PROFILES", "ScalerTrace", "dynamic_loss_scale", "get_profile", "simulate_scaler", "step_overflowed",
     "unscale",

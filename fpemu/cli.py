@@ -17,6 +17,7 @@ import os
 import pathlib
 import sys
 import traceback
+import typing
 
 from fpemu.errors import FpemuInputError
 
@@ -479,7 +480,7 @@ def _load_tensors(path: pathlib.Path) -> list:
 
 
 def _cmd_underflow(args) -> int:
-    from fpemu.formats import FORMATS, range_stats
+    from fpemu.formats import FORMATS
     from fpemu.formats.rounding import as_float_array
     if args.format not in FORMATS:
         raise FpemuInputError(f"--format {args.format}: unknown format; formats: {', '.join(FORMATS)}")
@@ -487,6 +488,7 @@ def _cmd_underflow(args) -> int:
     for scale in scales:
         if not (math.isfinite(scale) and scale > 0):
             raise FpemuInputError(f"--scale {scale:g}: expected a positive finite number")
+    measure = _block_measure(args) if args.block_rule is not None else _range_measure(args)
     rows, notes = [], []
     for path in args.files:
         for name, array in _load_tensors(path):
@@ -495,30 +497,91 @@ def _cmd_underflow(args) -> int:
             except TypeError:
                 notes.append(f"{name}: left out, dtype {array.dtype} is not floating point")
                 continue
-            for scale in scales:
-                stats = range_stats(values, args.format, scale, rounding=args.rounding, overflow=args.overflow,
-                                    subnormals=not args.flush_subnormals)
-                rows.append({"array": name, "shape": list(array.shape), "dtype": str(array.dtype), **stats.as_dict(),
-                             "underflow_share": stats.underflow_share, "subnormal_share": stats.subnormal_share,
-                             "overflow_share": stats.overflow_share})
+            try:
+                measured = [measure.row(values, scale) for scale in scales]
+            except FpemuInputError as error:  # (this array's shape does not fit the blocks)
+                notes.append(f"{name}: left out, {error}")
+                continue
+            rows += [{"array": name, "shape": list(array.shape), "dtype": str(array.dtype), **row} for row in measured]
     if not rows:
-        raise FpemuInputError(f"{', '.join(map(str, args.files))}: no floating-point arrays to measure"
+        raise FpemuInputError(f"{', '.join(map(str, args.files))}: nothing to measure"
                               + (f" ({'; '.join(notes)})" if notes else ""))
     width = max(len(r["array"]) for r in rows)
-    header = (f"{'array':<{width}}  {'shape':<12}  {'dtype':<9}  {'scale':>12}  {'elements':>10}  {'underflow':>9}  "
-              f"{'subnormal':>9}  {'overflow':>9}  {'nan':>5}  {'max |x*s|':>10}")
-    lines = [f"{args.format}, round {args.rounding}, overflow {args.overflow}"
-             + (", subnormals flushed" if args.flush_subnormals else "")
-             + ": the share of each array's elements that x * scale (float32) loses", "", header]
+    lines = [measure.title, "", f"{'array':<{width}}  {'shape':<12}  {'dtype':<9}  {'scale':>12}  " + measure.header]
     for r in rows:
         lines.append(f"{r['array']:<{width}}  {'x'.join(map(str, r['shape'])) or 'scalar':<12}  {r['dtype']:<9}  "
-                     f"{r['scale']:>12.9g}  {r['total']:>10}  {r['underflow_share']:>9.2%}  {r['subnormal_share']:>9.2%}  "
-                     f"{r['overflow_share']:>9.2%}  {r['nan']:>5}  {r['max_abs']:>10.4g}")
+                     f"{r['scale']:>12.9g}  " + measure.cells(r))
     lines += notes
-    _emit(args, {"format": args.format, "rounding": args.rounding, "overflow": args.overflow,
-                 "subnormals": not args.flush_subnormals,
-                 "arrays": [{k: _json_float(v) for k, v in r.items()} for r in rows], "notes": notes}, lines)
+    _emit(args, {**measure.settings, "arrays": [{k: _json_float(v) for k, v in r.items()} for r in rows],
+                 "notes": notes}, lines)
     return 0
+
+
+class _Measure(typing.NamedTuple):
+    """One kind of `fpemu underflow` row: what it measures (row), its settings, title and columns."""
+    settings: dict
+    title: str
+    header: str
+    row: typing.Callable     # (float array, scale) -> the row's measured fields
+    cells: typing.Callable   # row -> the table cells after the scale
+
+
+def _range_measure(args) -> _Measure:
+    from fpemu.formats import range_stats
+
+    def row(values, scale):
+        stats = range_stats(values, args.format, scale, rounding=args.rounding, overflow=args.overflow,
+                            subnormals=not args.flush_subnormals)
+        return {**stats.as_dict(), "underflow_share": stats.underflow_share,
+                "subnormal_share": stats.subnormal_share, "overflow_share": stats.overflow_share}
+
+    return _Measure(
+        {"format": args.format, "rounding": args.rounding, "overflow": args.overflow,
+         "subnormals": not args.flush_subnormals},
+        f"{args.format}, round {args.rounding}, overflow {args.overflow}"
+        + (", subnormals flushed" if args.flush_subnormals else "")
+        + ": the share of each array's elements that x * scale (float32) loses",
+        f"{'elements':>10}  {'underflow':>9}  {'subnormal':>9}  {'overflow':>9}  {'nan':>5}  {'max |x*s|':>10}", row,
+        lambda r: (f"{r['total']:>10}  {r['underflow_share']:>9.2%}  {r['subnormal_share']:>9.2%}  "
+                   f"{r['overflow_share']:>9.2%}  {r['nan']:>5}  {r['max_abs']:>10.4g}"))
+
+
+def _block_measure(args) -> _Measure:
+    import numpy as np
+    from fpemu.blocks import SCALE_RULES
+    from fpemu.blocks.stats import block_stats
+    if args.block_rule not in SCALE_RULES:
+        raise FpemuInputError(f"--block-rule {args.block_rule}: unknown scale rule; rules: {', '.join(SCALE_RULES)}")
+    fixed = [flag for flag, given in (("--rounding", args.rounding != "nearest_even"),
+                                      ("--overflow", args.overflow != "inf"),
+                                      ("--flush-subnormals", args.flush_subnormals)) if given]
+    if fixed:
+        raise FpemuInputError(f"{', '.join(fixed)}: a --block-rule fixes the elements' rounding, saturation and "
+                              f"subnormals as the implementation computes them; drop {' and '.join(fixed)}")
+    rule = SCALE_RULES[args.block_rule]
+    if args.format not in rule.elements:
+        raise FpemuInputError(f"--format {args.format}: scale rule {rule.name} takes the element formats "
+                              f"{', '.join(rule.elements)}")
+    if args.block_size is not None and args.block_size < 1:
+        raise FpemuInputError(f"--block-size {args.block_size}: expected a positive number of values per scale")
+
+    def row(values, scale):
+        with np.errstate(over="ignore"):
+            scaled = values.astype(np.float32) * np.float32(scale)
+        stats = block_stats(scaled, args.format, args.block_size, scale_rule=rule.name, axis=args.axis)
+        return {"scale": scale, **stats.as_dict(), **{f"{field}_share": stats.share(field) for field in
+                                                       ("underflow", "subnormal", "saturated", "flushed_blocks")}}
+
+    block_size = rule.block_size if args.block_size is None else args.block_size
+    return _Measure(
+        {"format": args.format, "block_rule": rule.name, "block_size": block_size, "axis": args.axis},
+        f"{args.format} in blocks of {block_size} along axis {args.axis}, scale rule {rule.name} ({rule.source}): "
+        "the share of each array's elements (and blocks) that block quantization of x * scale (float32) loses",
+        f"{'elements':>10}  {'underflow':>9}  {'subnormal':>9}  {'saturated':>9}  {'flushed blocks':>14}  "
+        f"{'nan scales':>10}  {'rel rms err':>11}", row,
+        lambda r: (f"{r['total']:>10}  {r['underflow_share']:>9.2%}  {r['subnormal_share']:>9.2%}  "
+                   f"{r['saturated_share']:>9.2%}  {r['flushed_blocks_share']:>14.2%}  {r['nan_scale_blocks']:>10}  "
+                   f"{r['relative_rms_error']:>11.4g}"))
 
 
 def _cmd_emulate(args) -> int:
@@ -696,6 +759,11 @@ def build_parser() -> argparse.ArgumentParser:
     underflow.add_argument("--overflow", default="inf", choices=("inf", "saturate"),
                            help="past the largest finite value: inf (IEEE) or saturate")
     underflow.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
+    underflow.add_argument("--block-rule", default=None, help="block-quantize instead (MX, NVFP4): a scale rule of "
+                           "fpemu.SCALE_RULES (ocp, torchao_floor, te_mxfp8, torchao_nvfp4_2level, ...); --format "
+                           "is then the element format")
+    underflow.add_argument("--block-size", type=int, default=None, help="values per scale (default: the rule's)")
+    underflow.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along (default -1)")
     emulate = command("emulate", "run a model file's training steps with every op rounded per a precision policy "
                       "(torch: fpemu.emulate_torch; JAX: fpemu.emulate_jax) under a loss-scaler profile: writes the "
                       "trace and a report page (per-module underflow heat map, scale trajectory). A torch file defines "

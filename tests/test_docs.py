@@ -7,6 +7,7 @@ import pytest
 
 import fpemu.blocks.probes
 import fpemu.blocks.quantize
+import fpemu.blocks.stats
 import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
@@ -30,7 +31,7 @@ def test_guide_examples(guide):
 
 
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
-                                    fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.probes,
+                                    fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -2,5 +2,7 @@
 
 from fpemu.blocks.quantize import BlockQuantized, block_quantize
 from fpemu.blocks.rules import APPLICATIONS, EXPONENTS, SCALE_RULES, ScaleRule
+from fpemu.blocks.stats import BlockStats, block_stats
 
-__all__ = ["BlockQuantized", "block_quantize", "SCALE_RULES", "ScaleRule", "EXPONENTS", "APPLICATIONS"]
+__all__ = ["BlockQuantized", "block_quantize", "BlockStats", "block_stats", "SCALE_RULES", "ScaleRule", "EXPONENTS",
+           "APPLICATIONS"]
