@@ -85,7 +85,9 @@ def main() -> None:
                          for d in departs if d["scale_differs"] or d["values_differ"]),
              "Speed on " + f"{args.values:,} float32 values (best of 3, s): "
              + ", ".join(f"{k} {v:.3f}" for k, v in times.items()),
-             "Timings were measured on a shared machine; rerun on a quiet one."]
+             "Timings were measured on a shared machine; rerun on a quiet one.",
+             "A page per rule, fpemu against torchao, OCP and the exact result on the same probe blocks with "
+             "example blocks: [recipes/README.md](recipes/README.md) (`python -m benchmarks.recipe_pages`)."]
     write_report("blocks", "Block quantization: fpemu vs torchao 0.18.0 (CPU), mismatches",
                  result, sweep, [("rule", "rule"), ("element", "element"), ("blocks", "blocks"),
                                  ("elements", "elements"), ("scale_codes", "scale code mismatches"),

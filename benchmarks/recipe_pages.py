@@ -568,7 +568,7 @@ def index(results: dict) -> str:
                      "table": page.table, "source": source,
                      "real code run": ", ".join(f"`{a}`" for a in real) or "none here",
                      "model vs real code": "-" if mismatches is None else f"{mismatches} mismatches"})
-    return ("# A page per recipe\n\nWritten by `python -m benchmarks.recipe_pages`: each page runs one recipe's (or "
+    return ("# A page per fp8 scaling recipe and block scale rule, implementations side by side\n\nWritten by `python -m benchmarks.recipe_pages`: each page runs one recipe's (or "
             "block rule's) implementations side by side on the same seeded tensors: fpemu's model, the real code "
             "where it runs here, and the exact reference; it counts what differs per input kind and shows where, "
             "with the cause. A pure function of the seeded inputs and the versions each page names; "
