@@ -27,7 +27,8 @@ from typing import Optional
 import numpy as np
 
 from benchmarks._common import REPORTS, markdown_table
-from benchmarks.fp8_recipes_report import _code_differences, _mismatches, _show
+from benchmarks.bench_blocks import _same as _same_bits
+from benchmarks.fp8_recipes_report import EDGE_AMAXES, GENERATED, _code_differences, _mismatches, _show
 from fpemu.adapters import BLOCKS, RECIPE, adapters_of_kind, record_recipe, unavailable_reason
 from fpemu.blocks import APPLICATIONS, EXPONENTS, SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
@@ -132,7 +133,8 @@ class Casts:
       amax: (tensors, k) the amax each scale came from (delayed scaling: from the history).
       scale: (tensors, k) the scale computed (delayed scaling: the one the next step casts with).
       cast_scale: (tensors, k) the scale each tensor was cast with.
-      codes: (tensors, rows, columns) fp8 codes, or None where the real code's cast is not driven.
+      codes: (tensors, rows, columns) fp8 codes, or None where no cast was driven (the real code's,
+        or an amax stream's).
     """
 
     observed: np.ndarray
@@ -160,6 +162,13 @@ def _model_casts(model, tensors) -> Casts:
     return Casts(_stacked(observed), _stacked(amax), _stacked(scale), _stacked(cast_scale), np.stack(codes))
 
 
+def _model_run(model, amaxes) -> Casts:
+    """The model driven through an amax stream alone (``run``: one amax per step, no tensors)."""
+    run = model.run(amaxes)
+    column = [np.asarray(v, np.float32)[:, None] for v in (run.amax, run.amax_used, run.scale)]
+    return Casts(column[0], column[1], column[2], column[2], None)
+
+
 def _te_reference_codes(x, model) -> np.ndarray:
     from fpemu.adapters import te_recipes
     return te_recipes.reference_current_quantize(x, model.fp8_format, model.amax_epsilon, model.power_2_scales)[1]
@@ -177,11 +186,12 @@ REAL_CASTS = {"te_reference": _te_reference_codes, "torchao_float8": _torchao_co
 
 
 def _real_casts(adapter: str, model, params: dict, tensors, ours: Casts) -> Casts:
-    """The adapter's scales of the amaxes the model read (and its own cast of each tensor, where driven)."""
+    """The adapter's scales of the amaxes the model read (and its own cast of each tensor, where driven;
+    ``tensors`` None for an amax stream)."""
     scale = np.asarray(record_recipe(adapter, ours.observed.ravel(), **params)["scale"], np.float32)
     scale = scale.reshape(ours.observed.shape)
     cast = REAL_CASTS.get(adapter)
-    codes = None if cast is None else np.stack([cast(x, model) for x in tensors])
+    codes = None if cast is None or tensors is None else np.stack([cast(x, model) for x in tensors])
     return Casts(ours.observed, ours.observed, scale, scale, codes)
 
 
@@ -230,29 +240,67 @@ def _params_text(params: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
 
 
+def _codes_differing(a, b, fmt: str) -> Optional[int]:
+    return None if a is None or b is None else _code_differences(a, b, fmt)
+
+
 def _comparisons(members, adapters, casts: dict, exact: dict, fmt: str) -> dict:
-    """label -> (scales differing, codes differing or None)."""
+    """label -> (scales differing, codes differing or None where no codes were driven)."""
     out = {}
     for i, a in enumerate(members):
         for b in members[i + 1:]:
             out[f"{a} vs {b}"] = (_mismatches(casts[a].scale, casts[b].scale),
-                                  _code_differences(casts[a].codes, casts[b].codes, fmt))
+                                  _codes_differing(casts[a].codes, casts[b].codes, fmt))
     for adapter, recipe in adapters:
-        real = casts[adapter]
-        out[f"{recipe} vs {adapter}"] = (_mismatches(casts[recipe].scale, real.scale), None if real.codes is None
-                                         else _code_differences(casts[recipe].codes, real.codes, fmt))
+        out[f"{recipe} vs {adapter}"] = (_mismatches(casts[recipe].scale, casts[adapter].scale),
+                                         _codes_differing(casts[recipe].codes, casts[adapter].codes, fmt))
     for name in members:
         scale, codes = exact[name]
         defined = ~np.isnan(scale)
         out[f"{name} vs exact"] = (_mismatches(casts[name].scale[defined], scale[defined]),
-                                   _code_differences(casts[name].codes, codes, fmt))
+                                   _codes_differing(casts[name].codes, codes, fmt))
     return out
 
 
-def _recipe_example(members, adapters, casts, exact, kind, params, differing) -> dict:
-    """The first tensor (flat scale index) where any two scales differ: its amaxes and every scale."""
+AMAX_STREAM = "amax stream"  # the input kind of the amaxes fed alone (no tensors)
+
+
+def amax_stream() -> np.ndarray:
+    """fp8_recipes_report's edge amaxes, then 200 of its generated ones (seeded; 0, inf and NaN among them)."""
+    return np.concatenate([np.asarray(EDGE_AMAXES, np.float32), GENERATED.amaxes(200).astype(np.float32)])
+
+
+def _inputs(fmt: str):
+    """(kind, tensors or None, the models' run over them) per input: each probe kind, then the amax stream."""
+    for kind in PROBE_KINDS:
+        tensors = per_tensor_inputs(kind, fmt)
+        yield kind, tensors, lambda model, x=tensors: _model_casts(model, x)
+    amaxes = amax_stream()
+    yield AMAX_STREAM, None, lambda model: _model_run(model, amaxes)
+
+
+EXAMPLES_PER_KIND = 3  # example rows per input kind at most, one per distinct cause
+
+
+def _recipe_examples(members, adapters, casts, exact, kind, params, differing) -> list:
+    """The first tensor (or row, or step) of each distinct cause (an amax of 0, inf or NaN counting as its
+    own) where two scales differ, or one departs from exact."""
+    rows, causes = [], set()
+    for at in np.flatnonzero(differing):
+        row = _recipe_example(members, adapters, casts, exact, kind, params, int(at))
+        amax = float(casts[members[0]].observed.ravel()[at])
+        cause = (row["cause"], row["amax"] if not np.isfinite(amax) or amax <= 0 else "")  # 0, inf, NaN: each its own
+        if cause not in causes:
+            causes.add(cause)
+            rows.append(row)
+        if len(rows) == EXAMPLES_PER_KIND:
+            break
+    return rows
+
+
+def _recipe_example(members, adapters, casts, exact, kind, params, at: int) -> dict:
+    """Scale index ``at``: its amax and every implementation's scale, and why they differ."""
     names = [*members, *(a for a, _ in adapters)]
-    at = int(np.flatnonzero(differing)[0])
     row = {"variant": _params_text(params), "input": kind, "tensor": at // casts[members[0]].scale.shape[1],
            "amax": _show(float(casts[members[0]].observed.ravel()[at]))}
     for name in names:
@@ -288,13 +336,13 @@ def recipe_page(page: Page) -> tuple:
     for params in VARIANTS[model_class]:
         models = {name: rec.make_recipe(name, **params) for name in members}
         fmt = models[members[0]].fp8_format
-        for kind in PROBE_KINDS:
-            tensors = per_tensor_inputs(kind, fmt)
-            casts = {name: _model_casts(model, tensors) for name, model in models.items()}
+        for kind, tensors, run in _inputs(fmt):
+            casts = {name: run(model) for name, model in models.items()}
             for adapter, recipe in adapters:
                 casts[adapter] = _real_casts(adapter, models[recipe], params, tensors, casts[recipe])
             exact = {name: (exact_scale(models[name], casts[name].amax),
-                            exact_codes(tensors, casts[name].cast_scale, fmt)) for name in members}
+                            None if tensors is None else exact_codes(tensors, casts[name].cast_scale, fmt))
+                     for name in members}
             compared = _comparisons(members, adapters, casts, exact, fmt)
             row = {"variant": _params_text(params), "input": kind, "scales": int(casts[members[0]].scale.size)}
             for label, (scales, codes) in compared.items():
@@ -302,7 +350,7 @@ def recipe_page(page: Page) -> tuple:
             counts.append(row)
             differing = _scales_differing(members, adapters, casts, exact)
             if differing.any() and kind not in {e["input"] for e in examples}:
-                examples.append(_recipe_example(members, adapters, casts, exact, kind, params, differing))
+                examples += _recipe_examples(members, adapters, casts, exact, kind, params, differing)
     versions = _versions(page, skipped)
     result = {"page": page.stem, "table": page.table, "members": {n: _recipe_row(n) for n in members},
               "versions": versions, "real": {a: r for a, r in adapters}, "not_run": sorted(skipped),
@@ -319,11 +367,6 @@ def _scales_differing(members, adapters, casts, exact) -> np.ndarray:
         scale = exact[name][0].ravel()
         differing |= ~np.isnan(scale) & ~_same_bits(casts[name].scale.ravel(), scale)
     return differing
-
-
-def _same_bits(a, b) -> np.ndarray:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
 def _recipe_row(name: str) -> dict:
@@ -344,6 +387,8 @@ def _recipe_markdown(page: Page, model_class, result: dict) -> str:
                      f"({row['verified']}). Departs from exact: {row['departs']}.")
     lines += ["", "## Implementations, side by side", ""]
     lines += [f"- fpemu's model of `{n}` (`fpemu.make_recipe({n!r}, ...)`)" for n in page.members]
+    lines += [f"- `{n}`'s own code: not run here: it is a CUDA kernel, modelled from its source (its RECIPES row: "
+              "source-derived)" for n, row in result["members"].items() if row["verified"] == "source-derived"]
     for adapter, recipe in result["real"].items():
         cast = "its scales and its own cast of each tensor" if adapter in REAL_CASTS else \
             "its scales from the amaxes the model read (its cast is not driven)"
@@ -357,15 +402,20 @@ def _recipe_markdown(page: Page, model_class, result: dict) -> str:
               f"Per input kind (`fpemu.blocks.probes.PROBE_KINDS`: {', '.join(PROBE_KINDS)}), {TENSORS} tensors of "
               f"{ROWS} x {COLUMNS} from `probe_blocks(kind, fp8_format, rows={TENSORS * ROWS}, block_size={COLUMNS}, "
               f"seed=index of kind)`, tensor t holding rows t, t + {TENSORS}, ...; one step per tensor in order "
-              "(the delayed recipe casts each with the scale of the step before, starting from 1).", "",
+              "(the delayed recipe casts each with the scale of the step before, starting from 1). Then the "
+              f"`{AMAX_STREAM}`: {len(amax_stream())} amaxes alone, one per step (no tensors, so no codes): "
+              "`benchmarks.fp8_recipes_report`'s edge amaxes, then 200 from its seeded `GENERATED` source "
+              "(3 * 2^U(-30, 30) with 8% zero, 3% inf and 3% NaN amaxes), each fed as the amax the "
+              "implementation read.", "",
               "## How many differ", "",
               "Scales (float32 bits) and fp8 codes that differ, NaN-aware, per parameter set and input kind; "
               "`X vs exact: scales` counts only the scales whose exact value is defined; - : not driven.", "",
               markdown_table(result["counts"], [(k, k) for k in result["counts"][0]]), "",
               "## Where they differ", ""]
     if result["examples"]:
-        lines += ["The first tensor (or row) of each input kind where two scales differ, or one differs from exact "
-                  "(in the first parameter set where one does).", "",
+        lines += [f"Per input kind, in the first parameter set where scales differ, the first tensor (a row for "
+                  f"rowwise scales, a step for the {AMAX_STREAM}) of each distinct cause, up to {EXAMPLES_PER_KIND}: "
+                  "where two scales differ, or one differs from exact.", "",
                   markdown_table(result["examples"], [(k, k) for k in result["examples"][0]]), "",
                   "Why an implementation departs from exact (its RECIPES row's `departs`):", ""]
         lines += [f"- `{name}`: {row['departs']}." for name, row in result["members"].items()]
