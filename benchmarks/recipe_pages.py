@@ -42,7 +42,7 @@ PAGES_DIR = REPORTS / "recipes"
 # The model fields that pick one implementation of a recipe (TE's fused/unfused path, its kernel or
 # Python reference): RECIPES rows differing only in these are one recipe, compared on one page.
 IMPLEMENTATION_FIELDS = ("path", "implementation")
-TENSORS, ROWS, COLUMNS = 32, 4, 32  # per input kind: 32 tensors of 4 x 32 (per-tensor recipes)
+TENSORS, ROWS, COLUMNS = 16, 4, 32  # per input kind: 16 tensors of 4 x 32 (per-tensor recipes)
 BLOCKS_PER_KIND = 64  # per input kind and element format: 64 rows of 32 values (block rules)
 # Parameters each recipe model runs under, beyond its RECIPES row (fields of the model class).
 VARIANTS = {
@@ -230,7 +230,7 @@ def exact_codes(tensors, cast_scale, fmt: str) -> np.ndarray:
 
 
 def per_tensor_inputs(kind: str, fmt: str) -> np.ndarray:
-    """(TENSORS, ROWS, COLUMNS) float32: the probe blocks of ``kind``, tensor t holding rows t, t + 32, ...
+    """(TENSORS, ROWS, COLUMNS) float32: the probe blocks of ``kind``, tensor t holding rows t, t + TENSORS, ...
     (so the all-zero rows of ``zeros`` make the even tensors all zero)."""
     blocks = probe_blocks(kind, fmt, rows=TENSORS * ROWS, block_size=COLUMNS, seed=PROBE_KINDS.index(kind))
     return blocks.reshape(ROWS, TENSORS, COLUMNS).transpose(1, 0, 2).copy()
@@ -330,6 +330,9 @@ def recipe_page(page: Page) -> tuple:
     """(markdown, result) of a RECIPES page."""
     members = page.members
     model_class = rec.RECIPES[members[0]].model
+    if model_class not in VARIANTS:
+        raise ValueError(f"recipe {members[0]!r}: its model {model_class.__name__} has no VARIANTS row in "
+                         "benchmarks/recipe_pages.py (the parameters its page runs under)")
     skipped = not_run(page)
     adapters = [(name, adapters_of_kind(RECIPE)[name].profile) for name in real_adapters(page) if name not in skipped]
     counts, examples = [], []
