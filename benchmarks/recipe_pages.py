@@ -532,6 +532,11 @@ def _block_example(x, ours, others: dict, codes, values, elem, kind) -> Optional
     return row
 
 
+def _power_text(value: float) -> str:
+    exponent = np.log2(value)
+    return f"2**{int(exponent)}" if exponent == int(exponent) else _show(value)
+
+
 def _rule_row(rule) -> dict:
     return {**dataclasses.asdict(rule), "elements": list(rule.elements), "exponent_text": EXPONENTS[rule.exponent],
             "application_text": APPLICATIONS[rule.application]}
@@ -544,7 +549,8 @@ def _block_markdown(rule, result: dict, with_ocp: bool) -> str:
              + (", and a float32 tensor scale" if rule.levels == 2 else ""),
              f"- elements: {', '.join(rule.elements)}, rounded {rule.rounding}",
              f"- scale: {EXPONENTS[rule.exponent]}",
-             f"- applied: {APPLICATIONS[rule.application]}",
+             f"- applied: {APPLICATIONS[rule.application]}"
+             + ("" if rule.rcp_byte0 is None else f"; rcp_byte0 = {_power_text(rule.rcp_byte0)}"),
              f"- NaN: the amax {'ignores' if rule.amax_nan == 'ignore' else 'propagates'} it; a NaN element becomes "
              f"{_NAN_ELEMENT[rule.nan_element]}",
              f"- departs from exact: {rule.departs}", "",
