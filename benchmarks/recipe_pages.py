@@ -29,7 +29,7 @@ import numpy as np
 from benchmarks._common import REPORTS, markdown_table
 from benchmarks.bench_blocks import _same as _same_bits
 from benchmarks.fp8_recipes_report import EDGE_AMAXES, GENERATED, _code_differences, _mismatches, _show
-from fpemu.adapters import BLOCKS, RECIPE, adapters_of_kind, record_recipe, unavailable_reason
+from fpemu.adapters import BLOCKS, RECIPE, adapters_of_kind, get_adapter, record_recipe, unavailable_reason
 from fpemu.blocks import APPLICATIONS, EXPONENTS, SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.fileio import atomic_write
@@ -112,8 +112,7 @@ def _not_run_text(adapter: str) -> str:
 def _versions(page: Page, skipped: dict) -> dict:
     versions = {"fpemu's models": package_versions(["numpy", "ml_dtypes"])}
     for name in real_adapters(page):
-        versions[name] = _not_run_text(name) if name in skipped else adapter_versions(adapters_of_kind(
-            RECIPE if page.table == "RECIPES" else BLOCKS)[name])
+        versions[name] = _not_run_text(name) if name in skipped else adapter_versions(get_adapter(name))
     return versions
 
 
@@ -433,14 +432,6 @@ _PREAMBLE = ("Written by `python -m benchmarks.recipe_pages`: a pure function of
 
 # --- block rules ----------------------------------------------------------------------------
 
-def _torchao_blocks(x, elem, rule):
-    from fpemu.adapters.torchao_blocks import torchao_block_quantize
-    return torchao_block_quantize(x, elem, rule)
-
-
-REAL_BLOCKS = {"torchao_blocks": _torchao_blocks}  # blocks adapter -> its quantizer (the ADAPTERS entry)
-
-
 def exact_blocks(x: np.ndarray, q) -> tuple:
     """(element codes, values, defined) of x / scale rounded once (nearest even, saturating) with ``q``'s
     own block scales (times its tensor scale), dequantized exactly (one rounding to float32).
@@ -489,7 +480,7 @@ def block_page(page: Page) -> tuple:
             row = {"element": elem, "input": kind, "blocks": int(ours.scale_codes.size), "elements": int(x.size)}
             per_block = {}
             for adapter in adapters:
-                real = REAL_BLOCKS[adapter](x, elem, rule.name)
+                real = get_adapter(adapter).function()(x, elem, rule.name)  # the blocks adapter's own entry
                 row[f"vs {adapter}: scale codes"] = _scale_mismatches(ours, real)
                 row[f"vs {adapter}: element codes"] = _code_mismatches(ours.element_codes, real.element_codes)
                 row[f"vs {adapter}: values"] = _mismatches(ours.values, real.values)
@@ -627,9 +618,10 @@ def index(results: dict) -> str:
                      "table": page.table, "source": source,
                      "real code run": ", ".join(f"`{a}`" for a in real) or "none here",
                      "model vs real code": "-" if mismatches is None else f"{mismatches} mismatches"})
-    return ("# A page per fp8 scaling recipe and block scale rule, implementations side by side\n\nWritten by `python -m benchmarks.recipe_pages`: each page runs one recipe's (or "
-            "block rule's) implementations side by side on the same seeded tensors: fpemu's model, the real code "
-            "where it runs here, and the exact reference; it counts what differs per input kind and shows where, "
+    return ("# A page per fp8 scaling recipe and block scale rule, implementations side by side\n\n"
+            "Written by `python -m benchmarks.recipe_pages`: each page runs one recipe's (or block rule's) "
+            "implementations side by side on the same seeded tensors: fpemu's model, the real code where it runs "
+            "here, and the exact reference; it counts what differs per input kind and shows where, "
             "with the cause. A pure function of the seeded inputs and the versions each page names; "
             "tests/test_recipe_pages.py regenerates every page and compares.\n\n"
             + markdown_table(rows, [(k, k) for k in rows[0]]) + "\n")
