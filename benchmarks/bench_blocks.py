@@ -111,7 +111,8 @@ def main() -> None:
              "RCEIL and TE pick other scales by design, FLOOR differs only in byte-0 blocks): "
              + "; ".join(f"{d['rule']} {d['kind']}: {d['scale_differs']} scales, {d['values_differ']} values"
                          for d in departs if d["scale_differs"] or d["values_differ"]),
-             ]
+             "A page per rule, fpemu against torchao, OCP and the exact result on the same probe blocks with "
+             "example blocks: [recipes/README.md](recipes/README.md) (`python -m benchmarks.recipe_pages`)."]
     speed_notes = [f"{args.values:,} float32 values (standard normal, rows of 1024), MXFP8 with torchao's FLOOR "
                    "rule, best of 3, all taking turns. Goals (issue 15): fpemu's block quantize within 2x of its "
                    "own fp8 quantize of the same array, and far ahead of torchao's CPU path.",

@@ -271,6 +271,9 @@ def _page(result, delayed_rows, current_rows, cast_rows, te_reason, torchao_reas
         "Written by `python -m benchmarks.fp8_recipes_report`; a pure function of seeded inputs and the versions below "
         "(docs/fp8_recipes.md explains every rule). Scales are float32, shown to 9 digits; \"same\" means bit for bit.",
         "",
+        "A page per recipe, its implementations and the exact reference on the same probe tensors: "
+        "[recipes/README.md](recipes/README.md) (`python -m benchmarks.recipe_pages`).",
+        "",
         "Versions and sources:",
         "",
         *_versions(te_reason, torchao_reason),

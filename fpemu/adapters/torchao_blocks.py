@@ -17,6 +17,7 @@ from fpemu.formats import get_format, unpack_nibbles
 # fpemu's rule -> torchao's ScaleCalculationMode name (MX) or the NVFP4 levels.
 _MX_MODES = {"torchao_floor": "FLOOR", "torchao_ceil": "CEIL", "torchao_even": "EVEN", "torchao_rceil": "RCEIL"}
 _NVFP4 = ("torchao_nvfp4", "torchao_nvfp4_2level")
+DRIVEN_RULES = (*_MX_MODES, *_NVFP4)  # the SCALE_RULES rows torchao_block_quantize runs (reports/recipes/ reads it)
 
 
 def torchao_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuantized:
@@ -30,8 +31,8 @@ def torchao_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuan
       >>> int(q.scale_codes[0, 0]), float(q.values[0, 0])
       (119, 1.0)
     """
-    if scale_rule not in _MX_MODES and scale_rule not in _NVFP4:
-        raise FpemuInputError(f"scale_rule: torchao drives {', '.join([*_MX_MODES, *_NVFP4])}, got {scale_rule!r}")
+    if scale_rule not in DRIVEN_RULES:
+        raise FpemuInputError(f"scale_rule: torchao drives {', '.join(DRIVEN_RULES)}, got {scale_rule!r}")
     rule = SCALE_RULES[scale_rule]
     elem = get_format(element_format)
     data = np.ascontiguousarray(x, dtype=np.float32)

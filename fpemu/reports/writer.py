@@ -344,6 +344,8 @@ def index_report(folder: pathlib.Path) -> str:
     for path in sorted(folder.glob("*.md")):
         if path.name not in {e[0] for e in entries} | {"README.md"}:
             entries.append((path.name, path.read_text().splitlines()[0].lstrip("# ")))
+    for path in sorted(folder.glob("*/README.md")):  # a folder of pages (reports/recipes/) is one row: its index
+        entries.append((f"{path.parent.name}/README.md", path.read_text().splitlines()[0].lstrip("# ")))
     rows = [(f"[{name}]({name})", what) for name, what in entries if (folder / name).exists()]
     return "# fpemu reports\n\nWritten by `fpemu run` / `fpemu report`; benchmarks by `benchmarks/*.py`.\n\n" + \
         markdown_table(["report", "what it shows"], rows) + "\n"

@@ -554,11 +554,14 @@ class Recipe:
       model: the class (:class:`DelayedScaling`, :class:`CurrentScaling`, :class:`TorchaoScaling`).
       fixed: parameters the row sets (``path="unfused"``); the caller gives the others.
       source: where it was read from and how it was checked.
+      departs: where its arithmetic departs from exact (a correctly rounded ``fp8_max / amax`` and one
+        rounding of ``x * scale``), in words; reports/recipes/ counts how often.
     """
 
     model: type
     fixed: dict
     source: RecipeSource
+    departs: str = ""
 
     def build(self, **params):
         clash = sorted(set(params) & set(self.fixed))
@@ -577,21 +580,35 @@ _TE_DELAYED_UNFUSED = ("pytorch/quantization.py (_amax_and_scale_update, _defaul
                        "_default_sf_compute); common/recipe/__init__.py (DelayedScaling)")
 _TORCHAO_FILES = ("float8/float8_utils.py (tensor_to_amax, amax_to_scale, _round_scale_down_to_power_of_2, "
                   "to_fp8_saturated), float8/float8_training_tensor.py, float8/float8_linear.py")
+_PRODUCT = "x * scale is rounded to float32 before the fp8 cast (two roundings where one would do)"
+_TORCHAO_DEPARTS = ("the amax is clamped at 1e-12, so a tensor with a smaller amax gets scale fp8_max * 1e12 and "
+                    "quantizes to zeros; power-of-two rounding takes log2 in float32 and rounds up a few ulp "
+                    f"below 2^k; NaN propagates (an inf amax gives scale 0, NaN scale NaN); {_PRODUCT}")
 RECIPES = {
     "te_delayed": Recipe(DelayedScaling, {"path": "fused"}, RecipeSource(
-        _TE, _TE_COMMIT, "common/recipe/delayed_scaling.cu (kernel_bulk)", "source-derived")),
+        _TE, _TE_COMMIT, "common/recipe/delayed_scaling.cu (kernel_bulk)", "source-derived"),
+        departs=f"one float32 division, correctly rounded; the history does not roll on a zero amax; fmaxf "
+                f"leaves NaN out of the window; {_PRODUCT}"),
     "te_delayed_unfused": Recipe(DelayedScaling, {"path": "unfused"}, RecipeSource(
-        _TE, _TE_COMMIT, _TE_DELAYED_UNFUSED, "driven")),
+        _TE, _TE_COMMIT, _TE_DELAYED_UNFUSED, "driven"),
+        departs="fp8_max / amax is torch's Tensor.__rtruediv__, fl32(fl32(1 / amax) * fp8_max): two roundings, "
+                "off by one ulp for 27.9% of amaxes; with a margin the quotient can overflow before 2^margin "
+                f"divides it; torch.max propagates NaN, freezing the scale for amax_history_len steps; {_PRODUCT}"),
     "te_current": Recipe(CurrentScaling, {"implementation": "kernel"}, RecipeSource(
         _TE, _TE_COMMIT, "common/recipe/recipe_common.cuh (compute_scale_from_amax), common/recipe/current_scaling.cu, "
-        "common/utils.cuh (reciprocal: __frcp_rn)", "source-derived")),
+        "common/utils.cuh (reciprocal: __frcp_rn)", "source-derived"),
+        departs=f"one float32 division, correctly rounded; fmaxf leaves NaN out of the amax; an amax of 0, inf "
+                f"or NaN gives scale 1; power-of-two scales are an exact floor (bit mask); {_PRODUCT}"),
     "te_current_reference": Recipe(CurrentScaling, {"implementation": "reference"}, RecipeSource(
         _TE, _TE_COMMIT, "pytorch/custom_recipes/reference_current_scaling.py (_scale_from_amax_tensor, "
-        "CurrentScalingQuantizerRef.compute_scale and _quantize)", "driven")),
+        "CurrentScalingQuantizerRef.compute_scale and _quantize)", "driven"),
+        departs=f"one float32 division; torch.amax propagates NaN (one NaN makes every code NaN); an inf amax "
+                f"gives scale 0; power-of-two scales by frexp (exact); torch's eager e5m2 cast overflows to inf; "
+                f"{_PRODUCT}"),
     "torchao_tensorwise": Recipe(TorchaoScaling, {"granularity": "tensorwise"}, RecipeSource(
-        "pytorch/ao", "torchao 0.18.0", _TORCHAO_FILES, "driven")),
+        "pytorch/ao", "torchao 0.18.0", _TORCHAO_FILES, "driven"), departs=_TORCHAO_DEPARTS),
     "torchao_rowwise": Recipe(TorchaoScaling, {"granularity": "rowwise"}, RecipeSource(
-        "pytorch/ao", "torchao 0.18.0", _TORCHAO_FILES, "driven")),
+        "pytorch/ao", "torchao 0.18.0", _TORCHAO_FILES, "driven"), departs="each row its own amax and scale; " + _TORCHAO_DEPARTS),
 }
 
 
