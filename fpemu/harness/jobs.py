@@ -19,6 +19,7 @@ from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
 from fpemu.specs import RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs, parse_spec
+from fpemu.specs.scenario import Implementation
 from fpemu.traces import read_trace, trace_filename, write_trace
 
 Progress = Callable[[int, int, str], None]
@@ -113,9 +114,27 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
     scenarios = [s for s in load_specs(spec_paths) if not isinstance(s, RanksScenario)]  # fpemu.harness.ranks
     written = []
     for index, scenario in enumerate(scenarios, 1):
-        written.append(write_trace(reference_trace(scenario), pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)))
-        progress(index, len(scenarios), scenario.name)
+        path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
+        missing = _golden_unmade(scenario)
+        if not missing:
+            written.append(write_trace(reference_trace(scenario), path))
+        elif _is_current_golden(path, scenario):  # made where its framework ran: kept, and listed as current
+            written.append(path)
+        progress(index, len(scenarios), scenario.name + (f" (golden not made here: {missing})" if missing else ""))
     return written
+
+
+def _golden_unmade(scenario):
+    """Why the golden of ``scenario`` cannot be made here (its reference needs a real run whose framework
+    is absent), or None."""
+    return skip_reason(Implementation(scenario.golden_needs, {})) if scenario.golden_needs else None
+
+
+def _is_current_golden(path: pathlib.Path, scenario) -> bool:
+    try:
+        return path.exists() and read_trace(path).metadata["spec"]["sha256"] == scenario.sha256
+    except FpemuInputError:
+        return False
 
 
 def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
@@ -268,7 +287,8 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
     """
     scenarios = load_specs(spec_paths)
     jobs = _jobs(scenarios, requested, allow_none, excluded)
-    goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs}  # all, before any run
+    goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs  # all, before any run
+               if not _golden_unmade(scenario)}  # (one that cannot be made here: its job is skipped too)
     verdicts = []
     for index, (scenario, impl) in enumerate(jobs, 1):
         key = implementation_key(impl)
