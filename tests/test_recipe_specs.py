@@ -111,7 +111,7 @@ def test_float8_training_trace_matches_the_model(recipe, tmp_path, capsys):
     and fpemu's model's on the same tensors, are the same traces; they round-trip through trace files."""
     pytest.importorskip("torchao.float8")
     from fpemu.compare import compare_traces
-    from fpemu.harness._fp8_training import float8_training_traces
+    from fpemu.harness import float8_training_traces
     from fpemu.traces import read_trace, write_trace
     observed, model = float8_training_traces(recipe, steps=4)
     verdict = compare_traces(model, observed)
