@@ -1,9 +1,10 @@
 """An emulated fp8 run's trace holds every fp8 tensor's amax and scale per step: a transformers GPT-2 (random
-weights from a GPT2Config, no download) emulated under fp8_delayed and fp8 (current scaling); each cast's
-recorded scales are what fpemu's DelayedScaling gives from the recorded amaxes, bit for bit, and the report
-shows the per-tensor scale history."""
+weights from a GPT2Config, no download: examples/gpt2_emulate.py, one layer) emulated under fp8_delayed and
+fp8 (current scaling); each cast's recorded scales are what fpemu's DelayedScaling gives from the recorded
+amaxes, bit for bit, and the report shows the per-tensor scale history."""
 
 import math
+import pathlib
 
 import pytest
 
@@ -16,27 +17,15 @@ from fpemu.emulate.run import emulate_file  # noqa: E402
 from fpemu.formats import get_format  # noqa: E402
 from fpemu.traces import Trace, decode_value  # noqa: E402
 
-MODEL_FILE = '''
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-
-def build(seed):
-    torch.manual_seed(seed)
-    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config)
-    model.train()
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-def step(model, optimizer, scaler, index):
-    start = torch.randint(0, 64, (2, 1), generator=torch.Generator().manual_seed(index))
-    ids = (start + torch.arange(16)) % 64
-    optimizer.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=ids).loss
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "gpt2_emulate.py"
+# The README's GPT-2 model file, shrunk to one layer of width 32 (its build and step read these globals).
+MODEL_FILE = f'''
+import importlib.util
+spec = importlib.util.spec_from_file_location("gpt2_example", {str(EXAMPLE)!r})
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+example.LAYERS, example.WIDTH, example.HEADS, example.VOCAB, example.CONTEXT, example.BATCH = 1, 32, 2, 64, 16, 2
+build, step = example.build, example.step
 '''
 
 

@@ -72,7 +72,8 @@ def first_element(field: str, record: dict, expected, got) -> tuple:
     another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.
 
     Example:
-      >>> first_element("tensor_scale", {"fp8_casts": ["layer0.input", "layer0.weight"]}, [[1.0], [2.0]], [[1.0], [4.0]])
+      >>> casts = {"fp8_casts": ["layer0.input", "layer0.weight"]}
+      >>> first_element("tensor_scale", casts, [[1.0], [2.0]], [[1.0], [4.0]])
       ('layer0.weight', [2.0], [4.0])
     """
     source = FIELDS[field].labels if field in FIELDS else None

@@ -18,7 +18,8 @@ from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
-from fpemu.specs import RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs, parse_spec
+from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs,
+                         parse_spec)
 from fpemu.specs.scenario import Implementation
 from fpemu.traces import read_trace, trace_filename, write_trace
 
@@ -71,6 +72,8 @@ def _check_names(names, option: str) -> None:
 def _scenario_kind(scenario) -> str:
     if isinstance(scenario, RecipeScenario):
         return "recipe"
+    if isinstance(scenario, Fp8TrainingScenario):
+        return "fp8_training"
     return "step" if isinstance(scenario, StepScenario) else "scaler"
 
 
