@@ -3,9 +3,11 @@ every cast's amax, scale and fp8 codes per step against fpemu's model of the rec
 naming the file and key; a divergence names its step and cast; without torchao the job is a skip line.
 
 The real runs are short (6 steps of a 16-32-16 MLP); the committed goldens hold for the packages in their
-metadata, and a test that needs them to equal this run skips with the reason where the versions differ."""
+metadata, and a test that needs them to equal this run skips with the reason where the versions differ.
+FPEMU_TEST_ENVS=1 adds 20-step runs of every model and recipe (about 15 s)."""
 
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -122,3 +124,16 @@ def test_without_torchao_the_job_is_a_skip_line_and_the_golden_is_kept(capsys, t
         assert main(["diff", spec, "--golden", str(golden), "--json", "--quiet", "--allow-skips"]) == 0
         verdict, = json.loads(capsys.readouterr().out)["verdicts"]
         assert (verdict["status"], verdict["note"]) == ("skipped", "torchao not installed")
+
+
+@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="20-step runs of every model: FPEMU_TEST_ENVS=1")
+@pytest.mark.parametrize("model", ["mlp", "mlp_wide"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_every_model_and_recipe_matches_for_20_steps(model, recipe):
+    pytest.importorskip("torchao.float8")
+    from fpemu.compare import compare_traces
+    from fpemu.harness import float8_training_traces
+    observed, reference = float8_training_traces(recipe, steps=20, model=model)
+    verdict = compare_traces(reference, observed)
+    assert (verdict.status, verdict.steps_compared) == ("match", 20)
+    assert observed.metadata["same_tensors_model"]["status"] == "match" and len(observed.steps[0]["fp8_casts"]) == 12
