@@ -115,11 +115,14 @@ def test_without_torchao_the_job_is_a_skip_line_and_the_golden_is_kept(capsys, t
     kept.mkdir()
     shutil.copy(GOLDEN / "fp8_training_torchao_rowwise.json", kept)
     spec = str(ROOT / "specs" / "fp8_training_torchao_rowwise.toml")
+    capsys.readouterr()
     assert main(["golden", spec, "--out", str(kept), "--quiet"]) == 0
     assert (kept / "fp8_training_torchao_rowwise.json").read_bytes() == (
         GOLDEN / "fp8_training_torchao_rowwise.json").read_bytes()
+    assert capsys.readouterr().out.startswith(f"kept {kept / 'fp8_training_torchao_rowwise.json'} for "
+                                              "fp8_training_torchao_rowwise: its golden needs a real run")
     assert main(["golden", spec, "--out", str(empty), "--quiet"]) == 0 and not list(empty.glob("*.json"))
-    capsys.readouterr()
+    assert "no golden for fp8_training_torchao_rowwise" in capsys.readouterr().out
     for golden in (kept, empty):
         assert main(["diff", spec, "--golden", str(golden), "--json", "--quiet", "--allow-skips"]) == 0
         verdict, = json.loads(capsys.readouterr().out)["verdicts"]

@@ -166,5 +166,8 @@ def train_float8_mlp(recipe: str = "tensorwise", steps: int = 20, seed: int = 0,
             optimizer.zero_grad()
             loss.backward()
         optimizer.step()
+        if len(casts) != len(linear_cast_names(len(sizes) - 1)):  # torchao casts another set of tensors
+            raise RuntimeError(f"Float8Linear ({recipe}) made {len(casts)} fp8 casts in a step of {len(sizes) - 1} "
+                               f"layers; expected 6 per layer ({', '.join(LINEAR_CASTS)})")
         per_step.append((float(loss.item()), list(casts)))
     return per_step

@@ -47,10 +47,7 @@ def _cast_records(per_step, values_of) -> tuple:
     from fpemu.adapters.torchao_float8 import linear_cast_names
     records = []
     for index, (_, casts) in enumerate(per_step):
-        names = linear_cast_names(len(casts) // 6)
-        if len(casts) != len(names):
-            raise RuntimeError(f"step {index}: Float8Linear made {len(casts)} fp8 casts; 6 per layer expected "
-                               f"({', '.join(names[:6])}, ...)")
+        names = linear_cast_names(len(casts) // 6)  # the adapter checked: six casts per layer
         records.append({"step": index, **fp8_cast_fields(
             (name, amax, scale, codes_digest(codes, cast.fp8_format))
             for name, cast, (amax, scale, codes) in zip(names, casts, map(values_of, casts)))})

@@ -112,8 +112,14 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
     return []
 
 
-def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
-    """Write the reference trace of every spec into ``out_dir``; returns the paths written."""
+def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None) -> list:
+    """Write the reference trace of every spec into ``out_dir``; returns the paths of its current goldens.
+
+    A spec whose golden needs a real run that cannot run here (``golden_needs``: an fp8 training spec
+    without torchao) keeps its golden where one is current (same spec sha256; its path is returned) and
+    gets none otherwise; each such spec is appended to ``unmade`` (when given) as ``(name, reason, kept
+    path or None)``.
+    """
     scenarios = [s for s in load_specs(spec_paths) if not isinstance(s, RanksScenario)]  # fpemu.harness.ranks
     written = []
     for index, scenario in enumerate(scenarios, 1):
@@ -121,8 +127,11 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
         missing = _golden_unmade(scenario)
         if not missing:
             written.append(write_trace(reference_trace(scenario), path))
-        elif _is_current_golden(path, scenario):  # made where its framework ran: kept, and listed as current
-            written.append(path)
+        else:
+            kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
+            written += [kept] if kept else []
+            if unmade is not None:
+                unmade.append((scenario.name, missing, kept))
         progress(index, len(scenarios), scenario.name + (f" (golden not made here: {missing})" if missing else ""))
     return written
 
