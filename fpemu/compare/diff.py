@@ -69,12 +69,16 @@ class Divergence:
 
 def first_element(field: str, record: dict, expected, got) -> tuple:
     """(name, expected, got) of the first element that differs in a field whose elements are named by
-    another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.
+    another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.  An
+    element that is a list of values (a rowwise cast's scales) is narrowed to its first differing value,
+    named ``cast[row]`` where it has more than one.
 
     Example:
       >>> casts = {"fp8_casts": ["layer0.input", "layer0.weight"]}
       >>> first_element("tensor_scale", casts, [[1.0], [2.0]], [[1.0], [4.0]])
-      ('layer0.weight', [2.0], [4.0])
+      ('layer0.weight', 2.0, 4.0)
+      >>> first_element("tensor_amax", casts, [[1.0, 3.0], [2.0]], [[1.0, 5.0], [2.0]])
+      ('layer0.input[1]', 3.0, 5.0)
     """
     source = FIELDS[field].labels if field in FIELDS else None
     names = record.get(source) if source else None
@@ -82,7 +86,11 @@ def first_element(field: str, record: dict, expected, got) -> tuple:
         return "", expected, got
     for index, (a, b) in enumerate(zip(expected, got)):
         if not bit_equal(a, b):
-            return (names[index] if index < len(names) else f"[{index}]"), a, b
+            name = names[index] if index < len(names) else f"[{index}]"
+            if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):  # a cast's values: name the row
+                inner = next(j for j, (x, y) in enumerate(zip(a, b)) if not bit_equal(x, y))
+                return (name if len(a) == 1 else f"{name}[{inner}]"), a[inner], b[inner]
+            return name, a, b
     return f"{len(min(expected, got, key=len))} of {len(max(expected, got, key=len))} elements", expected, got
 
 
