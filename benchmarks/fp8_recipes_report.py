@@ -217,14 +217,14 @@ def training_section(torchao) -> dict:
     if torchao is None:
         return {}
     from fpemu.compare import compare_traces
-    from fpemu.harness.recipe_traces import float8_training_traces
+    from fpemu.harness import float8_training_traces
     out = {}
     for recipe in ("tensorwise", "rowwise"):
         observed, model = float8_training_traces(recipe, steps=20)
         verdict = compare_traces(model, observed)
         out[recipe] = {"steps": verdict.steps_compared, "status": verdict.status,
-                       "casts_per_step": len(observed.metadata["params"]["casts"]),
-                       "scales_per_step": len(observed.steps[0]["tensor_scale"]),
+                       "casts_per_step": len(observed.steps[0]["fp8_casts"]),
+                       "scales_per_step": sum(map(len, observed.steps[0]["tensor_scale"])),
                        "first_divergence": None if verdict.divergence is None else verdict.divergence.as_dict()}
     return out
 
@@ -342,7 +342,8 @@ def _page(result, delayed_rows, current_rows, cast_rows, te_reason, torchao_reas
     for recipe, entry in result["training"].items():
         lines.append(f"- `{recipe}`: {entry['steps']} SGD steps, {entry['casts_per_step']} casts per step "
                      f"({entry['scales_per_step']} scales): {entry['status']} (amaxes, scales and fp8 codes of every "
-                     "cast, bit for bit; `fpemu.harness.recipe_traces.float8_training_traces`).")
+                     "cast, bit for bit; `fpemu.harness.float8_training_traces`; as specs: "
+                     "`specs/fp8_training_torchao_*.toml`).")
     if torchao_reason:
         lines.append(f"- not run: {torchao_reason}")
     return "\n".join(lines) + "\n"

@@ -123,8 +123,15 @@ def _nothing_compared(args, verdicts, noun: str = "compared") -> int:
 
 def _cmd_golden(args) -> int:
     from fpemu.harness import write_golden
-    written = write_golden(args.specs, args.out, _progress(args))
-    _emit(args, {"written": [str(p) for p in written]}, _written_lines(written, "golden traces"))
+    unmade = []
+    written = write_golden(args.specs, args.out, _progress(args), unmade)
+    made = [path for path in written if path not in {kept for _, _, kept in unmade}]
+    lines = _written_lines(made, "golden traces") + [
+        f"{'kept ' + str(kept) if kept else 'no golden'} for {name}: its golden needs a real run, which cannot "
+        f"run here ({why})"
+        for name, why, kept in unmade]
+    _emit(args, {"written": [str(p) for p in made], "unmade": [[name, why, kept and str(kept)]
+                                                                for name, why, kept in unmade]}, lines)
     return 0
 
 
@@ -674,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     impl_help = (f"implementations to drive: {', '.join(adapters_of_kind('scaler'))}, and "
                  f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
                  f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs, "
+                 f"{', '.join(adapters_of_kind('fp8_training'))} for [fp8_training] specs, "
                  f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU)")
     exclude_help = "implementations to leave out (a name leaves out every device; name@cuda only that one)"
     skips_help = ("exit 0 even when every job was skipped (a framework, environment or device missing here)"

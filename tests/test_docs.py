@@ -8,10 +8,13 @@ import pytest
 import fpemu.blocks.probes
 import fpemu.blocks.quantize
 import fpemu.blocks.stats
+import fpemu.compare.diff
 import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
 import fpemu.formats.stats
+import fpemu.harness._fp8_training
+import fpemu.harness._trace_layout
 import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
 import fpemu.specs.recipes
@@ -32,7 +35,8 @@ def test_guide_examples(guide):
 
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
-                                    fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes])
+                                    fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
+                                    fpemu.harness._trace_layout, fpemu.harness._fp8_training, fpemu.compare.diff])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

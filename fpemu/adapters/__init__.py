@@ -23,7 +23,8 @@ from fpemu.traces.format import OBSERVED_FIELDS
 
 SCALER, STEP, RECIPE, RANKS = "scaler", "step", "recipe", "ranks"
 BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py
-ADAPTER_KINDS = (SCALER, STEP, RECIPE, RANKS, BLOCKS)
+FP8_TRAINING = "fp8_training"  # a model trained for real under an fp8 recipe ([fp8_training] specs)
+ADAPTER_KINDS = (SCALER, STEP, RECIPE, RANKS, BLOCKS, FP8_TRAINING)
 IN_VERSION_SET = "FPEMU_IN_VERSION_SET"  # "1": this process runs in a matrix's environment (Adapter.isolated_in)
 DEVICES = ("cpu", "cuda")
 
@@ -39,13 +40,15 @@ class Adapter:
         ``"recipe"`` (an fp8 scaling recipe driven through a [recipe] scenario's amaxes),
         ``"ranks"`` (a data-parallel layout run on several ranks, fpemu.ranks) or
         ``"blocks"`` (a block quantizer taking ``(x, element_format, scale_rule)``, compared with
-        :func:`fpemu.block_quantize`; no scenario drives it).
+        :func:`fpemu.block_quantize`; no scenario drives it) or ``"fp8_training"`` (a model trained
+        for real under an fp8 recipe, an [fp8_training] scenario: fpemu.specs.fp8_training).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
         params)`` and return a function of one step's arguments; recipe entries take ``(amaxes,
         params, device)`` and return ``{"amax", "amax_used", "scale", "scale_inv"}`` lists; ranks
         entries take ``(cases, world_size, device)`` and return a CaseResult per case
-        (fpemu.adapters.torch_ranks).
+        (fpemu.adapters.torch_ranks); fp8 training entries take ``(recipe, steps, seed, sizes, batch,
+        lr)`` and return (loss, casts) per step.
       packages: the distributions it imports (their versions go into every trace it records).
       modules: the top-level modules it imports, checked before it runs.
       devices: where it can run.
@@ -207,6 +210,8 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("torchao_float8_rowwise", RECIPE, "fpemu.adapters.torchao_float8:record_rowwise_amax_to_scale",
             ("torchao", "torch"), ("torchao", "torch"), profile="torchao_rowwise",
             verified=("torchao 0.18.0",) + _TORCH_VERIFIED, fields=_RECIPE_FIELDS[:3]),
+    Adapter("torchao_float8_linear", FP8_TRAINING, "fpemu.adapters.torchao_float8:train_float8_mlp",
+            ("torchao", "torch"), ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
     Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
             ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
 ]}
@@ -299,6 +304,12 @@ def record_scaler(name: str, overflows, device: str = "cpu", **params):
 def record_recipe(name: str, amaxes, device: str = "cpu", **params) -> dict:
     """Drive the real recipe code ``name`` through one amax per step: its per-step lists."""
     return _runnable(name, RECIPE, device).function()([float(a) for a in amaxes], params, device)
+
+
+def train_fp8(name: str, recipe: str, device: str = "cpu", **settings) -> list:
+    """Train the real fp8 model ``name`` under ``recipe``: per step, (its loss, its casts in call order)
+    (``settings``: steps, seed, sizes, batch, lr; see fpemu.adapters.torchao_float8.train_float8_mlp)."""
+    return _runnable(name, FP8_TRAINING, device).function()(recipe, **settings)
 
 
 def step_function(name: str, compute: str, device: str = "cpu", **params):

@@ -19,6 +19,19 @@ LINEAR_CASTS = ("input", "weight", "grad_output", "weight_for_grad_input", "grad
                 "input_for_grad_weight")
 
 
+def linear_cast_names(layers: int) -> tuple:
+    """The name of every cast a stack of ``layers`` Float8Linear layers makes in one step, in call order:
+    each layer's forward casts in layer order, then each layer's backward casts in reverse layer order.
+
+    Example:
+      >>> linear_cast_names(2)[:3], linear_cast_names(2)[4]
+      (('layer0.input', 'layer0.weight', 'layer1.input'), 'layer1.grad_output')
+    """
+    forward = [f"layer{layer}.{name}" for layer in range(layers) for name in LINEAR_CASTS[:2]]
+    backward = [f"layer{layer}.{name}" for layer in reversed(range(layers)) for name in LINEAR_CASTS[2:]]
+    return tuple(forward + backward)
+
+
 def _torch_dtype(fp8_format: str):
     import torch
     return getattr(torch, FP8_DTYPES[fp8_format])
@@ -133,23 +146,28 @@ def train_float8_mlp(recipe: str = "tensorwise", steps: int = 20, seed: int = 0,
                      batch: int = 8, lr: float = 0.05) -> list:
     """Train a Linear-ReLU-Linear MLP converted to Float8Linear (torchao recipe ``recipe``) with SGD on
     seeded data; returns, per step, (the loss, the casts it made: :class:`ObservedCast` in call order,
-    the second layer's forward casts after the first's, backward in reverse layer order)."""
+    named by :func:`linear_cast_names`).  ``sizes``: each layer's input features, then the output's."""
     import torch
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1], bias=False), torch.nn.ReLU(),
-                                torch.nn.Linear(sizes[1], sizes[2], bias=False))
+    layers = []
+    for inputs, outputs in zip(sizes, sizes[1:]):
+        layers += [torch.nn.Linear(inputs, outputs, bias=False), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     per_step = []
     for _ in range(steps):
         x = torch.randn(batch, sizes[0], generator=generator)
-        y = torch.randn(batch, sizes[2], generator=generator)
+        y = torch.randn(batch, sizes[-1], generator=generator)
         with watching_casts() as casts:
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
         optimizer.step()
+        if len(casts) != len(linear_cast_names(len(sizes) - 1)):  # torchao casts another set of tensors
+            raise RuntimeError(f"Float8Linear ({recipe}) made {len(casts)} fp8 casts in a step of {len(sizes) - 1} "
+                               f"layers; expected 6 per layer ({', '.join(LINEAR_CASTS)})")
         per_step.append((float(loss.item()), list(casts)))
     return per_step

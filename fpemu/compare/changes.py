@@ -22,7 +22,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from fpemu.compare.diff import Divergence, bit_equal, likely_cause, shared_fields, ulp_distance
+from fpemu.compare.diff import Divergence, bit_equal, first_element, likely_cause, shared_fields, ulp_distance
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
 from fpemu.traces.format import FIELDS, ULP_FIELDS, encode_float
@@ -499,7 +499,12 @@ def trace_changes(before: Trace, after: Trace) -> TraceChanges:
             first = (min(len(before.steps), len(after.steps)), f"summary.{changed.name}", changed.before,
                      changed.after)
     meta = _metadata_changes(before, after)
-    divergence = None if first is None else Divergence(*first, _cause(first, before, after, meta))
+    divergence = None
+    if first is not None:
+        step, field, expected, got = first
+        element, expected, got = (first_element(field, before.steps[step], expected, got)
+                                  if step < len(before.steps) else ("", expected, got))
+        divergence = Divergence(step, field, expected, got, _cause(first, before, after, meta), element)
     return TraceChanges(before=_label(before), after=_label(after),
                         steps_compared=min(len(before.steps), len(after.steps)), steps_differ=steps_differ,
                         fields_compared=tuple(common), fields=fields, summary=summary, divergence=divergence,

@@ -17,7 +17,7 @@ import numpy as np
 
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
-from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS
+from fpemu.traces.format import EXACT_FIELDS, FIELDS, ULP_FIELDS
 
 
 MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"
@@ -47,21 +47,51 @@ JOB_FAILURES = (INTERNAL_ERROR, API_CHANGED, CANNOT_RUN)  # a job that produced 
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
-    """The first step and field where two traces differ."""
+    """The first step and field where two traces differ; ``element``: in a field whose elements are
+    named (fp8 casts), the first element that differs (``expected`` and ``got`` are then its values)."""
     step: int
     field: str
     expected: object
     got: object
     cause: str
+    element: str = ""
 
     def describe(self, expected: str = "expected", got: str = "got") -> str:
-        return (f"step {self.step}, {self.field}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
+        where = f"{self.field} of {self.element}" if self.element else self.field
+        return (f"step {self.step}, {where}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
                 f" (likely cause: {self.cause})")
 
     def as_dict(self, expected: str = "expected", got: str = "got") -> dict:
         """JSON-safe: the values as ``repr (hex)`` and the one-line message under the given labels."""
-        return {"step": self.step, "field": self.field, "expected": _show(self.expected), "got": _show(self.got),
-                "cause": self.cause, "message": self.describe(expected, got)}
+        return {"step": self.step, "field": self.field, "element": self.element, "expected": _show(self.expected),
+                "got": _show(self.got), "cause": self.cause, "message": self.describe(expected, got)}
+
+
+def first_element(field: str, record: dict, expected, got) -> tuple:
+    """(name, expected, got) of the first element that differs in a field whose elements are named by
+    another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.  An
+    element that is a list of values (a rowwise cast's scales) is narrowed to its first differing value,
+    named ``cast[row]`` where it has more than one.
+
+    Example:
+      >>> casts = {"fp8_casts": ["layer0.input", "layer0.weight"]}
+      >>> first_element("tensor_scale", casts, [[1.0], [2.0]], [[1.0], [4.0]])
+      ('layer0.weight', 2.0, 4.0)
+      >>> first_element("tensor_amax", casts, [[1.0, 3.0], [2.0]], [[1.0, 5.0], [2.0]])
+      ('layer0.input[1]', 3.0, 5.0)
+    """
+    source = FIELDS[field].labels if field in FIELDS else None
+    names = record.get(source) if source else None
+    if not names or not isinstance(expected, list) or not isinstance(got, list):
+        return "", expected, got
+    for index, (a, b) in enumerate(zip(expected, got)):
+        if not bit_equal(a, b):
+            name = names[index] if index < len(names) else f"[{index}]"
+            if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):  # a cast's values: name the row
+                inner = next(j for j, (x, y) in enumerate(zip(a, b)) if not bit_equal(x, y))
+                return (name if len(a) == 1 else f"{name}[{inner}]"), a[inner], b[inner]
+            return name, a, b
+    return f"{len(min(expected, got, key=len))} of {len(max(expected, got, key=len))} elements", expected, got
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +152,8 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
             return (f"growth timing: the growth counter resets on a different step, and the scale "
                     f"follows at step {later}")
         return f"{field} bookkeeping differs (reset rule)"
+    if field in FIELDS and FIELDS[field].labels == "fp8_casts":
+        return fp8_cast_cause(observed)
     if field in ("amax", "amax_used", "scale_inv") or (field == "scale" and "amax" in golden.steps[step]):
         return ("fp8 recipe: the amax history, its NaN handling or the scale's float32 arithmetic differ "
                 "(see docs/fp8_recipes.md)")
@@ -146,6 +178,21 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
     if previous_overflow:
         return "backoff or floor: the scale shrinks differently after an overflow"
     return "growth timing: the scale grows on a different good step (N vs N+1)"
+
+
+def fp8_cast_cause(observed: Trace) -> str:
+    """Why an fp8 cast's amax, scale or codes differ from the golden's: a real fp8 training run records
+    whether the real casts equal fpemu's model on the run's own tensors (``same_tensors_model``)."""
+    same = observed.metadata.get("same_tensors_model")
+    if same is None:
+        return ("fp8 scaling: the cast's amax history, scale arithmetic or the tensor it cast differ "
+                "(see docs/fp8_recipes.md)")
+    if same["status"] == MATCH:
+        return ("the cast's input tensor changed, not the real scaling: the real casts equal fpemu's model on "
+                "this run's own tensors, so this run's float32 arithmetic (matmuls, init, optimizer) differs from "
+                "the golden run's, or fpemu's model changed since the golden was made (a golden holds for the "
+                "packages in its metadata; docs/fp8_recipes.md)")
+    return f"the real scaling departs from fpemu's model on the run's own tensors: {same['divergence']}"
 
 
 def bit_equal(expected, got) -> bool:
@@ -213,7 +260,9 @@ def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Ve
             if field in ULP_FIELDS and expected is not None and got is not None:
                 max_ulp[field] = max(max_ulp[field], ulp_distance(expected, got))
             if divergence is None and not bit_equal(expected, got):
-                divergence = Divergence(step, field, expected, got, divergence_cause(golden, observed, step, field))
+                element, expected, got = first_element(field, golden.steps[step], expected, got)
+                divergence = Divergence(step, field, expected, got, divergence_cause(golden, observed, step, field),
+                                        element)
     if divergence is None and len(golden.steps) != len(observed.steps):
         divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
                                 divergence_cause(golden, observed, length, "steps"))

@@ -109,7 +109,8 @@ def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", pa
                                       "times; a step calls it once (after scaler.step(optimizer))")
             summary = telemetry.summary()
             whole.merge(summary)
-            records.append(StepRecord(scaler.last_overflow, _loss_value(loss, where, index), summary))
+            records.append(StepRecord(scaler.last_overflow, _loss_value(loss, where, index), summary,
+                                      tuple(telemetry.fp8_casts)))
             if scaler.state.stopped:
                 break
     return records, whole.summary()

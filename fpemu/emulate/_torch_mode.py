@@ -320,30 +320,42 @@ class _Runtime:
             _tag_gradients(out)
         return out
 
-    def _fp8_quantized(self, value, op, operand, direction, fmt):
-        """value quantized to fmt with its scale (the policy's fp8_scaling), dequantized (float32)."""
-        if self.policy.fp8_scaling == "delayed":
-            return self._fp8_delayed(value, op, operand, direction, fmt)
-        amax = float(value.detach().abs().max()) if value.numel() else 0.0
-        exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
-        scale = 2.0 ** exponent
-        return self.round(value * scale, op, direction, fmt=fmt) / scale
-
-    def _fp8_delayed(self, value, op, operand, direction, fmt):
-        """Transformer Engine's delayed scaling: cast with the scale the operand's amax history gave
-        (``fl32(x * scale)``, dequantized by ``fl32(1 / scale)``), then its amax enters the history."""
-        from fpemu.scalers.fp8_recipes import te_amax
+    def _fp8_cast(self, op, operand, direction, fmt) -> tuple:
+        """(state key, name) of an fp8 cast: where it is cast (direction, module, op, operand) and which
+        such cast it is since the last forward began at the root (0, 1, ...); the name adds the format."""
         place = (direction, self.module(direction), op, operand)
         uses = self.fp8_uses[place] = self.fp8_uses.get(place, -1) + 1
-        key = place + (uses,)
+        name = f"{direction} {place[1]} {op} {operand}" + (f" #{uses}" if uses else "") + f" {fmt.name}"
+        return place + (uses,), name
+
+    def _fp8_quantized(self, value, op, operand, direction, fmt):
+        """value quantized to fmt with its scale (the policy's fp8_scaling), dequantized (float32); the
+        cast's amax and scale go into the step's telemetry."""
+        key, name = self._fp8_cast(op, operand, direction, fmt)
+        if self.policy.fp8_scaling == "delayed":
+            out, amax, scale = self._fp8_delayed(value, key, op, direction, fmt)
+        else:
+            amax = float(value.detach().abs().max()) if value.numel() else 0.0
+            exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
+            scale = 2.0 ** exponent
+            out = self.round(value * scale, op, direction, fmt=fmt) / scale
+        self.telemetry.record_fp8(name, amax, scale)
+        return out
+
+    def _fp8_delayed(self, value, key, op, direction, fmt) -> tuple:
+        """Transformer Engine's delayed scaling: cast with the scale the operand's amax history gave
+        (``fl32(x * scale)``, dequantized by ``fl32(1 / scale)``), then its amax enters the history.
+        Returns (the dequantized values, the amax, the scale)."""
+        from fpemu.scalers.fp8_recipes import te_amax
         if fmt.name not in self.fp8_recipes:
             self.fp8_recipes[fmt.name] = self.policy.delayed_scaling(fmt)
         recipe = self.fp8_recipes[fmt.name]
         state = self.fp8_states.get(key) or recipe.init()
         scale = torch.tensor(state.scale, dtype=torch.float32)
         inverse = torch.tensor(1.0, dtype=torch.float32) / scale
-        self.fp8_states[key] = recipe.update(state, te_amax(value.detach().numpy()))
-        return self.round(value * scale, op, direction, fmt=fmt) * inverse
+        amax = te_amax(value.detach().numpy())
+        self.fp8_states[key] = recipe.update(state, amax)
+        return self.round(value * scale, op, direction, fmt=fmt) * inverse, float(amax), state.scale
 
 
 def _argument(args, kwargs, position: int, name: str):

@@ -1,5 +1,6 @@
-"""The report page of an emulated run: scale trajectory, skips, where values first went non-finite, and
-the per-module underflow heat map (markdown; PNGs with matplotlib).  Reads only the trace."""
+"""The report page of an emulated run: scale trajectory, skips, where values first went non-finite, each
+fp8 tensor's scale per step (fp8 placements), and the per-module underflow heat map (markdown; PNGs with
+matplotlib).  Reads only the trace."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import math
 
 _HEAT_MODULES = 40  # rows of the heat map: the modules that lose the most
+_FP8_STEPS = 8  # steps of the per-tensor fp8 scale table (the last ones)
 
 
 def module_matrix(trace) -> tuple:
@@ -56,6 +58,7 @@ def report_markdown(trace, images=()) -> str:
     for record in trace.steps:
         lines.append(f"| {record['step']} | {record['scale']:g} | {'X' if record['overflow'] else ''} | "
                      f"{_number(record['loss'])} | {record['underflow_share']:.3%} |")
+    lines += fp8_scale_lines(trace)
     modules, matrix = module_matrix(trace)
     lines += ["", f"## Backward underflow by module (top {len(modules)}: share of each module's rounded "
               "backward values that underflowed to zero)", ""]
@@ -71,6 +74,27 @@ def report_markdown(trace, images=()) -> str:
     if not images and importlib.util.find_spec("matplotlib") is None:
         lines.append("_matplotlib is not installed: the heat map and trajectory plots are skipped._")
     return "\n".join(lines) + "\n"
+
+
+def fp8_scale_lines(trace, last: int = _FP8_STEPS) -> list:
+    """The report's per-tensor fp8 section: each cast's scale in the ``last`` steps and its amax in the
+    last of them ([] for a trace without fp8 casts).  The exact values are the trace's ``tensor_scale_hex``."""
+    from fpemu.traces import decode_value
+    steps = [record for record in trace.steps if record.get("fp8_casts")][-last:]
+    if not steps:
+        return []
+    names = list(dict.fromkeys(name for record in steps for name in record["fp8_casts"]))
+    per_step = [dict(zip(record["fp8_casts"], zip(decode_value(record, "tensor_amax"),
+                                                   decode_value(record, "tensor_scale")))) for record in steps]
+    lines = ["", f"## fp8 scale per tensor ({len(names)} casts a step; the last {len(steps)} steps; amax of the "
+             "last step)", "",
+             "| tensor | " + " | ".join(f"scale @{record['step']}" for record in steps) + " | amax |",
+             "|---|" + "---|" * (len(steps) + 1)]
+    for name in names:
+        cells = [_number(held[name][1][0]) if name in held else "-" for held in per_step]
+        amax = per_step[-1].get(name)
+        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {_number(amax[0][0]) if amax else '-'} |")
+    return lines
 
 
 def _number(value) -> str:

@@ -78,6 +78,7 @@ class Telemetry:
         self.location = None  # the module the emulator runs now (an error names it), None outside any
         self._by_op, self._by_module, self._first = {}, {}, {}
         self._float32_ops = set()
+        self.fp8_casts = []  # this step's fp8 casts in call order: (name, amax, scale)
 
     def record(self, direction: str, op: str, module: str, counts, nonfinite: Optional[str] = None) -> None:
         """Add one rounding's ``counts`` (``COUNTERS`` order); ``nonfinite``: ``overflow``, ``inf`` or
@@ -86,6 +87,11 @@ class Telemetry:
         self._add(self._by_module, (direction, module), counts)
         if nonfinite is not None and direction not in self._first:
             self._first[direction] = NonFinite(direction, op, module, self.step, nonfinite)
+
+    def record_fp8(self, name: str, amax: float, scale: float) -> None:
+        """Note one fp8 cast of this step: the tensor's name, the amax it contributed and the scale it was
+        cast with (float32 values)."""
+        self.fp8_casts.append((name, amax, scale))
 
     def left_in_float32(self, op: str) -> None:
         """Note an op the policy ran in float32 (listed in the trace)."""
@@ -119,3 +125,4 @@ class Telemetry:
         """Start counting step ``step`` afresh (the first-nonfinite records are kept)."""
         self.step = step
         self._by_op, self._by_module = {}, {}
+        self.fp8_casts = []

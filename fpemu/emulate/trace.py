@@ -4,7 +4,9 @@ The step records hold the model-trace fields (``fpemu.traces.format.FIELDS`` rec
 scale, overflow, applied, growth_counter, loss and the underflow / subnormal / overflow shares of the
 values the backward pass rounded, plus ``module_underflow`` and ``module_underflow_forward``: each
 module's underflow share in the backward and the forward pass (``fpemu compare`` compares the
-table's fields; the module shares are for the report).  The
+table's fields; the module shares are for the report).  Under an fp8 placement each step also holds the
+fields recorded by ``emulated``: every fp8 cast's name (``fp8_casts``), the amax of its tensor
+(``tensor_amax``) and the scale it was cast with (``tensor_scale``), a one-value list per cast.  The
 metadata names the model file (its text and sha256 as the spec), the policy with its op table, the
 scaler profile and its parameters, and the run's telemetry totals.  Nothing of the host is recorded,
 so an emulated trace regenerated elsewhere is byte-identical and serves as a golden.
@@ -32,11 +34,14 @@ class StepRecord:
       overflow: the scaler saw non-finite gradients.
       loss: the step's loss (float).
       telemetry: the step's :class:`TelemetrySummary`.
+      fp8_casts: under an fp8 placement, each fp8 cast of the step in call order: (its name, the
+        tensor's amax, the scale it was cast with).
     """
 
     overflow: bool
     loss: float
     telemetry: TelemetrySummary
+    fp8_casts: tuple = ()
 
 
 def _shares(summary: TelemetrySummary) -> dict:
@@ -61,7 +66,7 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
     The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
     the run's scaler followed, so the trace reads like every other model trace.
     """
-    from fpemu.harness._trace_layout import trace_steps, trace_summary  # the one layout of steps and summaries
+    from fpemu.harness._trace_layout import fp8_cast_fields, trace_steps, trace_summary  # the one layout
     chosen = get_profile(profile)
     simulated = simulate_scaler([r.overflow for r in records], chosen.name, **params)
     columns = {"loss": [r.loss for r in records]}
@@ -69,7 +74,8 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
         for name, value in _shares(record.telemetry).items():
             columns.setdefault(name, []).append(value)
     steps = trace_steps(simulated, fields_recorded_by("model"), columns)
-    steps = tuple({**step, "module_underflow": module_underflow(r.telemetry),
+    steps = tuple({**step, **(fp8_cast_fields(r.fp8_casts) if r.fp8_casts else {}),
+                   "module_underflow": module_underflow(r.telemetry),
                    "module_underflow_forward": module_underflow(r.telemetry, "forward")}
                   for step, r in zip(steps, records))
     metadata = {"fpemu_version": fpemu.__version__,

@@ -3,6 +3,7 @@
 from fpemu.harness.jobs import (AuditChange, audit, diff, implementations_for, record, stderr_progress,
                                 write_golden)
 from fpemu.harness.run import record_trace, reference_trace
+from fpemu.harness._fp8_training import float8_training_traces
 
 __all__ = ["AuditChange", "audit", "diff", "implementations_for", "record", "stderr_progress",
-           "write_golden", "record_trace", "reference_trace"]
+           "write_golden", "record_trace", "reference_trace", "float8_training_traces"]

@@ -2,14 +2,18 @@
 
 fpemu.harness.run (reference and recorded traces), fpemu.harness.ranks (per-rank traces) and
 fpemu.emulate.trace (emulated runs) all write model and scaler traces through these functions, so
-the three cannot drift apart.
+the three cannot drift apart; fp8 training traces (fpemu.harness._fp8_training) and emulated fp8
+runs write each cast's amax and scale through :func:`fp8_cast_fields`.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 import fpemu
 from fpemu._host import host_provenance
 from fpemu.traces import float_fields
+from fpemu.traces.format import encode_float
 
 REFERENCE = "reference"
 
@@ -64,3 +68,29 @@ def trace_summary(scaler_trace) -> dict:
             "skipped_updates": scaler_trace.skipped_updates, **float_fields("final_scale", scaler_trace.final_scale),
             "stopped_at": scaler_trace.stopped_at,
             "events": [[step, text] for step, text in scaler_trace.events]}
+
+
+def fp8_cast_fields(casts) -> dict:
+    """The fp8 fields of one step record (see fpemu.traces.format.FIELDS) from the step's casts in call order.
+
+    Args:
+      casts: ``(name, amaxes, scales)`` or ``(name, amaxes, scales, codes digest)`` per cast; amaxes and
+        scales are float32 arrays (one value per tensor, or one per row).
+
+    Returns:
+      ``fp8_casts`` (the names), ``tensor_amax`` and ``tensor_scale`` (a list per cast, each float also as
+      hex) and, where the casts carry digests, ``fp8_codes`` (one per cast).
+
+    Example:
+      >>> fp8_cast_fields([("layer0.input", [2.0], [224.0])])["tensor_scale_hex"]
+      [['0x1.c000000000000p+7']]
+    """
+    casts = list(casts)
+    record = {"fp8_casts": [cast[0] for cast in casts]}
+    for field, position in (("tensor_amax", 1), ("tensor_scale", 2)):
+        values = [[float(v) for v in np.ravel(cast[position])] for cast in casts]
+        record[field] = [[encode_float(v) for v in per_cast] for per_cast in values]
+        record[f"{field}_hex"] = [[v.hex() for v in per_cast] for per_cast in values]
+    if casts and len(casts[0]) > 3:
+        record["fp8_codes"] = [cast[3] for cast in casts]
+    return record

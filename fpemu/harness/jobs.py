@@ -18,7 +18,9 @@ from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
-from fpemu.specs import RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs, parse_spec
+from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs,
+                         parse_spec)
+from fpemu.specs.scenario import Implementation
 from fpemu.traces import read_trace, trace_filename, write_trace
 
 Progress = Callable[[int, int, str], None]
@@ -70,6 +72,8 @@ def _check_names(names, option: str) -> None:
 def _scenario_kind(scenario) -> str:
     if isinstance(scenario, RecipeScenario):
         return "recipe"
+    if isinstance(scenario, Fp8TrainingScenario):
+        return "fp8_training"
     return "step" if isinstance(scenario, StepScenario) else "scaler"
 
 
@@ -108,14 +112,41 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
     return []
 
 
-def write_golden(spec_paths, out_dir, progress: Progress = _quiet) -> list:
-    """Write the reference trace of every spec into ``out_dir``; returns the paths written."""
+def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None) -> list:
+    """Write the reference trace of every spec into ``out_dir``; returns the paths of its current goldens.
+
+    A spec whose golden needs a real run that cannot run here (``golden_needs``: an fp8 training spec
+    without torchao) keeps its golden where one is current (same spec sha256; its path is returned) and
+    gets none otherwise; each such spec is appended to ``unmade`` (when given) as ``(name, reason, kept
+    path or None)``.
+    """
     scenarios = [s for s in load_specs(spec_paths) if not isinstance(s, RanksScenario)]  # fpemu.harness.ranks
     written = []
     for index, scenario in enumerate(scenarios, 1):
-        written.append(write_trace(reference_trace(scenario), pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)))
-        progress(index, len(scenarios), scenario.name)
+        path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
+        missing = _golden_unmade(scenario)
+        if not missing:
+            written.append(write_trace(reference_trace(scenario), path))
+        else:
+            kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
+            written += [kept] if kept else []
+            if unmade is not None:
+                unmade.append((scenario.name, missing, kept))
+        progress(index, len(scenarios), scenario.name + (f" (golden not made here: {missing})" if missing else ""))
     return written
+
+
+def _golden_unmade(scenario):
+    """Why the golden of ``scenario`` cannot be made here (its reference needs a real run whose framework
+    is absent), or None."""
+    return skip_reason(Implementation(scenario.golden_needs, {})) if scenario.golden_needs else None
+
+
+def _is_current_golden(path: pathlib.Path, scenario) -> bool:
+    try:
+        return path.exists() and read_trace(path).metadata["spec"]["sha256"] == scenario.sha256
+    except FpemuInputError:
+        return False
 
 
 def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
@@ -268,7 +299,8 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
     """
     scenarios = load_specs(spec_paths)
     jobs = _jobs(scenarios, requested, allow_none, excluded)
-    goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs}  # all, before any run
+    goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs  # all, before any run
+               if not _golden_unmade(scenario)}  # (one that cannot be made here: its job is skipped too)
     verdicts = []
     for index, (scenario, impl) in enumerate(jobs, 1):
         key = implementation_key(impl)

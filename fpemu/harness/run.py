@@ -11,6 +11,8 @@ from fpemu.adapters import get_adapter, record_scaler, step_function, unavailabl
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
 from fpemu.harness.recipe_traces import recorded_recipe_trace, reference_recipe_trace
+from fpemu.harness._fp8_training import recorded_fp8_training_trace, reference_fp8_training_trace
+from fpemu.specs.fp8_training import Fp8TrainingScenario
 from fpemu.specs.recipes import RecipeScenario
 from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
 from fpemu.traces import Trace, float_fields
@@ -146,6 +148,8 @@ def reference_trace(scenario: ScalerScenario | StepScenario | RecipeScenario) ->
     """The golden trace: the scenario run on fpemu's reference model."""
     if isinstance(scenario, StepScenario):
         return _reference_step_trace(scenario)
+    if isinstance(scenario, Fp8TrainingScenario):
+        return reference_fp8_training_trace(scenario)
     if isinstance(scenario, RecipeScenario):
         return reference_recipe_trace(scenario, lambda profile, params, verified: trace_metadata(
             scenario, REFERENCE, profile, params, package_versions(["numpy", "ml_dtypes"]), "cpu", verified=verified))
@@ -161,6 +165,8 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
     """Drive the real implementation ``impl`` through the scenario's overflow flags (or its steps)."""
     if isinstance(scenario, StepScenario):
         return _recorded_step_trace(scenario, impl)
+    if isinstance(scenario, Fp8TrainingScenario):
+        return recorded_fp8_training_trace(scenario, impl)
     if isinstance(scenario, RecipeScenario):
         return recorded_recipe_trace(scenario, impl, lambda profile, params: trace_metadata(
             scenario, implementation_key(impl), profile, params, adapter_versions(get_adapter(impl.name)), impl.device))

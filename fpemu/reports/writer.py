@@ -219,7 +219,8 @@ def _verdict_rows(verdicts) -> list:
     rows = []
     for v in sorted(verdicts, key=lambda v: (_STATUS_ORDER.index(v["status"]), v["spec"])):
         div = v.get("divergence")
-        where = "-" if not div else f"step {div['step']}, {div['field']}: expected {div['expected']}, got {div['got']}"
+        field = f"{div['field']} of {div['element']}" if div and div.get("element") else div and div["field"]
+        where = "-" if not div else f"step {div['step']}, {field}: expected {div['expected']}, got {div['got']}"
         status = f"**{v['status']}**" if STATUSES[v["status"]][1] else v["status"]
         rows.append((f"[{v['spec']}](#{v['spec']})", v["implementation"], status, where,
                      _linked(div["cause"]) if div else "-", _linked(v.get("note") or "-")))
@@ -234,7 +235,9 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
     lines = [f"### {name}", "", spec["text"].split("\n")[0].removeprefix("description = ").strip('"'), "",
              f"profile `{trace.metadata['profile']}` ({trace.metadata.get('verified', '')}); "
              f"{trace.summary['attempts']} attempts, {trace.summary['completed_updates']} completed updates, "
-             f"{trace.summary['skipped_updates']} skipped; final scale {final:.9g} (`{final.hex()}`)", ""]
+             f"{trace.summary['skipped_updates']} skipped"
+             # fp8 training traces have no loss scale, so no final scale
+             + ("" if final is None else f"; final scale {final:.9g} (`{final.hex()}`)"), ""]
     diverges_at = {}
     for v in verdicts:
         step = v["divergence"]["step"] if v.get("divergence") else None

@@ -51,10 +51,12 @@ MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step",
-              "recipe", "amax", "ranks"}  # [recipe] and [amax]: fpemu.specs.recipes; [ranks]: fpemu.specs._ranks
+              "recipe", "amax", "ranks", "fp8_training"}  # [recipe] and [amax]: fpemu.specs.recipes; [ranks]: fpemu.specs._ranks
+# [fp8_training]: fpemu.specs.fp8_training
 # Scenario kinds beyond scaler and step specs: the top-level table that marks one -> its parser
 # ("module:function", taking (checker, raw TOML, text, path)).
-SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec", "recipe": "fpemu.specs.recipes:parse_recipe_spec"}
+SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec", "recipe": "fpemu.specs.recipes:parse_recipe_spec",
+                  "fp8_training": "fpemu.specs.fp8_training:parse_fp8_training_spec"}
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "torch_cpu_compiled", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},

@@ -10,7 +10,7 @@ the same flags.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -148,6 +148,8 @@ class _ScenarioBase:
     path: str = ""
     sha256: str = ""
     text: str = ""
+    # the adapter a golden trace needs (its reference runs on a real run's tensors), None for a pure model
+    golden_needs: ClassVar[Optional[str]] = None
 
     def declared(self, name: str) -> Optional[Implementation]:
         """The spec's own [implementations.NAME] table, if it has one."""

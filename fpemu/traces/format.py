@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import pathlib
+from typing import Optional
 
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_text
@@ -58,13 +59,16 @@ class TraceField:
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
         through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
         ``recipe`` (an fp8 scaling recipe over amaxes), ``fp8_training`` (a real fp8 training run
-        against the recipe's model on the same tensors; not a spec kind) and ``recorded`` (a user's
-        own run, see fpemu.traces.recorded).
+        against the recipe's model on the same tensors, fpemu.specs.fp8_training), ``emulated`` (an
+        fpemu.emulate run with an fp8 placement) and ``recorded`` (a user's own run, see
+        fpemu.traces.recorded).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
       trajectory: a change in it changes what training did (scales, skips, update sizes), which
         ranks above a change in numerics alone (losses, weights, shares).
+      labels: the field of the same step record that names this list's elements, one name per
+        element (a comparison names the first element that differs: ``layer1.weight``).
     """
 
     name: str
@@ -73,6 +77,7 @@ class TraceField:
     observed: bool = False
     by_default: bool = True
     trajectory: bool = True
+    labels: Optional[str] = None
 
 
 # The one table of step-record fields; every other list of field names is derived from it.
@@ -92,11 +97,13 @@ FIELDS = {field.name: field for field in [
     TraceField("amax", False, ("recipe",)),
     TraceField("amax_used", False, ("recipe",)),
     TraceField("scale_inv", False, ("recipe",)),
-    # fp8 training (fpemu.harness.recipe_traces.float8_training_traces): per step, every cast's amaxes and
-    # scales (one per tensor, or per row) and a digest of its fp8 codes
-    TraceField("tensor_amax", False, ("fp8_training",)),
-    TraceField("tensor_scale", False, ("fp8_training",)),
-    TraceField("fp8_codes", False, ("fp8_training",)),
+    # fp8 training (fpemu.specs.fp8_training) and emulated fp8 (fpemu.emulate): per step, the name of every
+    # fp8 cast in call order, its amaxes and scales (a list per cast: one per tensor, or one per row) and a
+    # digest of its fp8 codes (fpemu.harness._trace_layout.fp8_cast_fields writes them)
+    TraceField("fp8_casts", False, ("fp8_training", "emulated")),
+    TraceField("tensor_amax", False, ("fp8_training", "emulated"), labels="fp8_casts"),
+    TraceField("tensor_scale", False, ("fp8_training", "emulated"), labels="fp8_casts"),
+    TraceField("fp8_codes", False, ("fp8_training",), labels="fp8_casts"),
     # recorded runs only (fpemu.traces.recorded): the loop's own measurements
     TraceField("grad_norm", True, ("recorded",), by_default=False, trajectory=False),
     TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
@@ -157,13 +164,16 @@ def float_fields(name: str, value) -> dict:
 
 
 def decode_value(record: dict, field: str):
-    """A field of a step record, floats (and lists of floats) read exactly from their hex form."""
+    """A field of a step record, floats (and lists, or lists of lists, of floats) read exactly from their
+    hex form."""
     exact = record.get(f"{field}_hex")
-    if isinstance(exact, list):
-        return [float.fromhex(v) for v in exact]
     if exact is not None:
-        return float.fromhex(exact)
+        return _from_hex(exact)
     return record.get(field)
+
+
+def _from_hex(exact):
+    return [_from_hex(v) for v in exact] if isinstance(exact, list) else float.fromhex(exact)
 
 
 def _body(trace: Trace) -> dict:
