@@ -1,0 +1,145 @@
+"""Transformer Engine's Python block-scaling references (NVFP4, MXFP8), run on the CPU from its source.
+
+TE's NVFP4 reference quantizer, ``NVFP4QuantizerRef`` (``pytorch/custom_recipes/reference_nvfp4.py``),
+is pure torch, but its module imports ``transformer_engine.pytorch.quantized_tensor`` for the base
+classes ``Quantizer`` and ``QuantizedTensorStorage``, and that module imports the compiled extension
+``transformer_engine_torch``; the custom-recipe ``gemm`` module it also imports needs the same.  The
+quantization path itself (``_quantize`` -> ``_quantize_blockwise_reference`` -> ``cast_to_fp4x2``)
+calls nothing of either: it reads only the attributes ``__init__`` sets.  So, as
+:mod:`fpemu.adapters.te_recipes` does, the functions are taken unchanged from the file (by name, with
+``ast``) and run with torch, ``self`` being a plain holder of ``__init__``'s attributes (its base
+``Quantizer.__init__`` needs the extension).  TE's MXFP8 reference, ``_mxfp8_2d_quantize_reference``
+(``tests/pytorch/test_mxfp8_2d_quantize.py``, pure torch; the test module imports TE), is driven
+the same way.  Nothing of TE's arithmetic is reimplemented here.
+
+The source: as :mod:`fpemu.adapters.te_recipes` (``FPEMU_TE_SOURCE``, a checkout or git mirror
+holding commit ``d0067d0``; by default ``~/.cache/fpemu/TransformerEngine``, which then needs the two
+files :data:`REFERENCE_FILES`).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import subprocess
+import types
+
+import numpy as np
+
+from fpemu.adapters.te_recipes import TE_COMMIT, _functions, _read, _source_root
+from fpemu.blocks import SCALE_RULES, BlockQuantized
+from fpemu.formats import get_format, unpack_nibbles
+from fpemu.formats.rounding import decode
+
+_NVFP4_REFERENCE = "transformer_engine/pytorch/custom_recipes/reference_nvfp4.py"
+_MXFP8_REFERENCE = "tests/pytorch/test_mxfp8_2d_quantize.py"
+REFERENCE_FILES = (_NVFP4_REFERENCE, _MXFP8_REFERENCE)
+# NVFP4QuantizerRef's methods on the quantization path (staticmethods stay staticmethods).
+_NVFP4_METHODS = ("_quantize", "_quantize_blockwise_reference", "_pad_tensor", "_rm_pad_tensor")
+
+
+def te_reference_unavailable():
+    """Why TE's reference files cannot be read here (None when they can)."""
+    try:
+        for path in REFERENCE_FILES:
+            _read(path)
+    except (OSError, subprocess.CalledProcessError):
+        return (f"no TransformerEngine reference source ({', '.join(REFERENCE_FILES)}) at {_source_root()} "
+                f"(set FPEMU_TE_SOURCE to a checkout or git mirror holding commit {TE_COMMIT[:7]})")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvfp4_reference() -> dict:
+    import typing
+    import torch
+    namespace = {"torch": torch, "Tuple": typing.Tuple, "Optional": typing.Optional, "Union": typing.Union}
+    _functions(_NVFP4_REFERENCE, ("cast_to_fp4x2",), namespace)
+    return _functions(_NVFP4_REFERENCE, _NVFP4_METHODS, namespace, within="NVFP4QuantizerRef")
+
+
+def _nvfp4_holder(functions: dict):
+    """``self`` for the methods: the attributes NVFP4QuantizerRef.__init__ sets for
+    ``NVFP4QuantizerRef(Fp4Formats.E2M1, rowwise=True, columnwise=False)`` (1 x 16 tiles, no RHT)."""
+    holder = types.SimpleNamespace(
+        rowwise_usage=True, columnwise_usage=False, internal=True, pow_2_scales=False, eps=0.0,
+        quant_tile_shape=(1, 16), row_scaled_nvfp4=False, nvfp4_use_4over6=False, nvfp4_e4m3_max=448,
+        nvfp4_4over6_err_mode="MAE", nvfp4_4over6_err_use_fast_math=False, with_rht=False,
+        with_random_sign_mask=True)
+    holder._pad_tensor, holder._rm_pad_tensor = functions["_pad_tensor"], functions["_rm_pad_tensor"]
+    holder._quantize_blockwise_reference = (  # a classmethod: cls is the holder
+        lambda *args, **kwargs: functions["_quantize_blockwise_reference"](holder, *args, **kwargs))
+    return holder
+
+
+def te_nvfp4_reference(x) -> tuple:
+    """``NVFP4QuantizerRef._quantize`` (rowwise, 1 x 16 tiles) on 2-D float32 ``x``.
+
+    Returns:
+      (a :class:`~fpemu.blocks.BlockQuantized` of TE's scale codes and element codes, whose values
+      are TE's dequantize-kernel formula fl32(e * fl32(fl32(s * amax) * fl32(1 / 2688))) applied to
+      them (the reference returns no values), and the reference's global amax as a float32).
+
+    Example:
+      >>> q, amax = te_nvfp4_reference(np.full((1, 16), 3.0, np.float32))  # doctest: +SKIP
+      >>> int(q.scale_codes[0, 0]), int(q.element_codes[0, 0]), float(amax)  # 448 and 6.0
+      (126, 7, 3.0)
+    """
+    import torch
+    functions = _nvfp4_reference()
+    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions), data)
+    rule, elem = SCALE_RULES["te_nvfp4_reference"], get_format("fp4_e2m1fn")
+    scales = sx.float().numpy()
+    amax = np.float32(global_amax.item())
+    element_codes = unpack_nibbles(qx.numpy())
+    with np.errstate(invalid="ignore", over="ignore"):
+        dequantize = (scales * amax) * (np.float32(1.0) / np.float32(448 * 6))
+        values = decode(element_codes, elem, dtype=np.float32) * np.repeat(dequantize, rule.block_size, axis=-1)
+    return (BlockQuantized(rule.name, elem, get_format(rule.scale_format), rule.block_size, data.ndim - 1,
+                           sx.contiguous().view(torch.uint8).numpy().copy(), scales, element_codes, values),
+            amax)
+
+
+@functools.lru_cache(maxsize=None)
+def _mxfp8_reference() -> dict:
+    import torch
+    return _functions(_MXFP8_REFERENCE, ("_float_to_e8m0", "_e8m0_to_scale_inv", "_mxfp8_2d_quantize_reference"),
+                      {"torch": torch, **_constants(_MXFP8_REFERENCE, ("FP8_E4M3_MAX", "MXFP8_BLOCK_SIZE"))})
+
+
+def _constants(path: str, names) -> dict:
+    """The module-level constants ``names`` of TE's file ``path`` (literal assignments)."""
+    tree = ast.parse(_read(path), filename=path)
+    found = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+             if isinstance(node, ast.Assign) and len(node.targets) == 1
+             and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names}
+    if set(found) != set(names):
+        raise AttributeError(f"{path} at {TE_COMMIT[:7]} has no constant {', '.join(sorted(set(names) - set(found)))}")
+    return found
+
+
+def te_mxfp8_reference(x) -> BlockQuantized:
+    """TE's ``_mxfp8_2d_quantize_reference`` on 2-D float32 ``x`` of 1 x 32 blocks: each row of blocks
+    becomes the first row of a band of 32 x 32 tiles whose other rows are 0, so a tile's amax is its
+    block's; TE's scale codes and e4m3 codes of those rows, values fpemu's e8m0 dequantize of them.
+
+    Example:
+      >>> q = te_mxfp8_reference(np.full((1, 32), 448.0, np.float32))  # doctest: +SKIP
+      >>> int(q.scale_codes[0, 0]), int(q.element_codes[0, 0])
+      (127, 126)
+    """
+    import torch
+    data = np.ascontiguousarray(x, dtype=np.float32)
+    rule, elem = SCALE_RULES["te_mxfp8_reference"], get_format("fp8_e4m3fn")
+    rows, block = data.shape[0], rule.block_size
+    tiles = np.zeros((rows * block, data.shape[1]), np.float32)
+    tiles[::block] = data
+    codes, row_scales, _ = _mxfp8_reference()["_mxfp8_2d_quantize_reference"](torch.from_numpy(tiles))
+    element_codes = codes.view(torch.uint8).numpy()[::block].copy()
+    scale_codes = row_scales.numpy()[::block].copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        scales = np.where(scale_codes == 255, np.float32(np.nan),
+                          np.exp2(scale_codes.astype(np.float64) - 127).astype(np.float32))
+        values = decode(element_codes, elem, dtype=np.float32) * np.repeat(scales, block, axis=-1)
+    return BlockQuantized(rule.name, elem, get_format("e8m0"), block, 1, scale_codes, scales, element_codes, values)
