@@ -112,15 +112,15 @@ def exact_nvfp4_codes(x: np.ndarray, scale_codes: np.ndarray) -> tuple:
     return scales, elements.reshape(x.shape)
 
 
-def nvfp4_inputs(kind: str, rows: int) -> np.ndarray:
+def nvfp4_inputs(kind: str, rows: int, seed: int = 7) -> np.ndarray:
     """2-D float32 of ``rows`` NVFP4 blocks: a probe kind, ``bf16`` (bf16-valued randn * 1e-3, whose
     block-to-tensor amax ratios hit e4m3 ties exactly), or ``midpoints`` (block amaxes within 3 float32
     ulps of amax_t * m / 448 for every e4m3 midpoint m, amax_t = 0.01234)."""
     if kind in PROBE_KINDS:
-        return probe_blocks(kind, "fp4_e2m1fn", rows=rows, block_size=16, seed=7).reshape(rows // 4, 64)
+        return probe_blocks(kind, "fp4_e2m1fn", rows=rows, block_size=16, seed=seed).reshape(rows // 4, 64)
     if kind == "bf16":
         import ml_dtypes
-        randn = np.random.default_rng(1).standard_normal((rows // 4, 64)) * 1e-3
+        randn = np.random.default_rng(seed).standard_normal((rows // 4, 64)) * 1e-3
         return randn.astype(ml_dtypes.bfloat16).astype(np.float32)
     codes = fpemu.decode(np.arange(0, 127), "fp8_e4m3fn")
     tensor_amax = np.float32(0.01234)
@@ -157,8 +157,8 @@ def te_against_torchao_nvfp4(rows: int) -> list:
     rule, on the same tensors: where they differ, and in what."""
     from fpemu.adapters.torchao_blocks import torchao_block_quantize
     out = []
-    for seed, kind in enumerate(PROBE_KINDS):
-        x = probe_blocks(kind, "fp4_e2m1fn", rows=rows, block_size=16, seed=100 + seed).reshape(rows // 4, 64)
+    for seed, kind in enumerate((*PROBE_KINDS, "bf16", "midpoints")):
+        x = nvfp4_inputs(kind, rows, seed=100 + seed)
         te, ref = (block_quantize(x, "fp4_e2m1fn", scale_rule=r) for r in ("te_nvfp4", "te_nvfp4_reference"))
         ao = torchao_block_quantize(x, "fp4_e2m1fn", "torchao_nvfp4_2level")
         scale_differs = te.scale_codes != ao.scale_codes
@@ -235,8 +235,9 @@ def main() -> None:
           ("of_which_same_scale", "of which in same-scale blocks"), ("values_vs_torchao", "values vs torchao"),
           ("scales_vs_reference", "scales vs TE reference"), ("elements_vs_reference", "elements vs TE reference")],
          ["Values differ even where codes agree: TE dequantizes with fl32(fl32(s * amax) * fl32(1/2688)), torchao "
-          "with t * s, t = fl32(amax / 2688). Finite inputs: every scale difference is a TE scale below 2**-6 "
-          "against torchao's clamp, and same-scale blocks get the same element codes. zeros: torchao's tensor "
+          "with t * s, t = fl32(amax / 2688). Finite probes and bf16: every scale difference is a TE scale "
+          "below 2**-6 against torchao's clamp, and same-scale blocks get the same element codes; near e4m3 "
+          "midpoints the rest are their roundings parting (torchao: fl32(fl32(amax / 6) / t)). zeros: torchao's tensor "
           "scale is 0 and its block scales 0 / 0 = NaN (TE: scale 0, S_enc 1). inf: torchao's tensor scale is "
           "inf and every scale NaN; TE's S_enc becomes 1 (2688 / inf = 0 -> 1), the block scales 448. nan: "
           "torchao's tensor scale is NaN; TE's kernel leaves NaN out of both amaxes (fmaxf), its reference "

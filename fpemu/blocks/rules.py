@@ -162,7 +162,7 @@ SCALE_RULES = {rule.name: rule for rule in [
                       "midpoints, 0 of the 1,024 finite probe blocks; the element multiplier "
                       "min(fl32(1 / fl32(s * S_dec)), FLT_MAX) loses bits where s * S_dec is a float32 "
                       "subnormal (tensor amax under about 2**-106: 103 of 4,096 'tiny' elements) and moves a "
-                      "few fp4 ties (3 of 4,096 bf16-valued randn * 1e-3 elements); no lower clamp: e4m3 "
+                      "few fp4 ties (9 of 4,096 bf16-valued randn * 1e-3 elements); no lower clamp: e4m3 "
                       "subnormal scales and scale 0, whose elements are x * FLT_MAX saturated to +-6 (63 "
                       "'wide' and 229 'edges' blocks of 256) and dequantize to 0; an all-zero tensor gets "
                       "S_enc 1; NaN is left out of both amaxes (fmaxf); a NaN element's code is assumed (PTX "
