@@ -88,7 +88,8 @@ def ceil_scale_edges() -> dict:
     centre = (448 * np.exp2(np.arange(-140, 120, dtype=np.float64))).astype(np.float32).view(np.uint32)
     amax = (centre[:, None].astype(np.int64) + np.arange(-3, 4)).ravel().astype(np.uint32).view(np.float32)
     amax = amax[amax > 0]
-    mantissa, exponent = np.frexp(amax.astype(np.float64) / 448)     # (exact: amax / 448 is no power of 2 unless it is one)
+    # (amax / 448 in float64 is a power of two only where the exact quotient is one: amax has 24 bits)
+    mantissa, exponent = np.frexp(amax.astype(np.float64) / 448)
     exact = np.clip(np.where(mantissa == 0.5, exponent - 1, exponent), -127, 127) + 127
     x = np.zeros((amax.size, 32), np.float32)
     x[:, 0] = amax

@@ -8,13 +8,9 @@ import pytest
 
 from fpemu.blocks import block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
+from trace_checks import same_floats
 
 F32_MAX = np.finfo(np.float32).max
-
-
-def same_bits_nan_aware(a, b) -> np.ndarray:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
 def nvfp4_probe(kind: str, rows: int = 32, seed: int = 3) -> np.ndarray:
@@ -92,12 +88,12 @@ def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
     ours = block_quantize(x, "fp4_e2m1fn", scale_rule="te_nvfp4_reference")
     for field in ("scale_codes", "element_codes"):
         assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, field)
-    assert same_bits_nan_aware(ours.values, theirs.values).all() and same_bits_nan_aware(ours.scales, theirs.scales).all()
+    assert same_floats(ours.values, theirs.values) and same_floats(ours.scales, theirs.scales), kind
     x = probe_blocks(kind, "fp8_e4m3fn", rows=16, block_size=32, seed=3).reshape(8, 64)
     theirs, ours = te.te_mxfp8_reference(x), block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8_reference")
     for field in ("scale_codes", "element_codes"):
         assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, field)
-    assert same_bits_nan_aware(ours.values, theirs.values).all()
+    assert same_floats(ours.values, theirs.values), kind
 
 
 def test_te_kernel_rule_departs_from_te_reference_code_only_in_nan_and_negative_zero():

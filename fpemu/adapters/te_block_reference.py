@@ -1,16 +1,21 @@
 """Transformer Engine's Python block-scaling references (NVFP4, MXFP8), run on the CPU from its source.
 
 TE's NVFP4 reference quantizer, ``NVFP4QuantizerRef`` (``pytorch/custom_recipes/reference_nvfp4.py``),
-is pure torch, but its module imports ``transformer_engine.pytorch.quantized_tensor`` for the base
-classes ``Quantizer`` and ``QuantizedTensorStorage``, and that module imports the compiled extension
-``transformer_engine_torch``; the custom-recipe ``gemm`` module it also imports needs the same.  The
-quantization path itself (``_quantize`` -> ``_quantize_blockwise_reference`` -> ``cast_to_fp4x2``)
-calls nothing of either: it reads only the attributes ``__init__`` sets.  So, as
+is pure torch, but its module cannot be imported without TE's compiled extension: it imports
+``transformer_engine.pytorch.quantized_tensor`` (for the base classes ``Quantizer`` and
+``QuantizedTensorStorage``) and ``custom_recipes.gemm``; importing either runs
+``transformer_engine/pytorch/__init__.py``, which loads the extension
+(``load_framework_extension("torch")``), and ``quantized_tensor`` itself does ``import
+transformer_engine_torch as tex`` (used by ``Quantizer.make_empty`` only:
+``tex.create_empty_quantized_tensor``).  The quantization path (``_quantize`` ->
+``_quantize_blockwise_reference`` -> ``cast_to_fp4x2``) uses no symbol of either: it reads only the
+attributes ``NVFP4QuantizerRef.__init__`` and ``Quantizer.__init__`` set.  So, as
 :mod:`fpemu.adapters.te_recipes` does, the functions are taken unchanged from the file (by name, with
-``ast``) and run with torch, ``self`` being a plain holder of ``__init__``'s attributes (its base
-``Quantizer.__init__`` needs the extension).  TE's MXFP8 reference, ``_mxfp8_2d_quantize_reference``
-(``tests/pytorch/test_mxfp8_2d_quantize.py``, pure torch; the test module imports TE), is driven
-the same way.  Nothing of TE's arithmetic is reimplemented here.
+``ast``) and run with torch, ``self`` being a plain holder of those attributes (the ``__init__``s
+call ``super()``, which needs the real classes).  TE's MXFP8 reference,
+``_mxfp8_2d_quantize_reference`` (``tests/pytorch/test_mxfp8_2d_quantize.py``, pure torch; the test
+module imports ``transformer_engine.pytorch``), is driven the same way.  Nothing of TE's arithmetic
+is reimplemented here.
 
 The source: as :mod:`fpemu.adapters.te_recipes` (``FPEMU_TE_SOURCE``, a checkout or git mirror
 holding commit ``d0067d0``; by default ``~/.cache/fpemu/TransformerEngine``, which then needs the two
@@ -53,17 +58,17 @@ def te_reference_unavailable():
 def _nvfp4_reference() -> dict:
     import typing
     import torch
-    namespace = {"torch": torch, "Tuple": typing.Tuple, "Optional": typing.Optional, "Union": typing.Union}
+    namespace = {"torch": torch, "Tuple": typing.Tuple, "Optional": typing.Optional}
     _functions(_NVFP4_REFERENCE, ("cast_to_fp4x2",), namespace)
     return _functions(_NVFP4_REFERENCE, _NVFP4_METHODS, namespace, within="NVFP4QuantizerRef")
 
 
 def _nvfp4_holder(functions: dict):
-    """``self`` for the methods: the attributes NVFP4QuantizerRef.__init__ sets for
-    ``NVFP4QuantizerRef(Fp4Formats.E2M1, rowwise=True, columnwise=False)`` (1 x 16 tiles, no RHT)."""
+    """``self`` for the methods: the attributes NVFP4QuantizerRef.__init__ (and Quantizer.__init__) set
+    for ``NVFP4QuantizerRef(Fp4Formats.E2M1, rowwise=True, columnwise=False)`` (1 x 16 tiles, no RHT)."""
     holder = types.SimpleNamespace(
-        rowwise_usage=True, columnwise_usage=False, internal=True, pow_2_scales=False, eps=0.0,
-        quant_tile_shape=(1, 16), row_scaled_nvfp4=False, nvfp4_use_4over6=False, nvfp4_e4m3_max=448,
+        rowwise_usage=True, columnwise_usage=False, internal=True, optimize_for_gemm=False, pow_2_scales=False,
+        eps=0.0, quant_tile_shape=(1, 16), row_scaled_nvfp4=False, nvfp4_use_4over6=False, nvfp4_e4m3_max=448,
         nvfp4_4over6_err_mode="MAE", nvfp4_4over6_err_use_fast_math=False, with_rht=False,
         with_random_sign_mask=True)
     holder._pad_tensor, holder._rm_pad_tensor = functions["_pad_tensor"], functions["_rm_pad_tensor"]

@@ -176,5 +176,6 @@ SCALE_RULES = {rule.name: rule for rule in [
                       "123 of 884 midpoint blocks and 103 'tiny' elements off exact); it parts from the kernel "
                       "where torch.amax keeps NaN (S_enc NaN: every scale NaN, every element code 0: 256 scales "
                       "and 3,965 of 4,096 codes of the 'nan' probe), where cast_to_fp4x2 gives -0.0 code 0 "
-                      "(546 of 4,096 'wide' and 72 'tiny' codes), and for an all-zero tensor (S_enc = FLT_MAX)"),
+                      "(546 of 4,096 'wide' and 72 'tiny' codes), and for an all-zero tensor (S_enc = FLT_MAX, "
+                      "seen only in tensor_scale: its codes, scales and amax are the kernel's zeros)"),
 ]}
