@@ -66,9 +66,12 @@ def sweep_against_te_references(rows: int) -> list:
     if te.te_reference_unavailable():
         return []
     out = []
-    for rule, elem, block, run in (("te_nvfp4_reference", "fp4_e2m1fn", 16, lambda x: te.te_nvfp4_reference(x)[0]),
-                                   ("te_mxfp8_reference", "fp8_e4m3fn", 32, te.te_mxfp8_reference)):
-        total = {"rule": rule, "element": elem, "scale_codes": 0, "element_codes": 0, "values": 0, "blocks": 0,
+    for label, rule, elem, block, run in (
+            ("te_nvfp4_reference", "te_nvfp4_reference", "fp4_e2m1fn", 16, lambda x: te.te_nvfp4_reference(x)[0]),
+            ("te_nvfp4_reference, TE's 16 x 16 tiles", "te_nvfp4_reference", "fp4_e2m1fn", 16,
+             lambda x: te.te_nvfp4_reference(x, 16)[0]),
+            ("te_mxfp8_reference", "te_mxfp8_reference", "fp8_e4m3fn", 32, te.te_mxfp8_reference)):
+        total = {"rule": label, "element": elem, "scale_codes": 0, "element_codes": 0, "values": 0, "blocks": 0,
                  "elements": 0}
         for seed, kind in enumerate(PROBE_KINDS):
             x = probe_blocks(kind, elem, rows=rows, block_size=block, seed=100 + seed).reshape(rows // 4, 4 * block)
@@ -218,8 +221,9 @@ def main() -> None:
                         ("scale_codes", "scale code mismatches"), ("element_codes", "element code mismatches"),
                         ("values", "value mismatches")]
     te_notes = (["TE's own Python code at d0067d0 (fpemu.adapters.te_block_reference): NVFP4QuantizerRef._quantize "
-                 "(1 x 16 tiles, no RHT; values: TE's dequantize-kernel formula on its codes) and "
-                 "_mxfp8_2d_quantize_reference (each 1 x 32 block the first row of a 32 x 32 tile of zeros)."]
+                 "(1 x 16 tiles, and 16 x 16 tiles with each 1 x 16 block the first row of a tile of zeros; no RHT; "
+                 "values: TE's dequantize-kernel formula on its codes) and _mxfp8_2d_quantize_reference (each "
+                 "1 x 32 block the first row of a 32 x 32 tile of zeros)."]
                 if te_sweep else ["TE's source is not available here (FPEMU_TE_SOURCE): not run."])
     sections = [
         ("fpemu vs Transformer Engine's Python references (CPU), mismatches", te_sweep, mismatch_columns, te_notes),

@@ -84,11 +84,12 @@ def _te():
 def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
     te = _te()
     x = nvfp4_probe(kind)
-    theirs, amax = te.te_nvfp4_reference(x)
     ours = block_quantize(x, "fp4_e2m1fn", scale_rule="te_nvfp4_reference")
-    for field in ("scale_codes", "element_codes"):
-        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, field)
-    assert same_floats(ours.values, theirs.values) and same_floats(ours.scales, theirs.scales), kind
+    for tile_rows in (1, 16):  # TE's 1 x 16 tiles, and its 16 x 16 tiles holding one block each
+        theirs, amax = te.te_nvfp4_reference(x, tile_rows)
+        for field in ("scale_codes", "element_codes"):
+            assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, tile_rows, field)
+        assert same_floats(ours.values, theirs.values) and same_floats(ours.scales, theirs.scales), kind
     x = probe_blocks(kind, "fp8_e4m3fn", rows=16, block_size=32, seed=3).reshape(8, 64)
     theirs, ours = te.te_mxfp8_reference(x), block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8_reference")
     for field in ("scale_codes", "element_codes"):

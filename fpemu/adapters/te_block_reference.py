@@ -63,12 +63,13 @@ def _nvfp4_reference() -> dict:
     return _functions(_NVFP4_REFERENCE, _NVFP4_METHODS, namespace, within="NVFP4QuantizerRef")
 
 
-def _nvfp4_holder(functions: dict):
+def _nvfp4_holder(functions: dict, tile: tuple):
     """``self`` for the methods: the attributes NVFP4QuantizerRef.__init__ (and Quantizer.__init__) set
-    for ``NVFP4QuantizerRef(Fp4Formats.E2M1, rowwise=True, columnwise=False)`` (1 x 16 tiles, no RHT)."""
+    for ``NVFP4QuantizerRef(Fp4Formats.E2M1, rowwise=True, columnwise=False, quant_tile_shape=tile)``
+    (no RHT)."""
     holder = types.SimpleNamespace(
         rowwise_usage=True, columnwise_usage=False, internal=True, optimize_for_gemm=False, pow_2_scales=False,
-        eps=0.0, quant_tile_shape=(1, 16), row_scaled_nvfp4=False, nvfp4_use_4over6=False, nvfp4_e4m3_max=448,
+        eps=0.0, quant_tile_shape=tile, row_scaled_nvfp4=False, nvfp4_use_4over6=False, nvfp4_e4m3_max=448,
         nvfp4_4over6_err_mode="MAE", nvfp4_4over6_err_use_fast_math=False, with_rht=False,
         with_random_sign_mask=True)
     holder._pad_tensor, holder._rm_pad_tensor = functions["_pad_tensor"], functions["_rm_pad_tensor"]
@@ -77,8 +78,18 @@ def _nvfp4_holder(functions: dict):
     return holder
 
 
-def te_nvfp4_reference(x) -> tuple:
-    """``NVFP4QuantizerRef._quantize`` (rowwise, 1 x 16 tiles) on 2-D float32 ``x``.
+def _as_first_rows(data: np.ndarray, band: int) -> np.ndarray:
+    """Each row of ``data`` as the first row of a band of ``band`` rows, the others 0: in square tiles
+    of ``band``, a tile's amax is then its 1-D block's (read the results back with ``[::band]``)."""
+    tiles = np.zeros((data.shape[0] * band, data.shape[1]), np.float32)
+    tiles[::band] = data
+    return tiles
+
+
+def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
+    """``NVFP4QuantizerRef._quantize`` (rowwise, no RHT) on 2-D float32 ``x`` of 1 x 16 blocks, with
+    TE's 1 x 16 tiles (``tile_rows=1``) or its 16 x 16 tiles (``tile_rows=16``: each row of ``x`` the
+    first row of a band of tiles whose other rows are 0, so each tile's amax is its block's).
 
     Returns:
       (a :class:`~fpemu.blocks.BlockQuantized` of TE's scale codes and element codes, whose values
@@ -91,19 +102,22 @@ def te_nvfp4_reference(x) -> tuple:
       (126, 7, 3.0)
     """
     import torch
+    if tile_rows not in (1, 16):
+        raise ValueError(f"tile_rows: TE's NVFP4 tiles are 1 x 16 or 16 x 16, got {tile_rows!r}")
     functions = _nvfp4_reference()
-    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions), data)
+    data = _as_first_rows(np.ascontiguousarray(x, dtype=np.float32), tile_rows)
+    qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions, (tile_rows, 16)),
+                                                         torch.from_numpy(data))
     rule, elem = SCALE_RULES["te_nvfp4_reference"], get_format("fp4_e2m1fn")
-    scales = sx.float().numpy()
+    scales = sx.float().numpy()[::tile_rows].copy()
     amax = np.float32(global_amax.item())
-    element_codes = unpack_nibbles(qx.numpy())
+    element_codes = unpack_nibbles(qx.numpy())[::tile_rows].copy()
     with np.errstate(invalid="ignore", over="ignore"):
         dequantize = (scales * amax) * (np.float32(1.0) / np.float32(448 * 6))
         values = decode(element_codes, elem, dtype=np.float32) * np.repeat(dequantize, rule.block_size, axis=-1)
-    return (BlockQuantized(rule.name, elem, get_format(rule.scale_format), rule.block_size, data.ndim - 1,
-                           sx.contiguous().view(torch.uint8).numpy().copy(), scales, element_codes, values),
-            amax)
+    scale_codes = sx.contiguous().view(torch.uint8).numpy()[::tile_rows].copy()
+    return (BlockQuantized(rule.name, elem, get_format(rule.scale_format), rule.block_size, 1, scale_codes, scales,
+                           element_codes, values), amax)
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,10 +151,9 @@ def te_mxfp8_reference(x) -> BlockQuantized:
     import torch
     data = np.ascontiguousarray(x, dtype=np.float32)
     rule, elem = SCALE_RULES["te_mxfp8_reference"], get_format("fp8_e4m3fn")
-    rows, block = data.shape[0], rule.block_size
-    tiles = np.zeros((rows * block, data.shape[1]), np.float32)
-    tiles[::block] = data
-    codes, row_scales, _ = _mxfp8_reference()["_mxfp8_2d_quantize_reference"](torch.from_numpy(tiles))
+    block = rule.block_size
+    codes, row_scales, _ = _mxfp8_reference()["_mxfp8_2d_quantize_reference"](
+        torch.from_numpy(_as_first_rows(data, block)))
     element_codes = codes.view(torch.uint8).numpy()[::block].copy()
     scale_codes = row_scales.numpy()[::block].copy()
     with np.errstate(invalid="ignore", over="ignore"):
