@@ -41,7 +41,7 @@ def test_te_nvfp4_kernel_and_reference_differ_only_at_nan_negative_zero_and_zero
     x = nvfp4_probe("random")
     x[0, 3], x[1, 5] = np.nan, -0.0
     kernel, reference = (block_quantize(x, "fp4_e2m1fn", scale_rule=r) for r in ("te_nvfp4", "te_nvfp4_reference"))
-    # the kernel's fmaxf amaxes leave NaN out; the NaN element gets the all-ones magnitude (PTX cvt, assumed)
+    # the kernel's fmaxf amaxes leave NaN out; CUDA's fp4 cvt makes the NaN +6 (0x7) and keeps -0.0's sign
     clean = x.copy()
     clean[0, 3] = 0.0
     assert np.array_equal(kernel.scale_codes, block_quantize(clean, "fp4_e2m1fn", scale_rule="te_nvfp4").scale_codes)
@@ -97,6 +97,21 @@ def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
     assert same_floats(ours.values, theirs.values), kind
 
 
+def test_te_reference_element_cast_is_cast_to_fp4x2_bit_for_bit():
+    """fpemu's te_reference element codes against TE's own cast_to_fp4x2 (after the reference's clamp to
+    +-6) on 3M float32 patterns: 0 mismatches (NaN and -0.0 give code 0)."""
+    import torch
+    import fpemu
+    import fpemu.blocks.quantize as implementation
+    te = _te()
+    clamped = np.clip(_float32_sample(), np.float32(-6), np.float32(6)).reshape(-1, 2)
+    packed = te._nvfp4_reference()["cast_to_fp4x2"](torch.from_numpy(clamped)).numpy()
+    with np.errstate(invalid="ignore"):
+        ours = implementation._te_fp4_codes(clamped, fpemu.get_format("fp4_e2m1fn"),
+                                            fpemu.SCALE_RULES["te_nvfp4_reference"])
+    assert np.count_nonzero(ours != te.unpack_nibbles(packed)) == 0
+
+
 def test_te_kernel_rule_departs_from_te_reference_code_only_in_nan_and_negative_zero():
     te = _te()
     for kind in PROBE_KINDS:
@@ -125,3 +140,31 @@ def test_te_nvfp4_and_torchao_differ_in_scales_only_where_torchao_clamps_to_2_mi
         assert (te.scale_codes[differ] < 0x08).all() and (torchao.scale_codes[differ] == 0x08).all(), kind
         same = np.repeat(~differ, 16, axis=-1)
         assert np.array_equal(te.element_codes[same], torchao.element_codes[same]), kind
+
+
+# --- NVIDIA's own conversions (CUDA's headers, compiled for the host) --------------------------
+
+def _float32_sample() -> np.ndarray:
+    """Every float32 whose low 12 bits are 0, 0x7FF or 0x800 (both signs, every exponent; the ties
+    and their neighbours of every narrow format), and the specials."""
+    high = np.arange(1 << 20, dtype=np.uint32) << np.uint32(12)
+    return (high[:, None] | np.array([0, 0x7FF, 0x800], np.uint32)).ravel().view(np.float32)
+
+
+def test_te_kernel_casts_are_cudas_conversions_bit_for_bit():
+    """The kernel's element cast (cvt.rn.satfinite.e2m1x2.f32, here CUDA's cuda_fp4.hpp conversion) and
+    block-scale cast (satfinite e4m3) against NVIDIA's code on 3M float32 patterns: 0 mismatches."""
+    import fpemu
+    import fpemu.blocks.quantize as implementation
+    from fpemu.adapters import cuda_host_casts
+    reason = cuda_host_casts.cuda_casts_unavailable()
+    if reason:
+        pytest.skip(reason)
+    x = _float32_sample()
+    rule, fp4 = fpemu.SCALE_RULES["te_nvfp4"], fpemu.get_format("fp4_e2m1fn")
+    with np.errstate(invalid="ignore"):
+        ours = implementation._te_fp4_codes(np.clip(x, np.float32(-6), np.float32(6)), fp4, rule)
+    assert np.count_nonzero(ours != cuda_host_casts.cuda_cast_codes(x, "fp4_e2m1fn")) == 0
+    scales = np.abs(x[~np.isnan(x)])  # (the kernel's block scales: >= 0, inf possible, never NaN)
+    assert np.count_nonzero(implementation._te_e4m3_codes(scales)
+                            != cuda_host_casts.cuda_cast_codes(scales, "fp8_e4m3fn")) == 0

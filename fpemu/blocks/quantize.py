@@ -542,10 +542,10 @@ def _torchao_nan_codes(data: np.ndarray, elem: Format) -> np.ndarray:
 
 
 def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """Transformer Engine's NVFP4 (kernel or Python reference, rule.exponent says which): :func:`_mx`'s tuple.
+    """Transformer Engine's NVFP4 (kernel or Python reference, as the rule's fields say): :func:`_mx`'s tuple.
 
     Both compute in float32 in the same order (the reference was written to match the kernel bit for
-    bit); they differ where the kernel's fmaxf and PTX cvt meet NaN and -0.0, and in S_enc for an
+    bit); they differ where the kernel's fmaxf and its fp4 cvt meet NaN and -0.0, and in S_enc for an
     all-zero tensor (see the rules' ``departs``).
     """
     e4m3 = get_format("fp8_e4m3fn")
@@ -558,17 +558,34 @@ def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, va
         magnitude = _magnitude_bits(blocks)
         amax = _block_amax(blocks, magnitude, _block_peak(magnitude), rule.amax_nan)
         block_scale = np.minimum(amax * (encode_tensor * (_F32(1.0) / _F32(elem.max_finite))), flt_max)
-        codes = encode(np.clip(block_scale, -_F32(e4m3.max_finite), _F32(e4m3.max_finite)), e4m3,
-                       nan=0x7F).astype(np.uint8)
+        codes = _te_e4m3_codes(block_scale)
         scales = decode(codes, e4m3, dtype=_F32)
         reciprocal = np.minimum(_F32(1.0) / (scales * decode_tensor), flt_max)
         data = np.clip(blocks * reciprocal[..., None], -_F32(elem.max_finite), _F32(elem.max_finite))
-        elements, _ = _element_codes(data, elem, rule)
-        if rule.nan_element == "te_reference":
-            elements[np.isnan(data) | ((data == 0) & np.signbit(data))] = 0
+        elements = _te_fp4_codes(data, elem, rule)
         dequantize = (scales * tensor_amax) * (_F32(1.0) / _F32(e4m3.max_finite * elem.max_finite))
         np.multiply(decode(elements, elem, dtype=_F32), dequantize[..., None], out=values)
     return codes, scales, elements, values, float(decode_tensor), None
+
+
+def _te_e4m3_codes(block_scale: np.ndarray) -> np.ndarray:
+    """e4m3 codes of TE's block scales: the kernel's satfinite cast (finite and inf saturate to 448) and
+    the reference's clamp to +-448 and torch cast alike (NaN, which only the reference meets: 0x7F with
+    its sign, as torch's cast gives it)."""
+    e4m3 = get_format("fp8_e4m3fn")
+    return encode(np.clip(block_scale, -_F32(e4m3.max_finite), _F32(e4m3.max_finite)), e4m3, nan=0x7F).astype(np.uint8)
+
+
+def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray:
+    """fp4 codes of TE's scaled, clamped elements: the kernel's cvt.rn.satfinite.e2m1x2 (``cuda_fp4``: NaN
+    becomes +6, code 0x7, its sign dropped, as CUDA's cuda_fp4.hpp converts) or the reference's
+    cast_to_fp4x2 (``te_reference``: NaN and -0.0, which ``x >= 0.0`` takes, become code 0)."""
+    codes, _ = _element_codes(data, elem, rule)
+    special = np.isnan(data)
+    if rule.nan_element == "te_reference":
+        special |= (data == 0) & np.signbit(data)
+    codes[special] = 0 if rule.nan_element == "te_reference" else elem.max_finite_code
+    return codes
 
 
 _BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4}

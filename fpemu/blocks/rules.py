@@ -16,7 +16,7 @@ import dataclasses
 from typing import Optional
 
 # How a NaN becomes an element code (ScaleRule.nan_element).
-NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference")
+NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference", "cuda_fp4")
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
@@ -70,8 +70,9 @@ class ScaleRule:
       nan_element: ``"nan"`` (the element format's NaN code, its sign kept; formats without NaN: the
         all-ones magnitude), ``"torchao"`` (torchao's fp4/fp6 bit cast gives NaN a finite code that
         depends on its bits: canonical NaN -> fp4 0x3), ``"scale"`` (the block's scale is NaN and
-        every element NaN, codes 0), or ``"te_reference"`` (TE's reference ``cast_to_fp4x2``, a chain
-        of comparisons: NaN, which none of them takes, and -0.0, which ``x >= 0.0`` takes, get code 0).
+        every element NaN, codes 0), ``"te_reference"`` (TE's reference ``cast_to_fp4x2``, a chain
+        of comparisons: NaN, which none of them takes, and -0.0, which ``x >= 0.0`` takes, get code 0),
+        or ``"cuda_fp4"`` (CUDA's fp4 cvt: NaN becomes +6, code 0x7, its sign dropped).
       rcp_byte0: the multiplier for scale byte 0 (``reciprocal`` rules): torchao RCEIL 1.0, TE 2**127.
       levels: NVFP4 scale levels (1: e4m3 block scales; 2: also a float32 tensor scale).
       departs: where its arithmetic departs from exact, and how often (measured, reports/blocks.md).
@@ -155,7 +156,8 @@ SCALE_RULES = {rule.name: rule for rule in [
               "(common/cast/nvfp4/core_nvfp4.cuh compute_global_encode_scaling_factor_FP4 and "
               "compute_decoding_scaling_factor; quantize_transpose_nvfp4.cuh block_scale_inverse and "
               "ptx::mul_cvt_fp32_to_fp4_4x: cvt.rn.satfinite.e2m1x2.f32; dequantize_nvfp4.cuh)",
-              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4", "te_nvfp4", amax_nan="ignore", levels=2,
+              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4", "te_nvfp4", amax_nan="ignore", nan_element="cuda_fp4",
+              levels=2,
               departs="S_enc = fl32(2688 / amax_t) and fl32(amax_b * fl32(S_enc * fl32(1/6))) round three "
                       "times where amax_b * 448 / amax_t rounds once: off e4m3 ties (168.00002 for an exact 168, "
                       "so up where round-half-even goes down): 123 of 884 blocks within 3 ulps of e4m3 "
@@ -165,8 +167,9 @@ SCALE_RULES = {rule.name: rule for rule in [
                       "few fp4 ties (9 of 4,096 bf16-valued randn * 1e-3 elements); no lower clamp: e4m3 "
                       "subnormal scales and scale 0, whose elements are x * FLT_MAX saturated to +-6 (63 "
                       "'wide' and 229 'edges' blocks of 256) and dequantize to 0; an all-zero tensor gets "
-                      "S_enc 1; NaN is left out of both amaxes (fmaxf); a NaN element's code is assumed (PTX "
-                      "cvt.rn.satfinite.e2m1x2 on NaN, not measured here: the all-ones magnitude, sign kept)"),
+                      "S_enc 1; NaN is left out of both amaxes (fmaxf) and a NaN element becomes +6 (code 0x7, "
+                      "its sign dropped: CUDA 13.0 cuda_fp4.hpp's conversion, run here; the instruction itself "
+                      "is not)"),
     ScaleRule("te_nvfp4_reference", "Transformer Engine d0067d0 Python NVFP4 reference "
               "(pytorch/custom_recipes/reference_nvfp4.py NVFP4QuantizerRef._quantize, quant_tile_shape "
               "(1, 16), with_rht=False; _quantize_blockwise_reference, cast_to_fp4x2)",

@@ -1,0 +1,81 @@
+"""NVIDIA's own float32 -> fp4 e2m1 and -> e4m3 (satfinite) conversions, run on the CPU.
+
+The CUDA toolkit's headers ``cuda_fp4.hpp`` and ``cuda_fp8.hpp`` define ``__nv_cvt_float_to_fp4``
+and ``__nv_cvt_float_to_fp8`` for host and device: on a device with the instruction they issue
+``cvt.rn.satfinite.e2m1x2.f32`` (and the e4m3 cvt), elsewhere, host code included, NVIDIA's
+emulation of it in C.  Transformer Engine's NVFP4 kernel converts its block scales with the fp8 one
+(``static_cast<fp8e4m3>``, satfinite) and its elements with the instruction, which TE cannot run
+here (no Blackwell GPU): so the emulation, NVIDIA's statement of what the instruction does, is what
+:func:`cuda_cast_codes` runs, compiled with the host C++ compiler against the toolkit's headers
+(``CUDA_HOME``, default ``/usr/local/cuda``).  It says, for instance, what neither TE nor the PTX
+text here does: NaN converts to +6 (code 0x7, its sign dropped).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+CUDA_HOME_ENV = "CUDA_HOME"
+_CASTS = {"fp4_e2m1fn": "__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)",
+          "fp8_e4m3fn": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)"}
+_PROGRAM = """#include <cstdio>
+#include <cstring>
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+// float32 values on stdin, one code byte per value on stdout; argv[1] picks the conversion.
+int main(int argc, char **argv) {
+  const bool fp4 = argc > 1 && std::strcmp(argv[1], "fp4_e2m1fn") == 0;
+  float x;
+  while (std::fread(&x, sizeof x, 1, stdin) == 1) {
+    const unsigned char code = fp4 ? (unsigned char)(%s) : (unsigned char)(%s);
+    std::fputc(code, stdout);
+  }
+  return 0;
+}
+""" % (_CASTS["fp4_e2m1fn"], _CASTS["fp8_e4m3fn"])
+
+
+def _include_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(CUDA_HOME_ENV) or "/usr/local/cuda") / "include"
+
+
+def cuda_casts_unavailable():
+    """Why NVIDIA's conversions cannot be compiled here (None when they can)."""
+    if not (_include_dir() / "cuda_fp4.hpp").is_file():
+        return f"no CUDA toolkit headers (cuda_fp4.hpp) in {_include_dir()} (set {CUDA_HOME_ENV})"
+    if shutil.which("c++") is None:
+        return "no host C++ compiler (c++) to build NVIDIA's conversions with"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _program() -> str:
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="fpemu-cuda-casts-"))
+    source, binary = folder / "casts.cpp", folder / "casts"
+    source.write_text(_PROGRAM, encoding="utf-8")
+    subprocess.run(["c++", "-O1", "-std=c++17", f"-I{_include_dir()}", str(source), "-o", str(binary)],
+                   check=True, capture_output=True, text=True)
+    return str(binary)
+
+
+def cuda_cast_codes(x, element_format: str) -> np.ndarray:
+    """The codes NVIDIA's conversion gives float32 ``x`` (any shape): ``"fp4_e2m1fn"``
+    (``__nv_cvt_float_to_fp4``, round to nearest; a uint8 per value) or ``"fp8_e4m3fn"``
+    (``__nv_cvt_float_to_fp8``, satfinite).
+
+    Example:
+      >>> cuda_cast_codes([float("nan"), -0.0, 5.5], "fp4_e2m1fn").tolist()  # doctest: +SKIP
+      [7, 8, 7]
+    """
+    if element_format not in _CASTS:
+        raise ValueError(f"element_format must be one of {sorted(_CASTS)}, got {element_format!r}")
+    data = np.ascontiguousarray(x, dtype=np.float32)
+    out = subprocess.run([_program(), element_format], input=data.tobytes(), capture_output=True, check=True).stdout
+    return np.frombuffer(out, np.uint8).reshape(data.shape)
