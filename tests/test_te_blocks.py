@@ -151,20 +151,25 @@ def _float32_sample() -> np.ndarray:
     return (high[:, None] | np.array([0, 0x7FF, 0x800], np.uint32)).ravel().view(np.float32)
 
 
-def test_te_kernel_casts_are_cudas_conversions_bit_for_bit():
-    """The kernel's element cast (cvt.rn.satfinite.e2m1x2.f32, here CUDA's cuda_fp4.hpp conversion) and
-    block-scale cast (satfinite e4m3) against NVIDIA's code on 3M float32 patterns: 0 mismatches."""
+@pytest.mark.parametrize("rule,elem", [("te_nvfp4", "fp4_e2m1fn"), ("te_mxfp8", "fp8_e4m3fn"), ("te_mxfp8", "fp8_e5m2")])
+def test_te_kernel_casts_are_cudas_conversions_bit_for_bit(rule, elem):
+    """The kernels' element casts (cvt.rn.satfinite.{e2m1x2,e4m3x2,e5m2x2}.f32, here the CUDA headers'
+    conversions) and the NVFP4 block-scale cast (satfinite e4m3) against NVIDIA's code on 3M float32
+    patterns: 0 mismatches (NaN: the positive all-ones magnitude)."""
     import fpemu
     import fpemu.blocks.quantize as implementation
     from fpemu.adapters import cuda_host_casts
     reason = cuda_host_casts.cuda_casts_unavailable()
     if reason:
         pytest.skip(reason)
-    x = _float32_sample()
-    rule, fp4 = fpemu.SCALE_RULES["te_nvfp4"], fpemu.get_format("fp4_e2m1fn")
+    x, rule, fmt = _float32_sample(), fpemu.SCALE_RULES[rule], fpemu.get_format(elem)
     with np.errstate(invalid="ignore"):
-        ours = implementation._te_fp4_codes(np.clip(x, np.float32(-6), np.float32(6)), fp4, rule)
-    assert np.count_nonzero(ours != cuda_host_casts.cuda_cast_codes(x, "fp4_e2m1fn")) == 0
-    scales = np.abs(x[~np.isnan(x)])  # (the kernel's block scales: >= 0, inf possible, never NaN)
-    assert np.count_nonzero(implementation._te_e4m3_codes(scales)
-                            != cuda_host_casts.cuda_cast_codes(scales, "fp8_e4m3fn")) == 0
+        if rule.name == "te_nvfp4":
+            ours = implementation._te_fp4_codes(np.clip(x, np.float32(-6), np.float32(6)), fmt, rule)
+        else:
+            ours = implementation._element_codes(x, fmt, rule)[0]
+    assert np.count_nonzero(ours != cuda_host_casts.cuda_cast_codes(x, elem)) == 0
+    if rule.name == "te_nvfp4":
+        scales = np.abs(x[~np.isnan(x)])  # (the kernel's block scales: >= 0, inf possible, never NaN)
+        assert np.count_nonzero(implementation._te_e4m3_codes(scales)
+                                != cuda_host_casts.cuda_cast_codes(scales, "fp8_e4m3fn")) == 0

@@ -8,7 +8,7 @@ emulation of it in C.  Transformer Engine's NVFP4 kernel converts its block scal
 here (no Blackwell GPU): so the emulation, NVIDIA's statement of what the instruction does, is what
 :func:`cuda_cast_codes` runs, compiled with the host C++ compiler against the toolkit's headers
 (``CUDA_HOME``, default ``/usr/local/cuda``).  It says, for instance, what neither TE nor the PTX
-text here does: NaN converts to +6 (code 0x7, its sign dropped).
+text here does: NaN converts to +6 in fp4 (code 0x7) and to 0x7F in fp8, its sign dropped.
 """
 
 from __future__ import annotations
@@ -23,23 +23,25 @@ import tempfile
 import numpy as np
 
 CUDA_HOME_ENV = "CUDA_HOME"
+# fpemu's format -> NVIDIA's conversion of a float x to it (round to nearest; fp8 satfinite, as TE's casts).
 _CASTS = {"fp4_e2m1fn": "__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)",
-          "fp8_e4m3fn": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)"}
+          "fp8_e4m3fn": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)",
+          "fp8_e5m2": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)"}
 _PROGRAM = """#include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>
-// float32 values on stdin, one code byte per value on stdout; argv[1] picks the conversion.
+// float32 values on stdin, one code byte per value on stdout; argv[1] is the index of the conversion.
+static unsigned char convert(int which, float x) {
+%s  return 0;
+}
 int main(int argc, char **argv) {
-  const bool fp4 = argc > 1 && std::strcmp(argv[1], "fp4_e2m1fn") == 0;
+  const int which = argc > 1 ? std::atoi(argv[1]) : 0;
   float x;
-  while (std::fread(&x, sizeof x, 1, stdin) == 1) {
-    const unsigned char code = fp4 ? (unsigned char)(%s) : (unsigned char)(%s);
-    std::fputc(code, stdout);
-  }
+  while (std::fread(&x, sizeof x, 1, stdin) == 1) std::fputc(convert(which, x), stdout);
   return 0;
 }
-""" % (_CASTS["fp4_e2m1fn"], _CASTS["fp8_e4m3fn"])
+""" % "".join(f"  if (which == {i}) return (unsigned char)({cast});\n" for i, cast in enumerate(_CASTS.values()))
 
 
 def _include_dir() -> pathlib.Path:
@@ -66,8 +68,8 @@ def _program() -> str:
 
 
 def cuda_cast_codes(x, element_format: str) -> np.ndarray:
-    """The codes NVIDIA's conversion gives float32 ``x`` (any shape): ``"fp4_e2m1fn"``
-    (``__nv_cvt_float_to_fp4``, round to nearest; a uint8 per value) or ``"fp8_e4m3fn"``
+    """The codes NVIDIA's conversion gives float32 ``x`` (any shape, a uint8 per value): ``"fp4_e2m1fn"``
+    (``__nv_cvt_float_to_fp4``, round to nearest), ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``
     (``__nv_cvt_float_to_fp8``, satfinite).
 
     Example:
@@ -77,5 +79,6 @@ def cuda_cast_codes(x, element_format: str) -> np.ndarray:
     if element_format not in _CASTS:
         raise ValueError(f"element_format must be one of {sorted(_CASTS)}, got {element_format!r}")
     data = np.ascontiguousarray(x, dtype=np.float32)
-    out = subprocess.run([_program(), element_format], input=data.tobytes(), capture_output=True, check=True).stdout
+    which = str(list(_CASTS).index(element_format))
+    out = subprocess.run([_program(), which], input=data.tobytes(), capture_output=True, check=True).stdout
     return np.frombuffer(out, np.uint8).reshape(data.shape)

@@ -514,6 +514,8 @@ def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan
             fixed = _torchao_nan_codes(data, elem)
         elif rule.nan_element == "scale":
             fixed = 0
+        elif rule.nan_element == "cuda":  # CUDA's cvt: the all-ones magnitude, the sign dropped
+            fixed = _nan_code(elem)
         else:  # its NaN code, with the NaN's sign
             fixed = (_nan_code(elem) | np.where(np.signbit(data), 1 << (elem.bits - 1), 0)).astype(codes.dtype)
         codes = np.where(nan, fixed, codes).astype(np.uint8)
@@ -521,8 +523,8 @@ def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan
 
 
 def _nan_code(elem: Format) -> int:
-    """The all-ones magnitude: torch's fp8 casts (and CUDA's cvt) give NaN 0x7F in e4m3fn and e5m2
-    alike (not e5m2's quiet NaN 0x7E), keeping its sign (encode's int policy adds it)."""
+    """The all-ones magnitude: torch's fp8 casts give NaN 0x7F in e4m3fn and e5m2 alike (not e5m2's
+    quiet NaN 0x7E), keeping its sign; CUDA's cvt gives it without the sign (nan_element ``cuda``)."""
     return (1 << (elem.bits - 1)) - 1
 
 
@@ -577,14 +579,12 @@ def _te_e4m3_codes(block_scale: np.ndarray) -> np.ndarray:
 
 
 def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray:
-    """fp4 codes of TE's scaled, clamped elements: the kernel's cvt.rn.satfinite.e2m1x2 (``cuda_fp4``: NaN
-    becomes +6, code 0x7, its sign dropped, as CUDA's cuda_fp4.hpp converts) or the reference's
-    cast_to_fp4x2 (``te_reference``: NaN and -0.0, which ``x >= 0.0`` takes, become code 0)."""
+    """fp4 codes of TE's scaled, clamped elements: the kernel's cvt.rn.satfinite.e2m1x2 (``cuda``: NaN
+    becomes +6, code 0x7) or the reference's cast_to_fp4x2 (``te_reference``: NaN and -0.0, which
+    ``x >= 0.0`` takes, become code 0)."""
     codes, _ = _element_codes(data, elem, rule)
-    special = np.isnan(data)
     if rule.nan_element == "te_reference":
-        special |= (data == 0) & np.signbit(data)
-    codes[special] = 0 if rule.nan_element == "te_reference" else elem.max_finite_code
+        codes[np.isnan(data) | ((data == 0) & np.signbit(data))] = 0
     return codes
 
 

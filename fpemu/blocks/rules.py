@@ -16,7 +16,7 @@ import dataclasses
 from typing import Optional
 
 # How a NaN becomes an element code (ScaleRule.nan_element).
-NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference", "cuda_fp4")
+NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference", "cuda")
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
@@ -72,7 +72,8 @@ class ScaleRule:
         depends on its bits: canonical NaN -> fp4 0x3), ``"scale"`` (the block's scale is NaN and
         every element NaN, codes 0), ``"te_reference"`` (TE's reference ``cast_to_fp4x2``, a chain
         of comparisons: NaN, which none of them takes, and -0.0, which ``x >= 0.0`` takes, get code 0),
-        or ``"cuda_fp4"`` (CUDA's fp4 cvt: NaN becomes +6, code 0x7, its sign dropped).
+        or ``"cuda"`` (CUDA's cvt, as cuda_fp8.hpp / cuda_fp4.hpp convert: NaN becomes the positive
+        all-ones magnitude, its sign dropped: e4m3 and e5m2 0x7F, fp4 +6, 0x7).
       rcp_byte0: the multiplier for scale byte 0 (``reciprocal`` rules): torchao RCEIL 1.0, TE 2**127.
       levels: NVFP4 scale levels (1: e4m3 block scales; 2: also a float32 tensor scale).
       departs: where its arithmetic departs from exact, and how often (measured, reports/blocks.md).
@@ -125,10 +126,11 @@ SCALE_RULES = {rule.name: rule for rule in [
               departs="float32 log2 loses the round-up just above powers of two (the block's max then "
                       "saturates); blocks with scale byte 0 are multiplied by 1.0, flushing them to 0"),
     ScaleRule("te_mxfp8", "Transformer Engine d0067d0 MXFP8 kernel (non-Blackwell float_to_e8m0, exp2f_rcp)",
-              "e8m0", 32, ("fp8_e4m3fn", "fp8_e5m2"), "te", "reciprocal", amax_nan="ignore",
+              "e8m0", 32, ("fp8_e4m3fn", "fp8_e5m2"), "te", "reciprocal", amax_nan="ignore", nan_element="cuda",
               rcp_byte0=2.0**127,
               departs="amax * fl32(1/max) is rounded to float32 before the exponent is taken; NaN is "
-                      "left out of amax (fmaxf); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
+                      "left out of amax (fmaxf), and a NaN element is 0x7F whatever its sign (CUDA 13.0's "
+                      "cuda_fp8.hpp conversion, run here); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
     ScaleRule("te_mxfp8_reference", "Transformer Engine d0067d0 Python MXFP8 reference "
               "(tests/pytorch/test_mxfp8_2d_quantize.py _mxfp8_2d_quantize_reference, _float_to_e8m0; "
               "its tiles are 32 x 32, a 1-D block is a tile with one non-zero row)", "e8m0", 32, ("fp8_e4m3fn",),
@@ -156,7 +158,7 @@ SCALE_RULES = {rule.name: rule for rule in [
               "(common/cast/nvfp4/core_nvfp4.cuh compute_global_encode_scaling_factor_FP4 and "
               "compute_decoding_scaling_factor; quantize_transpose_nvfp4.cuh block_scale_inverse and "
               "ptx::mul_cvt_fp32_to_fp4_4x: cvt.rn.satfinite.e2m1x2.f32; dequantize_nvfp4.cuh)",
-              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4", "te_nvfp4", amax_nan="ignore", nan_element="cuda_fp4",
+              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4", "te_nvfp4", amax_nan="ignore", nan_element="cuda",
               levels=2,
               departs="S_enc = fl32(2688 / amax_t) and fl32(amax_b * fl32(S_enc * fl32(1/6))) round three "
                       "times where amax_b * 448 / amax_t rounds once: off e4m3 ties (168.00002 for an exact 168, "
