@@ -72,11 +72,11 @@ def test_te_mxfp8_reference_wraps_a_nan_amax_to_byte_0_and_divides_inf_blocks_by
 # --- TE's own Python reference code, run from its source ----------------------------------------
 
 def _te():
-    pytest.importorskip("torch")
     from fpemu.adapters import te_block_reference
     reason = te_block_reference.te_reference_unavailable()
     if reason:
         pytest.skip(reason)
+    pytest.importorskip("torch")
     return te_block_reference
 
 
@@ -100,10 +100,10 @@ def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
 def test_te_reference_element_cast_is_cast_to_fp4x2_bit_for_bit():
     """fpemu's te_reference element codes against TE's own cast_to_fp4x2 (after the reference's clamp to
     +-6) on 3M float32 patterns: 0 mismatches (NaN and -0.0 give code 0)."""
+    te = _te()
     import torch
     import fpemu
     import fpemu.blocks.quantize as implementation
-    te = _te()
     clamped = np.clip(_float32_sample(), np.float32(-6), np.float32(6)).reshape(-1, 2)
     packed = te._nvfp4_reference()["cast_to_fp4x2"](torch.from_numpy(clamped)).numpy()
     with np.errstate(invalid="ignore"):
@@ -173,3 +173,22 @@ def test_te_kernel_casts_are_cudas_conversions_bit_for_bit(rule, elem):
         scales = np.abs(x[~np.isnan(x)])  # (the kernel's block scales: >= 0, inf possible, never NaN)
         assert np.count_nonzero(implementation._te_e4m3_codes(scales)
                                 != cuda_host_casts.cuda_cast_codes(scales, "fp8_e4m3fn")) == 0
+
+
+def test_te_mxfp8_integer_e8m0_is_blackwells_ue8m0_cvt():
+    """TE's float_to_e8m0 has two paths: an integer round-up (the te_mxfp8 rule) and, on Blackwell,
+    cvt.rp.satfinite.ue8m0x2.f32, here CUDA's __nv_cvt_float_to_e8m0: the same byte for every
+    sampled amax * fl32(1/max), both element formats (NaN 0xFF, inf 0xFE, subnormals)."""
+    import fpemu
+    import fpemu.blocks.quantize as implementation
+    from fpemu.adapters import cuda_host_casts
+    reason = cuda_host_casts.cuda_casts_unavailable()
+    if reason:
+        pytest.skip(reason)
+    amax = np.abs(_float32_sample())
+    for elem in ("fp8_e4m3fn", "fp8_e5m2"):
+        fmt = fpemu.get_format(elem)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ours = implementation._EXPONENT_RULES["te"](amax, fmt).astype(np.uint8)
+            value = amax * np.float32(1 / np.float32(fmt.max_finite))    # the kernel's multiply, IEEE
+        assert np.count_nonzero(ours != cuda_host_casts.cuda_cast_codes(value, "e8m0")) == 0, elem

@@ -13,6 +13,7 @@ text here does: NaN converts to +6 in fp4 (code 0x7) and to 0x7F in fp8, its sig
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import pathlib
@@ -26,7 +27,9 @@ CUDA_HOME_ENV = "CUDA_HOME"
 # fpemu's format -> NVIDIA's conversion of a float x to it (round to nearest; fp8 satfinite, as TE's casts).
 _CASTS = {"fp4_e2m1fn": "__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)",
           "fp8_e4m3fn": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)",
-          "fp8_e5m2": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)"}
+          "fp8_e5m2": "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)",
+          # (cvt.rp.satfinite.ue8m0x2.f32: TE's float_to_e8m0 on Blackwell)
+          "e8m0": "__nv_cvt_float_to_e8m0(x, __NV_SATFINITE, cudaRoundPosInf)"}
 _PROGRAM = """#include <cstdio>
 #include <cstdlib>
 #include <cuda_fp4.h>
@@ -60,6 +63,7 @@ def cuda_casts_unavailable():
 @functools.lru_cache(maxsize=None)
 def _program() -> str:
     folder = pathlib.Path(tempfile.mkdtemp(prefix="fpemu-cuda-casts-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     source, binary = folder / "casts.cpp", folder / "casts"
     source.write_text(_PROGRAM, encoding="utf-8")
     subprocess.run(["c++", "-O1", "-std=c++17", f"-I{_include_dir()}", str(source), "-o", str(binary)],
@@ -70,7 +74,8 @@ def _program() -> str:
 def cuda_cast_codes(x, element_format: str) -> np.ndarray:
     """The codes NVIDIA's conversion gives float32 ``x`` (any shape, a uint8 per value): ``"fp4_e2m1fn"``
     (``__nv_cvt_float_to_fp4``, round to nearest), ``"fp8_e4m3fn"`` or ``"fp8_e5m2"``
-    (``__nv_cvt_float_to_fp8``, satfinite).
+    (``__nv_cvt_float_to_fp8``, satfinite), or ``"e8m0"`` (``__nv_cvt_float_to_e8m0``, rounded up,
+    satfinite).
 
     Example:
       >>> cuda_cast_codes([float("nan"), -0.0, 5.5], "fp4_e2m1fn").tolist()  # doctest: +SKIP
