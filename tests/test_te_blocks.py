@@ -71,6 +71,18 @@ def test_te_mxfp8_reference_wraps_a_nan_amax_to_byte_0_and_divides_inf_blocks_by
 
 # --- TE's own Python reference code, run from its source ----------------------------------------
 
+def test_te_block_reference_is_a_blocks_row_of_the_adapter_table():
+    from fpemu.adapters import BLOCKS, get_adapter
+    from fpemu.adapters import te_block_reference
+    from fpemu.errors import FpemuInputError
+    adapter = get_adapter("te_block_reference")
+    assert adapter.kind == BLOCKS and adapter.function() is te_block_reference.te_block_quantize
+    with pytest.raises(FpemuInputError, match="scale_rule: TE's references drive"):
+        te_block_reference.te_block_quantize(np.ones((1, 32), np.float32), "fp8_e4m3fn", "te_mxfp8")
+    with pytest.raises(FpemuInputError, match="element_format: te_mxfp8_reference takes fp8_e4m3fn"):
+        te_block_reference.te_block_quantize(np.ones((1, 32), np.float32), "fp8_e5m2", "te_mxfp8_reference")
+
+
 def _te():
     from fpemu.adapters import te_block_reference
     reason = te_block_reference.te_reference_unavailable()
@@ -91,7 +103,8 @@ def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
             assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, tile_rows, field)
         assert same_floats(ours.values, theirs.values) and same_floats(ours.scales, theirs.scales), kind
     x = probe_blocks(kind, "fp8_e4m3fn", rows=16, block_size=32, seed=3).reshape(8, 64)
-    theirs, ours = te.te_mxfp8_reference(x), block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8_reference")
+    theirs = te.te_block_quantize(x, "fp8_e4m3fn", "te_mxfp8_reference")  # (the blocks adapter's entry)
+    ours = block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8_reference")
     for field in ("scale_codes", "element_codes"):
         assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, field)
     assert same_floats(ours.values, theirs.values), kind

@@ -31,14 +31,18 @@ import types
 
 import numpy as np
 
-from fpemu.adapters.te_recipes import TE_COMMIT, _functions, _read, _source_root
+from fpemu.adapters.te_recipes import TE_COMMIT, _functions, _read, _source_root, te_source_versions
 from fpemu.blocks import SCALE_RULES, BlockQuantized
+from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, unpack_nibbles
 from fpemu.formats.rounding import decode
 
 _NVFP4_REFERENCE = "transformer_engine/pytorch/custom_recipes/reference_nvfp4.py"
 _MXFP8_REFERENCE = "tests/pytorch/test_mxfp8_2d_quantize.py"
 REFERENCE_FILES = (_NVFP4_REFERENCE, _MXFP8_REFERENCE)
+# sha256 (first 16 hex digits) of each file at TE_COMMIT.
+_PINNED = {_NVFP4_REFERENCE: "9213bd1effe9ecff", _MXFP8_REFERENCE: "ce2e34e8b8473ad7"}
+DRIVEN_RULES = ("te_nvfp4_reference", "te_mxfp8_reference")  # the SCALE_RULES rows te_block_quantize runs
 # NVFP4QuantizerRef's methods on the quantization path (staticmethods stay staticmethods).
 _NVFP4_METHODS = ("_quantize", "_quantize_blockwise_reference", "_pad_tensor", "_rm_pad_tensor")
 
@@ -52,6 +56,29 @@ def te_reference_unavailable():
         return (f"no TransformerEngine reference source ({', '.join(REFERENCE_FILES)}) at {_source_root()} "
                 f"(set FPEMU_TE_SOURCE to a checkout or git mirror holding commit {TE_COMMIT[:7]})")
     return None
+
+
+def te_reference_versions() -> dict:
+    """The TE reference source driven (the pinned commit, or "modified")."""
+    return te_source_versions(_PINNED)
+
+
+def te_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuantized:
+    """TE's own result for ``block_quantize(x, element_format, scale_rule=scale_rule)``, the blocks
+    adapter ``te_block_reference`` (fpemu.adapters.ADAPTERS): ``te_nvfp4_reference`` runs
+    :func:`te_nvfp4_reference` (1 x 16 tiles), ``te_mxfp8_reference`` :func:`te_mxfp8_reference`.
+
+    Example:
+      >>> q = te_block_quantize(np.ones((1, 32), np.float32), "fp8_e4m3fn", "te_mxfp8_reference")  # doctest: +SKIP
+      >>> int(q.scale_codes[0, 0])                                        # 1 / 448 rounded up: 2**-8
+      119
+    """
+    if scale_rule not in DRIVEN_RULES:
+        raise FpemuInputError(f"scale_rule: TE's references drive {', '.join(DRIVEN_RULES)}, got {scale_rule!r}")
+    if get_format(element_format).name not in SCALE_RULES[scale_rule].elements:
+        raise FpemuInputError(f"element_format: {scale_rule} takes {', '.join(SCALE_RULES[scale_rule].elements)}, "
+                              f"got {element_format!r}")
+    return te_nvfp4_reference(x)[0] if scale_rule == "te_nvfp4_reference" else te_mxfp8_reference(x)
 
 
 @functools.lru_cache(maxsize=None)
