@@ -102,6 +102,7 @@ def test_te_reference_rules_match_te_python_code_bit_for_bit(kind):
         for field in ("scale_codes", "element_codes"):
             assert np.array_equal(getattr(ours, field), getattr(theirs, field)), (kind, tile_rows, field)
         assert same_floats(ours.values, theirs.values) and same_floats(ours.scales, theirs.scales), kind
+        assert same_floats([ours.tensor_scale], [theirs.tensor_scale]), (kind, ours.tensor_scale, theirs.tensor_scale)
     x = probe_blocks(kind, "fp8_e4m3fn", rows=16, block_size=32, seed=3).reshape(8, 64)
     theirs = te.te_block_quantize(x, "fp8_e4m3fn", "te_mxfp8_reference")  # (the blocks adapter's entry)
     ours = block_quantize(x, "fp8_e4m3fn", scale_rule="te_mxfp8_reference")

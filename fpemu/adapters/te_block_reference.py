@@ -25,8 +25,10 @@ files :data:`REFERENCE_FILES`).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import subprocess
+import sys
 import types
 
 import numpy as np
@@ -121,7 +123,8 @@ def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
     Returns:
       (a :class:`~fpemu.blocks.BlockQuantized` of TE's scale codes and element codes, whose values
       are TE's dequantize-kernel formula fl32(e * fl32(fl32(s * amax) * fl32(1 / 2688))) applied to
-      them (the reference returns no values), and the reference's global amax as a float32).
+      them (the reference returns no values) and whose tensor_scale is the reference's own
+      global_decode_scale (1 / S_enc, read from its frame), and the reference's global amax as a float32).
 
     Example:
       >>> q, amax = te_nvfp4_reference(np.full((1, 16), 3.0, np.float32))  # doctest: +SKIP
@@ -133,8 +136,9 @@ def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
         raise ValueError(f"tile_rows: TE's NVFP4 tiles are 1 x 16 or 16 x 16, got {tile_rows!r}")
     functions = _nvfp4_reference()
     data = _as_first_rows(np.ascontiguousarray(x, dtype=np.float32), tile_rows)
-    qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions, (tile_rows, 16)),
-                                                         torch.from_numpy(data))
+    with _local_on_return(functions["_quantize_blockwise_reference"], "global_decode_scale") as decode_scale:
+        qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions, (tile_rows, 16)),
+                                                             torch.from_numpy(data))
     rule, elem = SCALE_RULES["te_nvfp4_reference"], get_format("fp4_e2m1fn")
     scales = sx.float().numpy()[::tile_rows].copy()
     amax = np.float32(global_amax.item())
@@ -144,7 +148,24 @@ def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
         values = decode(element_codes, elem, dtype=np.float32) * np.repeat(dequantize, rule.block_size, axis=-1)
     scale_codes = sx.contiguous().view(torch.uint8).numpy()[::tile_rows].copy()
     return (BlockQuantized(rule.name, elem, get_format(rule.scale_format), rule.block_size, 1, scale_codes, scales,
-                           element_codes, values), amax)
+                           element_codes, values, float(decode_scale[0].item())), amax)
+
+
+@contextlib.contextmanager
+def _local_on_return(function, name: str):
+    """A list that gets ``function``'s local ``name`` each time it returns inside the block: the value
+    TE's own code computed (the reference keeps its tensor scale, global_decode_scale, to itself)."""
+    seen, code, previous = [], function.__code__, sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "return" and frame.f_code is code:
+            seen.append(frame.f_locals[name])
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
 
 
 @functools.lru_cache(maxsize=None)
