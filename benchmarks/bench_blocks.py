@@ -76,7 +76,9 @@ def sweep_against_te_references(rows: int) -> list:
         for seed, kind in enumerate(PROBE_KINDS):
             x = probe_blocks(kind, elem, rows=rows, block_size=block, seed=100 + seed).reshape(rows // 4, 4 * block)
             ours, theirs = block_quantize(x, elem, scale_rule=rule), run(x)
-            total["scale_codes"] += int(np.count_nonzero(ours.scale_codes != theirs.scale_codes))
+            total["scale_codes"] += int(np.count_nonzero(~_same(ours.scales, theirs.scales)  # (any NaN code alike)
+                                                         | ((ours.scale_codes != theirs.scale_codes)
+                                                            & ~np.isnan(ours.scales))))
             total["element_codes"] += int(np.count_nonzero(ours.element_codes != theirs.element_codes))
             total["values"] += int(np.count_nonzero(~_same(ours.values, theirs.values)))
             total["blocks"] += ours.scale_codes.size
@@ -223,7 +225,10 @@ def main() -> None:
     te_notes = (["TE's own Python code at d0067d0 (fpemu.adapters.te_block_reference): NVFP4QuantizerRef._quantize "
                  "(1 x 16 tiles, and 16 x 16 tiles with each 1 x 16 block the first row of a tile of zeros; no RHT; "
                  "values: TE's dequantize-kernel formula on its codes) and _mxfp8_2d_quantize_reference (each "
-                 "1 x 32 block the first row of a 32 x 32 tile of zeros)."]
+                 "1 x 32 block the first row of a 32 x 32 tile of zeros). NaN scale codes compare NaN-aware: the "
+                 "reference's torch.min(scales, FLT_MAX) returns the canonical NaN for fewer than 16 values and the "
+                 "NaN itself (here 0xFFFFFFFF) from 16 on (torch 2.13 on this CPU), so a NaN scale is 0x7F or 0xFF "
+                 "by the tensor's size."]
                 if te_sweep else ["TE's source is not available here (FPEMU_TE_SOURCE): not run."])
     sections = [
         ("fpemu vs Transformer Engine's Python references (CPU), mismatches", te_sweep, mismatch_columns, te_notes),

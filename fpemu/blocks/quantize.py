@@ -556,6 +556,8 @@ def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, va
         encode_tensor = np.minimum(_F32(e4m3.max_finite * elem.max_finite) / tensor_amax, flt_max)
         if encode_tensor == 0 or (tensor_amax == 0 and rule.exponent == "te_nvfp4"):
             encode_tensor = _F32(1.0)
+        if np.isnan(encode_tensor):  # (the reference's: torch.min of one value gives the canonical NaN)
+            encode_tensor = np.array(0x7FC00000, np.uint32).view(_F32)[()]
         decode_tensor = _F32(1.0) / encode_tensor
         magnitude = _magnitude_bits(blocks)
         amax = _block_amax(blocks, magnitude, _block_peak(magnitude), rule.amax_nan)
