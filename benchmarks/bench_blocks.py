@@ -226,9 +226,9 @@ def main() -> None:
                  "(1 x 16 tiles, and 16 x 16 tiles with each 1 x 16 block the first row of a tile of zeros; no RHT; "
                  "values: TE's dequantize-kernel formula on its codes) and _mxfp8_2d_quantize_reference (each "
                  "1 x 32 block the first row of a 32 x 32 tile of zeros). NaN scale codes compare NaN-aware: the "
-                 "reference's torch.min(scales, FLT_MAX) returns the canonical NaN for fewer than 16 values and the "
-                 "NaN itself (here 0xFFFFFFFF) from 16 on (torch 2.13 on this CPU), so a NaN scale is 0x7F or 0xFF "
-                 "by the tensor's size."]
+                 "reference's torch.min(scales, FLT_MAX) makes a NaN 0xFFFFFFFF in its vector loop (whole chunks "
+                 "of 16 floats with AVX2) and the canonical NaN in its scalar tail, so a NaN scale is 0xFF or 0x7F "
+                 "by its position and the CPU's vector width."]
                 if te_sweep else ["TE's source is not available here (FPEMU_TE_SOURCE): not run."])
     sections = [
         ("fpemu vs Transformer Engine's Python references (CPU), mismatches", te_sweep, mismatch_columns, te_notes),
