@@ -167,7 +167,8 @@ def _float32_sample() -> np.ndarray:
     return (high[:, None] | np.array([0, 0x7FF, 0x800], np.uint32)).ravel().view(np.float32)
 
 
-@pytest.mark.parametrize("rule,elem", [("te_nvfp4", "fp4_e2m1fn"), ("te_mxfp8", "fp8_e4m3fn"), ("te_mxfp8", "fp8_e5m2")])
+@pytest.mark.parametrize("rule,elem", [("te_nvfp4", "fp4_e2m1fn"), ("te_mxfp8", "fp8_e4m3fn"),
+                                       ("te_mxfp8", "fp8_e5m2")])
 def test_te_kernel_casts_are_cudas_conversions_bit_for_bit(rule, elem):
     """The kernels' element casts (cvt.rn.satfinite.{e2m1x2,e4m3x2,e5m2x2}.f32, here the CUDA headers'
     conversions) and the NVFP4 block-scale cast (satfinite e4m3) against NVIDIA's code on 3M float32
