@@ -214,6 +214,10 @@ ADAPTERS = {adapter.name: adapter for adapter in [
             ("torchao", "torch"), ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
     Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
             ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
+    Adapter("te_block_reference", BLOCKS, "fpemu.adapters.te_block_reference:te_block_quantize", ("torch",),
+            ("torch",), verified=_TE_VERIFIED[:1] + _TORCH_VERIFIED,
+            check="fpemu.adapters.te_block_reference:te_reference_unavailable",
+            versions="fpemu.adapters.te_block_reference:te_reference_versions"),
 ]}
 
 

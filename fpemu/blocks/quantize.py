@@ -147,9 +147,11 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     if rule.levels == 2:
         with np.errstate(invalid="ignore"):
             tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
+        if np.isnan(tensor_amax) and rule.amax_nan == "ignore":  # fmaxf from 0, as TE's amax kernel
+            tensor_amax = _F32(np.abs(flat[~np.isnan(flat)]).max(initial=0))
         if np.isnan(tensor_amax):  # torch's whole-tensor max gives NaN as 0xFFFFFFFF, whose bits reach the codes
             tensor_amax = np.array(0xFFFFFFFF, np.uint32).view(_F32)[()]
-    compute = _nvfp4 if rule.exponent == "nvfp4" else _mx
+    compute = _BLOCK_ARITHMETIC.get(rule.exponent, _mx)
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
@@ -447,6 +449,30 @@ def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
 _APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal}
 
 
+def _te_reference_e8m0(amax, elem):
+    """TE's reference ``_float_to_e8m0``: :func:`_te_float_to_e8m0`'s rounding on fl32(amax / max), in int32
+    with no inf or NaN case: inf keeps exponent 255 and NaN's 255 rounds up to 256, byte 0 once cast to uint8."""
+    value = amax.astype(_F32) / _F32(elem.max_finite)
+    bits = value.view(np.uint32)
+    exponent = (bits >> np.uint32(23)).astype(np.int64) & 0xFF
+    mantissa = bits & np.uint32(0x7FFFFF)
+    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    return np.where(value == 0, 0, (exponent + up) & 0xFF)
+
+
+_EXPONENT_RULES["te_reference"] = _te_reference_e8m0
+
+
+def _apply_te_reference(blocks, codes, elem, rule):
+    """x / torch.pow(2, code - 127) in float32: code 255 divides by inf (x's saturating cast follows:
+    torch 2.13's e4m3fn cast saturates finite values and inf to 448, as the rule's rounding does)."""
+    scale = np.where(codes == _E8M0_NAN, _F32(np.inf), _e8m0_values(codes))
+    return blocks / scale[..., None]
+
+
+_APPLY["te_reference"] = _apply_te_reference
+
+
 def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
     """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels); :func:`_mx`'s tuple."""
     e4m3 = get_format("fp8_e4m3fn")
@@ -489,6 +515,8 @@ def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan
             fixed = _torchao_nan_codes(data, elem)
         elif rule.nan_element == "scale":
             fixed = 0
+        elif rule.nan_element == "cuda":  # CUDA's cvt: the all-ones magnitude, the sign dropped
+            fixed = _nan_code(elem)
         else:  # its NaN code, with the NaN's sign
             fixed = (_nan_code(elem) | np.where(np.signbit(data), 1 << (elem.bits - 1), 0)).astype(codes.dtype)
         codes = np.where(nan, fixed, codes).astype(np.uint8)
@@ -496,8 +524,8 @@ def _element_codes(data: np.ndarray, elem: Format, rule: ScaleRule, may_hold_nan
 
 
 def _nan_code(elem: Format) -> int:
-    """The all-ones magnitude: torch's fp8 casts (and CUDA's cvt) give NaN 0x7F in e4m3fn and e5m2
-    alike (not e5m2's quiet NaN 0x7E), keeping its sign (encode's int policy adds it)."""
+    """The all-ones magnitude: torch's fp8 casts give NaN 0x7F in e4m3fn and e5m2 alike (not e5m2's
+    quiet NaN 0x7E), keeping its sign; CUDA's cvt gives it without the sign (nan_element ``cuda``)."""
     return (1 << (elem.bits - 1)) - 1
 
 
@@ -514,3 +542,53 @@ def _torchao_nan_codes(data: np.ndarray, elem: Format) -> np.ndarray:
     normal = ((magnitude + add + ((magnitude >> shift) & 1)) & 0xFFFFFFFF) >> shift
     sign_bit = np.where(sign != 0, 1 << (ebits + mbits), 0)
     return ((normal & 0xFF) | sign_bit).astype(np.uint8)
+
+
+def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """Transformer Engine's NVFP4 (kernel or Python reference, as the rule's fields say): :func:`_mx`'s tuple.
+
+    Both compute in float32 in the same order (the reference was written to match the kernel bit for
+    bit); they differ where the kernel's fmaxf and its fp4 cvt meet NaN and -0.0, and in S_enc for an
+    all-zero tensor (see the rules' ``departs``).
+    """
+    e4m3 = get_format("fp8_e4m3fn")
+    flt_max = _F32(np.finfo(_F32).max)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        encode_tensor = np.minimum(_F32(e4m3.max_finite * elem.max_finite) / tensor_amax, flt_max)
+        if encode_tensor == 0 or (tensor_amax == 0 and rule.exponent == "te_nvfp4"):
+            encode_tensor = _F32(1.0)
+        if np.isnan(encode_tensor):  # (the reference's: torch.min of one value gives the canonical NaN)
+            encode_tensor = np.array(0x7FC00000, np.uint32).view(_F32)[()]
+        decode_tensor = _F32(1.0) / encode_tensor
+        magnitude = _magnitude_bits(blocks)
+        amax = _block_amax(blocks, magnitude, _block_peak(magnitude), rule.amax_nan)
+        block_scale = np.minimum(amax * (encode_tensor * (_F32(1.0) / _F32(elem.max_finite))), flt_max)
+        codes = _te_e4m3_codes(block_scale)
+        scales = decode(codes, e4m3, dtype=_F32)
+        reciprocal = np.minimum(_F32(1.0) / (scales * decode_tensor), flt_max)
+        data = np.clip(blocks * reciprocal[..., None], -_F32(elem.max_finite), _F32(elem.max_finite))
+        elements = _te_fp4_codes(data, elem, rule)
+        dequantize = (scales * tensor_amax) * (_F32(1.0) / _F32(e4m3.max_finite * elem.max_finite))
+        np.multiply(decode(elements, elem, dtype=_F32), dequantize[..., None], out=values)
+    return codes, scales, elements, values, float(decode_tensor), None
+
+
+def _te_e4m3_codes(block_scale: np.ndarray) -> np.ndarray:
+    """e4m3 codes of TE's block scales: the kernel's satfinite cast (finite and inf saturate to 448) and
+    the reference's clamp to +-448 and torch cast alike (NaN, which only the reference meets: 0x7F with
+    its sign, as torch's cast gives it)."""
+    e4m3 = get_format("fp8_e4m3fn")
+    return encode(np.clip(block_scale, -_F32(e4m3.max_finite), _F32(e4m3.max_finite)), e4m3, nan=0x7F).astype(np.uint8)
+
+
+def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray:
+    """fp4 codes of TE's scaled, clamped elements: the kernel's cvt.rn.satfinite.e2m1x2 (``cuda``: NaN
+    becomes +6, code 0x7) or the reference's cast_to_fp4x2 (``te_reference``: NaN and -0.0, which
+    ``x >= 0.0`` takes, become code 0)."""
+    codes, _ = _element_codes(data, elem, rule)
+    if rule.nan_element == "te_reference":
+        codes[np.isnan(data) | ((data == 0) & np.signbit(data))] = 0
+    return codes
+
+
+_BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4}

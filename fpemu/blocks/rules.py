@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+# How a NaN becomes an element code (ScaleRule.nan_element).
+NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference", "cuda")
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
@@ -28,6 +30,13 @@ EXPONENTS = {
           "when the mantissa is not zero (but not past 0xFE, and not for subnormals <= 0x400000)",
     "nvfp4": "NVFP4: fl32(amax / 6) (divided by the tensor scale with two levels), clamped to "
              "[2**-6, 448] and cast to e4m3",
+    "te_nvfp4": "Transformer Engine NVFP4: S_enc = min(fl32(448 * 6 / tensor amax), FLT_MAX) (1 where that "
+                "is 0; the kernel also where amax is 0), the block's e4m3(fl32(amax * fl32(S_enc * fl32(1/6)))), "
+                "saturating at 448, with no lower clamp (e4m3 subnormals and 0 are scales)",
+    "te_nvfp4_reference": "TE's Python NVFP4 reference: as te_nvfp4, but a tensor amax of 0 gives S_enc = "
+                          "FLT_MAX (torch.min(2688 / 0, FLT_MAX); only S_enc == 0 becomes 1)",
+    "te_reference": "TE's Python MXFP8 reference: float_to_e8m0 of fl32(amax / max) (exact division) in int32 "
+                    "arithmetic, the byte taken mod 256: a NaN amax rounds its exponent 255 up to byte 0",
 }
 # How the scale is applied to the elements.
 APPLICATIONS = {
@@ -35,6 +44,11 @@ APPLICATIONS = {
     "divide": "torchao FLOOR/CEIL/EVEN: fl32(x / max(2**X, 2**-126)), clamped to +-max, then cast",
     "reciprocal": "fl32(x * r), r = 2**-X as a float32 (byte 0: rcp_byte0, 254: 2**-127, 255: NaN), clamped, cast",
     "nvfp4": "fl32(x * fl32(1 / s)) (two levels: fl32(x * fl32(fl32(1 / t) / s))), clamped to +-6, cast",
+    "te_nvfp4": "fl32(x * r), r = min(fl32(1 / fl32(s * S_dec)), FLT_MAX), S_dec = fl32(1 / S_enc) (scale 0: "
+                "r = FLT_MAX), clamped to +-6, cast; dequantized as TE's dequantize kernel: "
+                "fl32(e * fl32(fl32(s * tensor amax) * fl32(1 / 2688)))",
+    "te_reference": "fl32(x / 2**X), 2**X = torch.pow(2, code - 127) (255: inf, so finite x become 0), then "
+                    "torch's e4m3fn cast (torch 2.13 saturates it: finite and inf to +-448)",
 }
 
 
@@ -53,9 +67,13 @@ class ScaleRule:
       amax_nan: ``"propagate"`` (a NaN in the block makes amax NaN: torch.amax) or ``"ignore"``
         (fmaxf, Transformer Engine's amax).
       rounding: the elements' rounding mode (microxcaling's "nearest" is nearest_away).
-      nan_element: ``"nan"`` (the element format's NaN code, its sign kept), ``"torchao"`` (torchao's
-        fp4/fp6 bit cast gives NaN a finite code that depends on its bits: canonical NaN -> fp4 0x3),
-        or ``"scale"`` (the block's scale is NaN and every element NaN, codes 0).
+      nan_element: ``"nan"`` (the element format's NaN code, its sign kept; formats without NaN: the
+        all-ones magnitude), ``"torchao"`` (torchao's fp4/fp6 bit cast gives NaN a finite code that
+        depends on its bits: canonical NaN -> fp4 0x3), ``"scale"`` (the block's scale is NaN and
+        every element NaN, codes 0), ``"te_reference"`` (TE's reference ``cast_to_fp4x2``, a chain
+        of comparisons: NaN, which none of them takes, and -0.0, which ``x >= 0.0`` takes, get code 0),
+        or ``"cuda"`` (CUDA's cvt, as cuda_fp8.hpp / cuda_fp4.hpp convert: NaN becomes the positive
+        all-ones magnitude, its sign dropped: e4m3 and e5m2 0x7F, fp4 +6, 0x7).
       rcp_byte0: the multiplier for scale byte 0 (``reciprocal`` rules): torchao RCEIL 1.0, TE 2**127.
       levels: NVFP4 scale levels (1: e4m3 block scales; 2: also a float32 tensor scale).
       departs: where its arithmetic departs from exact, and how often (measured, reports/blocks.md).
@@ -80,9 +98,9 @@ class ScaleRule:
             if getattr(self, field) not in table:
                 raise ValueError(f"scale rule {self.name!r}: {field} must be one of {sorted(table)}, "
                                  f"got {getattr(self, field)!r}")
-        if self.amax_nan not in ("propagate", "ignore") or self.nan_element not in ("nan", "torchao", "scale"):
+        if self.amax_nan not in ("propagate", "ignore") or self.nan_element not in NAN_ELEMENTS:
             raise ValueError(f"scale rule {self.name!r}: amax_nan must be 'propagate' or 'ignore' and "
-                             f"nan_element 'nan', 'torchao' or 'scale'")
+                             f"nan_element one of {NAN_ELEMENTS}")
 
 
 MX_ELEMENTS = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn")
@@ -108,10 +126,22 @@ SCALE_RULES = {rule.name: rule for rule in [
               departs="float32 log2 loses the round-up just above powers of two (the block's max then "
                       "saturates); blocks with scale byte 0 are multiplied by 1.0, flushing them to 0"),
     ScaleRule("te_mxfp8", "Transformer Engine d0067d0 MXFP8 kernel (non-Blackwell float_to_e8m0, exp2f_rcp)",
-              "e8m0", 32, ("fp8_e4m3fn", "fp8_e5m2"), "te", "reciprocal", amax_nan="ignore",
+              "e8m0", 32, ("fp8_e4m3fn", "fp8_e5m2"), "te", "reciprocal", amax_nan="ignore", nan_element="cuda",
               rcp_byte0=2.0**127,
               departs="amax * fl32(1/max) is rounded to float32 before the exponent is taken; NaN is "
-                      "left out of amax (fmaxf); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
+                      "left out of amax (fmaxf), and a NaN element is 0x7F whatever its sign (CUDA 13.0's "
+                      "cuda_fp8.hpp conversion, run here); byte 0 multiplies by 2**127 (PR #2647; was 1.0)"),
+    ScaleRule("te_mxfp8_reference", "Transformer Engine d0067d0 Python MXFP8 reference "
+              "(tests/pytorch/test_mxfp8_2d_quantize.py _mxfp8_2d_quantize_reference, _float_to_e8m0; "
+              "its tiles are 32 x 32, a 1-D block is a tile with one non-zero row)", "e8m0", 32, ("fp8_e4m3fn",),
+              "te_reference", "te_reference",
+              departs="the exact quotient fl32(amax / 448) where the kernel multiplies by fl32(1/448): on 1,820 "
+                      "amaxes within 3 ulps of 448 * 2**k no scale differs from the kernel row's (1 from exact "
+                      "ceil: a subnormal quotient <= 2**-127 is not rounded up), nor on the probes (the same "
+                      "departures from OCP as te_mxfp8); they part on specials: a NaN amax (torch.amax keeps "
+                      "it) wraps to byte 0, multiplying the block by 2**127 (its finite elements saturate to "
+                      "+-448), where the kernel leaves NaN out; an inf amax gives byte 255 and 2**128 = inf "
+                      "(finite elements 0, inf NaN), where the kernel gives 254"),
     ScaleRule("microxcaling", "microsoft/microxcaling 7bc4195 mx_ops._quantize_mx, PyTorch path (round='nearest', "
               "shared_exp_method='max')", "e8m0", 32,
               MX_ELEMENTS, "microxcaling", "exact", rounding="nearest_away", nan_element="scale",
@@ -124,4 +154,33 @@ SCALE_RULES = {rule.name: rule for rule in [
     ScaleRule("torchao_nvfp4_2level", "torchao 0.18.0 nvfp4_quantize with per_tensor_scale = amax / (448 * 6)",
               "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "nvfp4", "nvfp4", nan_element="torchao", levels=2,
               departs="x * fl32(fl32(1/t) / s): two float32 roundings where x / (t * s) has none"),
+    ScaleRule("te_nvfp4", "Transformer Engine d0067d0 NVFP4 kernel, 1 x 16 blocks, round to nearest, no RHT "
+              "(common/cast/nvfp4/core_nvfp4.cuh compute_global_encode_scaling_factor_FP4 and "
+              "compute_decoding_scaling_factor; quantize_transpose_nvfp4.cuh block_scale_inverse and "
+              "ptx::mul_cvt_fp32_to_fp4_4x: cvt.rn.satfinite.e2m1x2.f32; dequantize_nvfp4.cuh)",
+              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4", "te_nvfp4", amax_nan="ignore", nan_element="cuda",
+              levels=2,
+              departs="S_enc = fl32(2688 / amax_t) and fl32(amax_b * fl32(S_enc * fl32(1/6))) round three "
+                      "times where amax_b * 448 / amax_t rounds once: off e4m3 ties (168.00002 for an exact 168, "
+                      "so up where round-half-even goes down): 123 of 884 blocks within 3 ulps of e4m3 "
+                      "midpoints, 0 of the 1,024 finite probe blocks; the element multiplier "
+                      "min(fl32(1 / fl32(s * S_dec)), FLT_MAX) loses bits where s * S_dec is a float32 "
+                      "subnormal (tensor amax under about 2**-106: 103 of 4,096 'tiny' elements) and moves a "
+                      "few fp4 ties (9 of 4,096 bf16-valued randn * 1e-3 elements); no lower clamp: e4m3 "
+                      "subnormal scales and scale 0, whose elements are x * FLT_MAX saturated to +-6 (63 "
+                      "'wide' and 229 'edges' blocks of 256) and dequantize to 0; an all-zero tensor gets "
+                      "S_enc 1; NaN is left out of both amaxes (fmaxf) and a NaN element becomes +6 (code 0x7, "
+                      "its sign dropped: CUDA 13.0 cuda_fp4.hpp's conversion, run here; the instruction itself "
+                      "is not)"),
+    ScaleRule("te_nvfp4_reference", "Transformer Engine d0067d0 Python NVFP4 reference "
+              "(pytorch/custom_recipes/reference_nvfp4.py NVFP4QuantizerRef._quantize, quant_tile_shape "
+              "(1, 16), with_rht=False; _quantize_blockwise_reference, cast_to_fp4x2)",
+              "fp8_e4m3fn", 16, ("fp4_e2m1fn",), "te_nvfp4_reference", "te_nvfp4", nan_element="te_reference",
+              levels=2,
+              departs="written to match the kernel: its scales and finite elements are te_nvfp4's (the same "
+                      "123 of 884 midpoint blocks and 103 'tiny' elements off exact); it parts from the kernel "
+                      "where torch.amax keeps NaN (S_enc NaN: every scale NaN, every element code 0: 256 scales "
+                      "and 3,965 of 4,096 codes of the 'nan' probe), where cast_to_fp4x2 gives -0.0 code 0 "
+                      "(546 of 4,096 'wide' and 72 'tiny' codes), and for an all-zero tensor (S_enc = FLT_MAX, "
+                      "seen only in tensor_scale: its codes, scales and amax are the kernel's zeros)"),
 ]}
