@@ -16,7 +16,15 @@ import dataclasses
 from typing import Optional
 
 # How a NaN becomes an element code (ScaleRule.nan_element).
-NAN_ELEMENTS = ("nan", "torchao", "scale", "te_reference", "cuda")
+NAN_ELEMENTS = {
+    "nan": "the element format's NaN code, its sign kept (formats without NaN: the all-ones magnitude)",
+    "torchao": "a finite code: torchao's fp4/fp6 bit cast runs on NaN's bits (canonical NaN -> fp4 0x3)",
+    "scale": "a NaN block: scale NaN, every element NaN (codes 0)",
+    "te_reference": "code 0: TE's reference cast_to_fp4x2 is a chain of comparisons NaN takes none of "
+                    "(and -0.0, which x >= 0.0 takes, gets code 0 too)",
+    "cuda": "the positive all-ones magnitude, the sign dropped, as CUDA's cvt converts (cuda_fp8.hpp / "
+            "cuda_fp4.hpp): e4m3 and e5m2 0x7F, fp4 +6 (0x7)",
+}
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
@@ -67,13 +75,7 @@ class ScaleRule:
       amax_nan: ``"propagate"`` (a NaN in the block makes amax NaN: torch.amax) or ``"ignore"``
         (fmaxf, Transformer Engine's amax).
       rounding: the elements' rounding mode (microxcaling's "nearest" is nearest_away).
-      nan_element: ``"nan"`` (the element format's NaN code, its sign kept; formats without NaN: the
-        all-ones magnitude), ``"torchao"`` (torchao's fp4/fp6 bit cast gives NaN a finite code that
-        depends on its bits: canonical NaN -> fp4 0x3), ``"scale"`` (the block's scale is NaN and
-        every element NaN, codes 0), ``"te_reference"`` (TE's reference ``cast_to_fp4x2``, a chain
-        of comparisons: NaN, which none of them takes, and -0.0, which ``x >= 0.0`` takes, get code 0),
-        or ``"cuda"`` (CUDA's cvt, as cuda_fp8.hpp / cuda_fp4.hpp convert: NaN becomes the positive
-        all-ones magnitude, its sign dropped: e4m3 and e5m2 0x7F, fp4 +6, 0x7).
+      nan_element: how a NaN becomes an element code (a key of :data:`NAN_ELEMENTS`).
       rcp_byte0: the multiplier for scale byte 0 (``reciprocal`` rules): torchao RCEIL 1.0, TE 2**127.
       levels: NVFP4 scale levels (1: e4m3 block scales; 2: also a float32 tensor scale).
       departs: where its arithmetic departs from exact, and how often (measured, reports/blocks.md).
@@ -100,7 +102,7 @@ class ScaleRule:
                                  f"got {getattr(self, field)!r}")
         if self.amax_nan not in ("propagate", "ignore") or self.nan_element not in NAN_ELEMENTS:
             raise ValueError(f"scale rule {self.name!r}: amax_nan must be 'propagate' or 'ignore' and "
-                             f"nan_element one of {NAN_ELEMENTS}")
+                             f"nan_element one of {sorted(NAN_ELEMENTS)}")
 
 
 MX_ELEMENTS = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn")
