@@ -417,8 +417,20 @@ def _te_float_to_e8m0(amax, elem):
     return np.where(np.isnan(value), 0xFF, codes)
 
 
+def _te_reference_e8m0(amax, elem):
+    """TE's reference ``_float_to_e8m0``: :func:`_te_float_to_e8m0`'s rounding on fl32(amax / max), in int32
+    with no inf or NaN case: inf keeps exponent 255 and NaN's 255 rounds up to 256, byte 0 once cast to uint8."""
+    value = amax.astype(_F32) / _F32(elem.max_finite)
+    bits = value.view(np.uint32)
+    exponent = (bits >> np.uint32(23)).astype(np.int64) & 0xFF
+    mantissa = bits & np.uint32(0x7FFFFF)
+    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    return np.where(value == 0, 0, (exponent + up) & 0xFF)
+
+
 _EXPONENT_RULES = {"floor": _exact_floor, "microxcaling": _microxcaling_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
-                   "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0}
+                   "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0,
+                   "te_reference": _te_reference_e8m0}
 
 
 def _apply_exact(blocks, codes, elem, rule):
@@ -446,23 +458,6 @@ def _times(blocks: np.ndarray, multiplier: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(multiplier)[..., None], multiplier[..., None], product)
 
 
-_APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal}
-
-
-def _te_reference_e8m0(amax, elem):
-    """TE's reference ``_float_to_e8m0``: :func:`_te_float_to_e8m0`'s rounding on fl32(amax / max), in int32
-    with no inf or NaN case: inf keeps exponent 255 and NaN's 255 rounds up to 256, byte 0 once cast to uint8."""
-    value = amax.astype(_F32) / _F32(elem.max_finite)
-    bits = value.view(np.uint32)
-    exponent = (bits >> np.uint32(23)).astype(np.int64) & 0xFF
-    mantissa = bits & np.uint32(0x7FFFFF)
-    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
-    return np.where(value == 0, 0, (exponent + up) & 0xFF)
-
-
-_EXPONENT_RULES["te_reference"] = _te_reference_e8m0
-
-
 def _apply_te_reference(blocks, codes, elem, rule):
     """x / torch.pow(2, code - 127) in float32: code 255 divides by inf (x's saturating cast follows:
     torch 2.13's e4m3fn cast saturates finite values and inf to 448, as the rule's rounding does)."""
@@ -470,7 +465,8 @@ def _apply_te_reference(blocks, codes, elem, rule):
     return blocks / scale[..., None]
 
 
-_APPLY["te_reference"] = _apply_te_reference
+_APPLY = {"exact": _apply_exact, "divide": _apply_divide, "reciprocal": _apply_reciprocal,
+          "te_reference": _apply_te_reference}
 
 
 def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
