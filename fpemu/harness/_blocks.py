@@ -48,9 +48,12 @@ def values_digest(values) -> str:
       >>> values_digest(a) == values_digest(np.array([1.0, -np.nan], np.float32))
       True
     """
+    return hashlib.sha256(_canonical_bits(values).astype("<u4").tobytes()).hexdigest()
+
+
+def _canonical_bits(values) -> np.ndarray:
     values = np.ascontiguousarray(values, dtype=np.float32)
-    bits = np.where(np.isnan(values), _CANONICAL_NAN, values.view(np.uint32)).astype("<u4")
-    return hashlib.sha256(bits.tobytes()).hexdigest()
+    return np.where(np.isnan(values), _CANONICAL_NAN, values.view(np.uint32))
 
 
 def _nan_alike_scale_codes(q) -> np.ndarray:
@@ -74,8 +77,7 @@ def block_record(step: int, kind: str, q, fields) -> dict:
 def differences(model, real) -> dict:
     """How many scale codes (any NaN code alike), element codes and values (float32 bits, NaN-aware)
     of ``real`` differ from ``model``'s, with the counts of blocks and elements."""
-    model_bits, real_bits = (np.where(np.isnan(q.values), _CANONICAL_NAN, np.asarray(q.values, np.float32).view(np.uint32))
-                             for q in (model, real))
+    model_bits, real_bits = _canonical_bits(model.values), _canonical_bits(real.values)
     return {"scale_codes": int(np.count_nonzero(_nan_alike_scale_codes(model) != _nan_alike_scale_codes(real))),
             "element_codes": int(np.count_nonzero(np.asarray(model.element_codes) != np.asarray(real.element_codes))),
             "block_values": int(np.count_nonzero(model_bits != real_bits)),

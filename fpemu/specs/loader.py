@@ -205,7 +205,8 @@ def _implementation_tables(check: _Checker, raw, kind: str):
     from fpemu.adapters import resolve
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
-    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]", "blocks": "scaler, [step] and [recipe]"}[kind]
+    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]",
+             "blocks": "scaler, [step] and [recipe]"}[kind]
     for name, body in raw.items():
         key = f"implementations.{name}"
         try:
