@@ -152,3 +152,19 @@ def test_scale_digests_take_any_nan_code_alike_and_element_codes_as_they_are():
     assert block_record(0, "nan", q, FIELDS)["element_codes"] != block_record(0, "nan", recoded, FIELDS)[
         "element_codes"]
     assert block_record(0, "nan", q, FIELDS)["block_tensor_scale_hex"] == "nan"
+
+
+def test_without_te_source_its_specs_are_skip_lines_naming_the_reason(tmp_path):
+    """Where TE's source is absent (a fresh process: the source reads are cached), `fpemu diff` gives each TE
+    spec one skip line with the adapter's reason and its versions, not an error."""
+    import os
+    import subprocess
+    env = {**os.environ, "FPEMU_TE_SOURCE": str(tmp_path / "no-te"), "PYTHONPATH": str(ROOT)}
+    specs = [str(path) for path in SPECS if load_spec(path).rule.startswith("te_")]
+    run = subprocess.run([sys.executable, "-m", "fpemu", "diff", *specs, "--golden", str(GOLDEN), "--allow-skips",
+                          "--json", "--quiet"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    verdicts = json.loads(run.stdout)["verdicts"]
+    assert len(verdicts) == len(specs) == 2 and {v["status"] for v in verdicts} == {"skipped"}
+    assert all(v["note"].startswith("no TransformerEngine reference source") for v in verdicts)
+    assert verdicts[0]["packages"]["transformer_engine (source)"] == "not found"
