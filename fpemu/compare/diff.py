@@ -69,10 +69,10 @@ class Divergence:
 
 def first_element(field: str, record: dict, expected, got) -> tuple:
     """(name, expected, got) of the first element that differs in a field whose elements are named by
-    another field of the step ``record`` (``FIELDS[field].labels``; a name, not a list: the step's own); ("",
-    expected, got) otherwise.  An
+    another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.  An
     element that is a list of values (a rowwise cast's scales) is narrowed to its first differing value,
-    named ``cast[row]`` where it has more than one.
+    named ``cast[row]`` where it has more than one.  A label that is one name, not a list, names the whole
+    step (a blocks step's input kind).
 
     Example:
       >>> casts = {"fp8_casts": ["layer0.input", "layer0.weight"]}
