@@ -80,6 +80,8 @@ def first_element(field: str, record: dict, expected, got) -> tuple:
       ('layer0.weight', 2.0, 4.0)
       >>> first_element("tensor_amax", casts, [[1.0, 3.0], [2.0]], [[1.0, 5.0], [2.0]])
       ('layer0.input[1]', 3.0, 5.0)
+      >>> first_element("scale_codes", {"block_input": "edges"}, "3d23f8...", "c09d92...")
+      ('edges', '3d23f8...', 'c09d92...')
     """
     source = FIELDS[field].labels if field in FIELDS else None
     names = record.get(source) if source else None
