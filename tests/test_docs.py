@@ -13,6 +13,7 @@ import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
 import fpemu.formats.stats
+import fpemu.harness._blocks
 import fpemu.harness._fp8_training
 import fpemu.harness._trace_layout
 import fpemu.scalers.fp8_recipes
@@ -36,7 +37,8 @@ def test_guide_examples(guide):
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
-                                    fpemu.harness._trace_layout, fpemu.harness._fp8_training, fpemu.compare.diff])
+                                    fpemu.harness._trace_layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
+                                    fpemu.compare.diff])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

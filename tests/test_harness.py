@@ -11,8 +11,8 @@ import fpemu
 from fpemu.cli import main
 from fpemu.compare import compare_traces
 from fpemu.harness import record_trace, reference_trace
-from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, SpecError, StepScenario,
-                         load_spec, load_specs, parse_spec)
+from fpemu.specs import (BlocksScenario, Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, SpecError,
+                         StepScenario, load_spec, load_specs, parse_spec)
 import fpemu.errors
 from fpemu.traces import TraceError, dumps, loads, read_trace, write_trace
 
@@ -73,8 +73,9 @@ def test_shipped_specs_are_valid_and_cover_every_profile():
     recipe_scenarios = [s for s in scenarios if isinstance(s, RecipeScenario)]
     ranks_scenarios = [s for s in scenarios if isinstance(s, RanksScenario)]  # tests/test_ranks.py
     fp8_scenarios = [s for s in scenarios if isinstance(s, Fp8TrainingScenario)]  # tests/test_fp8_training_specs.py
+    blocks_scenarios = [s for s in scenarios if isinstance(s, BlocksScenario)]  # tests/test_block_specs.py
     assert (len(scaler_scenarios) + len(step_scenarios) + len(recipe_scenarios) + len(ranks_scenarios)
-            + len(fp8_scenarios)) == len(scenarios)
+            + len(fp8_scenarios) + len(blocks_scenarios)) == len(scenarios)
     assert set(fpemu.PROFILES) <= {s.profile for s in scaler_scenarios}
     assert {s.overflow.kind for s in scaler_scenarios} >= {"explicit", "bernoulli", "bursts", "periodic", "model"}
     assert {i.name for s in step_scenarios for i in s.implementations} == {"jax_step", "torch_step"}

@@ -319,3 +319,22 @@ def train_fp8(name: str, recipe: str, device: str = "cpu", **settings) -> list:
 def step_function(name: str, compute: str, device: str = "cpu", **params):
     """The real step ``name`` as a function of one step's arguments (see mixed_precision_step)."""
     return _runnable(name, STEP, device).function()(compute, device, params)
+
+
+def driven_rules(name: str) -> tuple:
+    """The scale rules (fpemu.blocks.SCALE_RULES keys) the blocks adapter ``name`` runs: its module's
+    ``DRIVEN_RULES`` (read without importing its framework).
+
+    Example:
+      >>> driven_rules("te_block_reference")
+      ('te_nvfp4_reference', 'te_mxfp8_reference')
+    """
+    adapter = get_adapter(name)
+    if adapter.kind != BLOCKS:
+        raise ValueError(f"adapter {name!r} is a {adapter.kind} adapter, not a {BLOCKS} adapter")
+    return importlib.import_module(adapter.entry.partition(":")[0]).DRIVEN_RULES
+
+
+def quantize_blocks(name: str, x, element_format: str, scale_rule: str, device: str = "cpu"):
+    """The real block quantizer ``name`` run on ``x`` under ``scale_rule``: a fpemu.blocks.BlockQuantized."""
+    return _runnable(name, BLOCKS, device).function()(x, element_format, scale_rule)

@@ -71,7 +71,8 @@ def first_element(field: str, record: dict, expected, got) -> tuple:
     """(name, expected, got) of the first element that differs in a field whose elements are named by
     another field of the step ``record`` (``FIELDS[field].labels``); ("", expected, got) otherwise.  An
     element that is a list of values (a rowwise cast's scales) is narrowed to its first differing value,
-    named ``cast[row]`` where it has more than one.
+    named ``cast[row]`` where it has more than one.  A label that is one name, not a list, names the whole
+    step (a blocks step's input kind).
 
     Example:
       >>> casts = {"fp8_casts": ["layer0.input", "layer0.weight"]}
@@ -79,9 +80,13 @@ def first_element(field: str, record: dict, expected, got) -> tuple:
       ('layer0.weight', 2.0, 4.0)
       >>> first_element("tensor_amax", casts, [[1.0, 3.0], [2.0]], [[1.0, 5.0], [2.0]])
       ('layer0.input[1]', 3.0, 5.0)
+      >>> first_element("scale_codes", {"block_input": "edges"}, "3d23f8...", "c09d92...")
+      ('edges', '3d23f8...', 'c09d92...')
     """
     source = FIELDS[field].labels if field in FIELDS else None
     names = record.get(source) if source else None
+    if isinstance(names, str):  # a step named as a whole (a blocks step: its input kind)
+        return names, expected, got
     if not names or not isinstance(expected, list) or not isinstance(got, list):
         return "", expected, got
     for index, (a, b) in enumerate(zip(expected, got)):
@@ -154,6 +159,9 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
         return f"{field} bookkeeping differs (reset rule)"
     if field in FIELDS and FIELDS[field].labels == "fp8_casts":
         return fp8_cast_cause(observed)
+    if field in FIELDS and "blocks" in FIELDS[field].recorded_by:
+        from fpemu.harness._blocks import block_cause  # a blocks trace's kind, counts and rules
+        return block_cause(step, golden, observed)
     if field in ("amax", "amax_used", "scale_inv") or (field == "scale" and "amax" in golden.steps[step]):
         return ("fp8 recipe: the amax history, its NaN handling or the scale's float32 arithmetic differ "
                 "(see docs/fp8_recipes.md)")

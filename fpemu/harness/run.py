@@ -12,6 +12,8 @@ from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
 from fpemu.harness.recipe_traces import recorded_recipe_trace, reference_recipe_trace
 from fpemu.harness._fp8_training import recorded_fp8_training_trace, reference_fp8_training_trace
+from fpemu.harness._blocks import recorded_blocks_trace, reference_blocks_trace
+from fpemu.specs.blocks import BlocksScenario
 from fpemu.specs.fp8_training import Fp8TrainingScenario
 from fpemu.specs.recipes import RecipeScenario
 from fpemu.specs.scenario import Implementation, ScalerScenario, StepScenario
@@ -150,6 +152,8 @@ def reference_trace(scenario: ScalerScenario | StepScenario | RecipeScenario) ->
         return _reference_step_trace(scenario)
     if isinstance(scenario, Fp8TrainingScenario):
         return reference_fp8_training_trace(scenario)
+    if isinstance(scenario, BlocksScenario):
+        return reference_blocks_trace(scenario)
     if isinstance(scenario, RecipeScenario):
         return reference_recipe_trace(scenario, lambda profile, params, verified: trace_metadata(
             scenario, REFERENCE, profile, params, package_versions(["numpy", "ml_dtypes"]), "cpu", verified=verified))
@@ -167,6 +171,8 @@ def record_trace(scenario: ScalerScenario | StepScenario, impl: Implementation) 
         return _recorded_step_trace(scenario, impl)
     if isinstance(scenario, Fp8TrainingScenario):
         return recorded_fp8_training_trace(scenario, impl)
+    if isinstance(scenario, BlocksScenario):
+        return recorded_blocks_trace(scenario, impl)
     if isinstance(scenario, RecipeScenario):
         return recorded_recipe_trace(scenario, impl, lambda profile, params: trace_metadata(
             scenario, implementation_key(impl), profile, params, adapter_versions(get_adapter(impl.name)), impl.device))

@@ -51,12 +51,13 @@ MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 _TOP_KEYS = {"name", "description", "steps", "scaler", "overflow", "record", "implementations", "step",
-              "recipe", "amax", "ranks", "fp8_training"}  # [recipe] and [amax]: fpemu.specs.recipes; [ranks]: fpemu.specs._ranks
-# [fp8_training]: fpemu.specs.fp8_training
+              "recipe", "amax", "ranks", "fp8_training", "blocks"}  # [recipe] and [amax]: fpemu.specs.recipes; [ranks]: fpemu.specs._ranks
+# [fp8_training]: fpemu.specs.fp8_training; [blocks]: fpemu.specs.blocks
 # Scenario kinds beyond scaler and step specs: the top-level table that marks one -> its parser
 # ("module:function", taking (checker, raw TOML, text, path)).
 SCENARIO_KINDS = {"ranks": "fpemu.specs._ranks:parse_ranks_spec", "recipe": "fpemu.specs.recipes:parse_recipe_spec",
-                  "fp8_training": "fpemu.specs.fp8_training:parse_fp8_training_spec"}
+                  "fp8_training": "fpemu.specs.fp8_training:parse_fp8_training_spec",
+                  "blocks": "fpemu.specs.blocks:parse_blocks_spec"}
 STEP_MODES = ("jax_cpu_strict", "jax_cpu", "torch_cpu", "torch_cpu_grad_scaler", "torch_cpu_compiled", "seed")
 _SOURCE_KEYS = {
     "explicit": {"sequence"},
@@ -204,7 +205,8 @@ def _implementation_tables(check: _Checker, raw, kind: str):
     from fpemu.adapters import resolve
     if not isinstance(raw, dict):
         check.fail("implementations", "expected a table of implementation tables")
-    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]"}[kind]
+    other = {"scaler": "[step]", "step": "scaler", "recipe": "scaler and [step]",
+             "blocks": "scaler, [step] and [recipe]"}[kind]
     for name, body in raw.items():
         key = f"implementations.{name}"
         try:

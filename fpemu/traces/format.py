@@ -60,15 +60,16 @@ class TraceField:
         through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
         ``recipe`` (an fp8 scaling recipe over amaxes), ``fp8_training`` (a real fp8 training run
         against the recipe's model on the same tensors, fpemu.specs.fp8_training), ``emulated`` (an
-        fpemu.emulate run with an fp8 placement) and ``recorded`` (a user's own run, see
-        fpemu.traces.recorded).
+        fpemu.emulate run with an fp8 placement), ``blocks`` (a block scale rule on probe blocks,
+        fpemu.specs.blocks) and ``recorded`` (a user's own run, see fpemu.traces.recorded).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
       trajectory: a change in it changes what training did (scales, skips, update sizes), which
         ranks above a change in numerics alone (losses, weights, shares).
       labels: the field of the same step record that names this list's elements, one name per
-        element (a comparison names the first element that differs: ``layer1.weight``).
+        element (a comparison names the first element that differs: ``layer1.weight``), or one name for the
+        whole step (a blocks step's input kind: ``edges``).
     """
 
     name: str
@@ -104,6 +105,16 @@ FIELDS = {field.name: field for field in [
     TraceField("tensor_amax", False, ("fp8_training", "emulated"), labels="fp8_casts"),
     TraceField("tensor_scale", False, ("fp8_training", "emulated"), labels="fp8_casts"),
     TraceField("fp8_codes", False, ("fp8_training",), labels="fp8_casts"),
+    # block quantization (fpemu.specs.blocks, fpemu.harness._blocks): per input kind of probe blocks, the kind,
+    # the counts of blocks and elements, the two-level NVFP4 tensor scale and the sha256 of the scale codes (any
+    # NaN code alike), of the element codes and of the values' float32 bits (every NaN alike)
+    TraceField("block_input", False, ("blocks",), trajectory=False),
+    TraceField("block_count", False, ("blocks",), trajectory=False, labels="block_input"),
+    TraceField("element_count", False, ("blocks",), trajectory=False, labels="block_input"),
+    TraceField("block_tensor_scale", False, ("blocks",), trajectory=False, labels="block_input"),
+    TraceField("scale_codes", False, ("blocks",), trajectory=False, labels="block_input"),
+    TraceField("element_codes", False, ("blocks",), trajectory=False, labels="block_input"),
+    TraceField("block_values", False, ("blocks",), trajectory=False, labels="block_input"),
     # recorded runs only (fpemu.traces.recorded): the loop's own measurements
     TraceField("grad_norm", True, ("recorded",), by_default=False, trajectory=False),
     TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
