@@ -10,6 +10,10 @@ import time
 from fpemu.fileio import atomic_write
 
 REPORTS = pathlib.Path(__file__).resolve().parent.parent / "reports"
+# What a reader of any timing here must know (the timings take turns, so one run's ratios compare).
+TIMING_NOTE = ("Timed on a 2-vCPU virtual machine where the same code runs up to 30-60% slower at some hours "
+               "than at others; what is compared takes turns in one run, so the ratios of one run compare, "
+               "the absolute times of two runs do not.")
 
 
 def best_time(fn, repeats: int) -> tuple:

@@ -12,7 +12,7 @@ import argparse
 import numpy as np
 
 import fpemu
-from benchmarks._common import best_times_interleaved, write_report
+from benchmarks._common import TIMING_NOTE, best_times_interleaved, write_report
 from fpemu.blocks import SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 
@@ -250,7 +250,7 @@ def main() -> None:
                    "rule, best of 3, all taking turns. Goals (issue 15): fpemu's block quantize within 2x of its "
                    "own fp8 quantize of the same array, and far ahead of torchao's CPU path.",
                    "torchao's to_mx gives scales and element codes; to_dtype then gives the dequantized values "
-                   "fpemu's result also holds. fpemu runs on one thread."]
+                   "fpemu's result also holds. fpemu runs on one thread.", TIMING_NOTE]
     mismatch_columns = [("rule", "rule"), ("element", "element"), ("blocks", "blocks"), ("elements", "elements"),
                         ("scale_codes", "scale code mismatches"), ("element_codes", "element code mismatches"),
                         ("values", "value mismatches")]

@@ -13,7 +13,7 @@ import importlib.util
 import pathlib
 import time
 
-from benchmarks._common import write_report
+from benchmarks._common import TIMING_NOTE, write_report
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "gpt2_emulate.py"
 PROTOTYPE_RATIO = 2.5  # the prototype: every op's output rounded per autocast's dtypes
@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
                   "and fpemu's scaler (its unscale and inf check in numpy).",
                   "The prototype's 2.5x is the issue's figure for a dispatch mode that rounded every op's output "
                   "per autocast's dtypes (no telemetry).",
-                  "Measured on a shared, contended machine: re-measure on a quiet one."])
+                  TIMING_NOTE])
     return result
 
 

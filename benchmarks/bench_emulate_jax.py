@@ -15,7 +15,7 @@ import importlib.util
 import pathlib
 import time
 
-from benchmarks._common import best_time, write_report
+from benchmarks._common import TIMING_NOTE, best_time, write_report
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "flax_emulate.py"
 
@@ -72,8 +72,7 @@ def main(argv=None) -> dict:
     write_report("bench_emulate_jax", "emulate_jax vs jax.jit: one training step", result, [row],
                  [("step", "step"), ("equations", "jaxpr equations"), ("jit_ms", "jax.jit (ms)"),
                   ("emulated_ms", "emulated (ms)"), ("ratio", "ratio"), ("first_call_s", "first call (s)")],
-                 [f"jax {jax.__version__}, XLA:CPU; best of {args.repeats} steps after a warm-up step; measured "
-                  "on a shared 2-core machine: to re-measure on a quiet one.",
+                 [f"jax {jax.__version__}, XLA:CPU; best of {args.repeats} steps after a warm-up step.", TIMING_NOTE,
                   "The emulation runs one XLA call per equation (nested ones included) with numpy between them; "
                   "jax.jit runs one fused program.  The first call also traces and compiles each primitive's "
                   "program per shape (cached for the later steps)."])

@@ -16,7 +16,9 @@ import ml_dtypes
 import numpy as np
 
 import fpemu
-from benchmarks._common import best_times_interleaved, write_report
+from fpemu.formats._shortcuts import paths
+from fpemu.formats.rounding import _use_native_cast
+from benchmarks._common import TIMING_NOTE, best_times_interleaved, write_report
 
 GOAL = 1.5
 
@@ -40,6 +42,16 @@ def one_pass(x: np.ndarray):
     return run
 
 
+def _path_name(fmt, rounding: str, taken: list) -> str:
+    """What quantize runs (default overflow and subnormals): the format's native cast, the compiled
+    loop, a numpy short path, or the bit kernel."""
+    if _use_native_cast(np.dtype(np.float32), fmt, rounding, "inf", True):
+        return "native cast"
+    if not taken:
+        return "kernel"
+    return "compiled" if taken[0].compiled else "numpy"
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4 * 1024 * 1024)
@@ -59,11 +71,18 @@ def main(argv=None) -> dict:
                 native = fpemu.get_format(name).dtype
                 if rounding == "nearest_even" and native is not None and native != np.float32:
                     fns.append(lambda: x.astype(native).astype(np.float32))  # noqa: E731 (the peer)
+                taken = paths(fpemu.get_format(name), rounding, True)
+                runs_compiled = _path_name(fpemu.get_format(name), rounding, taken) == "compiled"
+                numpy_path = next((p for p in taken if not p.compiled), None) if runs_compiled else None
                 times = best_times_interleaved(fns, args.repeats)
                 (t_ours, _), (t_bf16, _) = times[:2]
-                row = {"format": name, "rounding": rounding, "quantize_ms": t_ours * 1e3,
-                       "bf16_ms": t_bf16 * 1e3, "vs_bf16": t_ours / t_bf16,
+                if numpy_path is not None:  # (timed apart: the compiled loop's reference, also quantize without it)
+                    (t_numpy, _), = best_times_interleaved(
+                        [lambda: numpy_path.run(x, fpemu.get_format(name), "inf", True)], args.repeats)
+                row = {"format": name, "rounding": rounding, "path": _path_name(fpemu.get_format(name), rounding, taken),
+                       "quantize_ms": t_ours * 1e3, "bf16_ms": t_bf16 * 1e3, "vs_bf16": t_ours / t_bf16,
                        "within_goal": t_ours / t_bf16 <= GOAL,
+                       "numpy_path_ms": t_numpy * 1e3 if numpy_path is not None else None,
                        "native_ms": times[2][0] * 1e3 if len(times) > 2 else None}
                 rows.append(row)
                 print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
@@ -71,23 +90,27 @@ def main(argv=None) -> dict:
     result = {"size": args.size, "repeats": args.repeats, "numpy": np.__version__,
               "ml_dtypes": ml_dtypes.__version__, "goal_vs_bf16": GOAL, "rows": rows,
               "one_pass_ms": t_pass * 1e3, "bf16_ms_beside_pass": t_bf16 * 1e3}
-    columns = [("format", "format"), ("rounding", "rounding"), ("quantize_ms", "quantize ms"),
+    columns = [("format", "format"), ("rounding", "rounding"), ("path", "path"), ("quantize_ms", "quantize ms"),
                ("bf16_ms", "bf16 path ms (same run)"), ("vs_bf16", "time / bf16 path"),
-               ("within_goal", f"within {GOAL}x"), ("native_ms", "its numpy/ml_dtypes cast and back ms")]
+               ("within_goal", f"within {GOAL}x"), ("numpy_path_ms", "numpy path ms (without the compiled loop)"),
+               ("native_ms", "its numpy/ml_dtypes cast and back ms")]
     notes = [f"Input: {args.size:,} float32 values, normal * 2^U(-30, 20); best of {args.repeats} runs, "
              "each format taking turns with the bf16 path (fpemu.quantize(x, 'bf16'): ml_dtypes' cast "
              "and back), so both see the same machine load.",
              f"Goal (issue 15): every named format's plain quantize within {GOAL}x of the bf16 path.",
-             f"Why the narrow formats miss it: their short paths (fpemu/formats/_shortcuts.py) are 9 to 12 "
-             f"numpy passes over L2-resident blocks (rounding, subnormals, overflow, the sign of zero), and one "
-             f"such pass (a multiply of one L2-resident block into a scratch block, as many elements as the "
-             f"array) took {t_pass * 1e3:.2f} ms in this run, "
-             f"against {t_bf16 * 1e3:.2f} ms for the whole bf16 path (two casts at memory speed): within "
-             f"{GOAL}x needs about {GOAL * t_bf16 / t_pass:.0f} such passes, reading and writing the array "
-             "included. A compiled kernel would reach it; the core's rule (numpy and ml_dtypes only) excludes one "
-             "(a numba loop tried once ran at 20-30 ms: its branches do not vectorize).",
+             "path: what fpemu.quantize ran: native cast (bf16: ml_dtypes' own cast and back), compiled (one "
+             "pass of fpemu/formats/_ckernels.c, built at install where a C compiler is, loaded with ctypes), "
+             "numpy (its numpy short path) or kernel (the bit kernel).",
+             f"numpy path: the numpy short path timed alone, what quantize runs without the compiled loops (no C "
+             f"compiler at install, or FPEMU_COMPILED=0). Those are 9 to 12 numpy passes over L2-resident blocks "
+             f"(rounding, subnormals, overflow, the sign of zero); one such pass (a multiply of one L2-resident "
+             f"block into a scratch block, as many elements as the array) took {t_pass * 1e3:.2f} ms in this run "
+             f"against {t_bf16 * 1e3:.2f} ms for the whole bf16 path (two casts at memory speed), so within {GOAL}x "
+             f"allows about {GOAL * t_bf16 / t_pass:.0f}, reading and writing the array included: the numpy paths "
+             "miss the goal by construction, the compiled loops reach it.",
              "The last column is the peer: the format's own numpy or ml_dtypes dtype, cast to and back "
-             "(its nearest-even rounding; overflow gives inf or NaN as that dtype defines), timed in the same turns."]
+             "(its nearest-even rounding; overflow gives inf or NaN as that dtype defines), timed in the same turns.",
+             TIMING_NOTE]
     write_report("bench_formats", "Quantize per named format against the bf16 path", result, rows, columns, notes)
     return result
 

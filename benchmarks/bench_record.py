@@ -24,7 +24,7 @@ import warnings
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-from benchmarks._common import write_report  # noqa: E402
+from benchmarks._common import TIMING_NOTE, write_report  # noqa: E402
 from fpemu.recorders.torch_run import CHUNK  # noqa: E402
 
 MODES = {"plain": None, "watch only": dict(statistics=False), "statistics every step": dict(),
@@ -194,8 +194,7 @@ def main(argv=None) -> dict:
              f"2^26-element float32 gradient ({big * 4 / 2 ** 20:.0f} MiB) grew the peak resident set by "
              f"{statistics_growth:.0f} MiB (about {statistics_growth * 2 ** 20 / CHUNK:.0f} bytes per element "
              "measured at once).  The trace keeps a few numbers per group per step.",
-             "Measured on a shared 2-core machine with other work running: re-measure on a quiet one before "
-             "quoting."]
+             TIMING_NOTE]
     write_report("bench_record", "fpemu.record_torch overhead on a GPT-2-like step", result, rows, columns, notes)
     return result
 

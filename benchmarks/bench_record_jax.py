@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 
 import fpemu
-from benchmarks._common import best_times_interleaved, write_report
+from benchmarks._common import TIMING_NOTE, best_times_interleaved, write_report
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 import flax_loop  # noqa: E402
@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
                   "tokens, fp16 compute, float32 parameters, on the CPU.",
                   f"Best of {args.repeats} interleaved runs of {args.steps} steps each; the statistics stay on "
                   "the device inside the step, record() copies them (a few numbers per group) to the host.",
-                  "Measured on a shared, contended machine: re-measure on a quiet one before quoting."])
+                  TIMING_NOTE])
     return result
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from fpemu.blocks.rules import SCALE_RULES, ScaleRule
 from fpemu.errors import FpemuInputError
+from fpemu.formats._compiled import KERNELS
 from fpemu.formats.format import Format, get_format
 from fpemu.formats.packing import pack_nibbles
 from fpemu.formats.rounding import as_float_array, codes_of_values, decode, encode, quantize
@@ -177,9 +178,8 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
     flat indices of the elements left for :func:`_redo_elements` or None); the dequantized values
     are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        magnitude = _magnitude_bits(blocks)
-        peak = _block_peak(magnitude)
-        amax = _block_amax(blocks, magnitude, peak, rule.amax_nan)
+        peak = _block_peak(blocks)
+        amax = _block_amax(blocks, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
         left = None
@@ -257,15 +257,37 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
     offsets = ((codes.astype(np.int64) - elem.bias) << m) + lowest
     fast_block = ((peak < uint(0x75000000)) & (codes >= 1 - elem.emin) & (codes <= 253)
                   & (offsets + past_max < (1 << below)))
-    # one offset per element: a flat subtract is 4x faster than one broadcast over 32-value rows
-    offsets = np.repeat(np.where(fast_block, offsets, 0).astype(u16), blocks.shape[1])
-    split = np.float32(2.0 ** (23 - m) + 1)
+    offsets = np.where(fast_block, offsets, 0).astype(u16)
     elements = np.empty(blocks.shape, np.uint8)
+    width = blocks.shape[1]
+    flat_values, flat_blocks, flat_elements = values.reshape(-1), blocks.reshape(-1), elements.reshape(-1)
+    if KERNELS is not None and blocks.flags.c_contiguous and values.flags.c_contiguous:
+        past_max_at, below_min = _compiled_element_pass(blocks, offsets, scales, elem, span, past_max, values,
+                                                        elements)
+    else:
+        past_max_at, below_min = _numpy_element_pass(blocks, offsets, elem, span, past_max, values, elements)
+    if past_max_at.size:
+        _saturate(past_max_at, flat_blocks, flat_values, flat_elements, scales, width, elem)
+    left = below_min
+    if not fast_block.all():  # (their elements' codes above are meaningless: all of them are redone)
+        slow = np.flatnonzero(~fast_block)
+        left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
+    return elements, left
+
+
+def _numpy_element_pass(blocks, offsets, elem: Format, span: int, past_max: int, values, elements) -> tuple:
+    """:func:`_fast_elements`' per-element arithmetic (``offsets``: one per block) in numpy passes over 64K
+    values at a time: writes
+    ``values`` (hi) and ``elements`` (the codes); (flat indices rounded past max, flat indices below min
+    normal)."""
+    m, uint, u16 = elem.mantissa_bits, np.uint32, np.uint16
+    lowest, below = 1 << m, 8 + m
+    split = np.float32(2.0 ** (23 - m) + 1)
     width = blocks.shape[1]
     step = max(1, _ELEMENT_VALUES // width)
     size = min(step, len(blocks)) * width
     scratch, low, off = np.empty(size, _F32), np.empty(size, u16), np.empty(size, bool)
-    flat_values, flat_blocks, flat_elements = values.reshape(-1), blocks.reshape(-1), elements.reshape(-1)
+    offsets = np.repeat(offsets, width)  # one per element: a flat subtract is 4x one broadcast over 32-value rows
     below_min, past_max_at = [], []
     for start in range(0, len(blocks), step):
         rows = slice(start, start + step)
@@ -291,13 +313,19 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
             outside += start * width
             past_max_at.append(outside[past])
             below_min.append(outside[~past])
-    if past_max_at:
-        _saturate(np.concatenate(past_max_at), flat_blocks, flat_values, flat_elements, scales, width, elem)
-    left = np.concatenate(below_min) if below_min else np.empty(0, np.intp)
-    if not fast_block.all():  # (their elements' codes above are meaningless: all of them are redone)
-        slow = np.flatnonzero(~fast_block)
-        left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
-    return elements, left
+    empty = np.empty(0, np.intp)
+    return (np.concatenate(past_max_at) if past_max_at else empty, np.concatenate(below_min) if below_min else empty)
+
+
+def _compiled_element_pass(blocks, offsets, scales, elem: Format, span: int, past_max: int, values,
+                           elements) -> tuple:
+    """:func:`_numpy_element_pass` and :func:`_saturate` in one compiled pass (fpemu_mx_elements,
+    fpemu/formats/_ckernels.c): (no indices past max: they are saturated, the indices below min normal)."""
+    below_min, count = np.empty(blocks.size, np.int64), np.zeros(1, np.int64)  # (pages untouched: no cost)
+    KERNELS.fpemu_mx_elements(blocks.reshape(-1), offsets, np.ascontiguousarray(scales, _F32), len(blocks),
+                              blocks.shape[1], elem.mantissa_bits, elem.bits, span, past_max, elem.max_finite_code,
+                              elem.max_finite, values.reshape(-1), elements.reshape(-1), below_min, count)
+    return np.empty(0, np.intp), below_min[:count[0]].astype(np.intp, copy=False)
 
 
 def _saturate(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:
@@ -314,11 +342,18 @@ def _magnitude_bits(blocks: np.ndarray) -> np.ndarray:
     return np.bitwise_and(blocks.view(uint), uint(np.iinfo(uint).max >> 1))
 
 
-def _block_peak(magnitude: np.ndarray) -> np.ndarray:
-    """The integer max of each block's (last axis) magnitude bits.  A power-of-two block is folded
-    in neighbouring pairs along the flat array, one long strided pass per halving: twice the speed of
-    numpy's reduction along a short axis, which loops per block (an integer max is exact in any order).
+def _block_peak(blocks: np.ndarray) -> np.ndarray:
+    """The integer max of each block's (last axis) :func:`_magnitude_bits`: one compiled pass
+    (fpemu_block_peak) for C-contiguous float32 blocks where the compiled loops were built; else a
+    power-of-two block is folded in neighbouring pairs along the flat array, one long strided pass per
+    halving: twice the speed of numpy's reduction along a short axis, which loops per block (an integer
+    max is exact in any order).
     """
+    if KERNELS is not None and blocks.dtype == _F32 and blocks.flags.c_contiguous and blocks.size:
+        peak = np.empty(blocks.shape[:-1], np.uint32)
+        KERNELS.fpemu_block_peak(blocks.reshape(-1).view(np.uint32), peak.size, blocks.shape[-1], peak.reshape(-1))
+        return peak
+    magnitude = _magnitude_bits(blocks)
     width = magnitude.shape[-1]
     if width & (width - 1) or not magnitude.flags.c_contiguous:
         return magnitude.max(axis=-1)
@@ -329,7 +364,7 @@ def _block_peak(magnitude: np.ndarray) -> np.ndarray:
     return folded.reshape(magnitude.shape[:-1])
 
 
-def _block_amax(blocks: np.ndarray, magnitude: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
+def _block_amax(blocks: np.ndarray, peak: np.ndarray, nan: str) -> np.ndarray:
     """max |x| per block (last axis) from ``peak``, the integer max of its :func:`_magnitude_bits`
     (one reduction, twice the speed of a float max, which branches on NaN), NaN as rule.amax_nan says:
     ``"propagate"`` (a NaN in the block makes amax NaN, as torch.amax) or ``"ignore"`` (fmaxf: NaN is
@@ -339,7 +374,7 @@ def _block_amax(blocks: np.ndarray, magnitude: np.ndarray, peak: np.ndarray, nan
     if nan == "ignore":
         with_nan = np.isnan(amax)
         if with_nan.any():
-            bits = magnitude[with_nan]
+            bits = _magnitude_bits(blocks[with_nan])
             is_nan = bits > np.array(np.inf, blocks.dtype).view(bits.dtype)
             bits[is_nan] = 0
             amax = amax.copy()
@@ -473,7 +508,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, value
     """e4m3-scaled fp4 blocks, torchao's nvfp4_quantize (one or two levels); :func:`_mx`'s tuple."""
     e4m3 = get_format("fp8_e4m3fn")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = _block_peak(_magnitude_bits(blocks)).view(blocks.dtype)  # (NaN if the block holds one)
+        amax = _block_peak(blocks).view(blocks.dtype)  # (NaN if the block holds one)
         block_scale = amax / _F32(elem.max_finite)
         tensor_scale = None
         if rule.levels == 2:
@@ -556,8 +591,7 @@ def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, va
         if np.isnan(encode_tensor):  # (the reference's: torch.min of one value gives the canonical NaN)
             encode_tensor = np.array(0x7FC00000, np.uint32).view(_F32)[()]
         decode_tensor = _F32(1.0) / encode_tensor
-        magnitude = _magnitude_bits(blocks)
-        amax = _block_amax(blocks, magnitude, _block_peak(magnitude), rule.amax_nan)
+        amax = _block_amax(blocks, _block_peak(blocks), rule.amax_nan)
         block_scale = np.minimum(amax * (encode_tensor * (_F32(1.0) / _F32(elem.max_finite))), flt_max)
         codes = _te_e4m3_codes(block_scale)
         scales = decode(codes, e4m3, dtype=_F32)

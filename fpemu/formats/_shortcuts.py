@@ -30,6 +30,7 @@ from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
+from fpemu.formats._compiled import KERNELS
 from fpemu.formats.format import Format
 
 _F32 = np.dtype(np.float32)
@@ -45,6 +46,7 @@ class _Shortcut(NamedTuple):
     roundings: tuple
     subnormals: tuple        # the subnormals settings it takes
     run: Callable            # (arr, fmt, overflow, subnormals) -> array
+    compiled: bool = False   # a _ckernels.c loop (the numpy path after it in the table is its reference)
 
 
 def _layout_is(layout: tuple) -> Callable:
@@ -269,15 +271,53 @@ def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
     return out.reshape(arr.shape)
 
 
+def _compiled_nearest_even_admits(fmt: Format) -> bool:
+    """Formats fpemu_nearest_even (_ckernels.c) rounds exactly, when it was built: signed, with a zero,
+    at least one bit narrower than float32, min normal and least subnormal float32 normals and
+    subnormals, and its magic t = 2**(emax + 24 - m) for the binade above max a finite float32."""
+    return (KERNELS is not None and fmt.signed and fmt.has_zero and fmt.mantissa_bits <= 22
+            and fmt.emin >= -126 and fmt.emin - fmt.mantissa_bits >= -149 and fmt.emax - fmt.mantissa_bits <= 103)
+
+
+def _compiled_nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
+    """:func:`_nearest_even`'s result in one compiled pass (fpemu_nearest_even)."""
+    saturate = overflow == "saturate" or not (fmt.has_inf or fmt.has_nan)
+    max_bits = int(np.float32(fmt.max_finite).view(_U32))
+    past_max = max_bits if saturate else (0x7F800000 if fmt.has_inf else int(_NAN_BITS))
+    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
+    out = np.empty_like(bits)
+    KERNELS.fpemu_nearest_even(bits, out, bits.size, fmt.mantissa_bits, fmt.emin, fmt.emax, max_bits, past_max,
+                               int(not fmt.has_negative_zero))
+    return out.view(np.float32).reshape(arr.shape)
+
+
+def _compiled_leading_bits(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
+    """:func:`_leading_bits_nearest`'s result in one compiled pass (fpemu_leading_bits)."""
+    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
+    out = np.empty_like(bits)
+    saturate_bits = int(np.float32(fmt.max_finite).view(_U32)) if overflow == "saturate" else 0
+    KERNELS.fpemu_leading_bits(bits, out, bits.size, 23 - fmt.mantissa_bits, saturate_bits)
+    return out.view(np.float32).reshape(arr.shape)
+
+
 _SHORTCUTS = (
     _Shortcut(_layout_is((8, 23, 127, True, True, (1 << 23) - 1, False, True)), (
         "nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"), (True, False),
         _fp32_identity),
     _Shortcut(_layout_is((8, 0, 127, False, False, 1, False, False)), ("nearest_even",), (True, False),
               _e8m0_nearest),
+    _Shortcut(_compiled_nearest_even_admits, ("nearest_even",), (True,), _compiled_nearest_even, compiled=True),
     _Shortcut(_split_admits, ("nearest_even",), (True,), _nearest_even),
+    _Shortcut(lambda fmt: KERNELS is not None and _leading_bits_admits(fmt), ("nearest_even",), (True,),
+              _compiled_leading_bits, compiled=True),
     _Shortcut(_leading_bits_admits, ("nearest_even",), (True,), _leading_bits_nearest),
 )
+
+
+def paths(fmt: Format, rounding: str, subnormals: bool) -> list:
+    """The short paths that take ``fmt`` in this mode, in the order :func:`shortcut` tries them."""
+    return [path for path in _SHORTCUTS
+            if rounding in path.roundings and subnormals in path.subnormals and path.admits(fmt)]
 
 
 def shortcut(arr: np.ndarray, fmt: Format, rounding: str, overflow: str,
@@ -295,7 +335,5 @@ def shortcut(arr: np.ndarray, fmt: Format, rounding: str, overflow: str,
     """
     if arr.dtype != _F32:
         return None
-    for path in _SHORTCUTS:
-        if rounding in path.roundings and subnormals in path.subnormals and path.admits(fmt):
-            return path.run(arr, fmt, overflow, subnormals)
-    return None
+    found = paths(fmt, rounding, subnormals)
+    return found[0].run(arr, fmt, overflow, subnormals) if found else None
