@@ -113,10 +113,14 @@ def merge(shards: int, compiled: bool = False) -> dict:
              else "quantize's numpy short path (what it runs without the compiled loops)")
     notes = [f"Every float32 bit pattern through {which} and through the bit kernel it replaces "
              "(_round_array, quantize's path before), NaN-aware bit comparison, in nearest "
-             "even with each overflow and subnormals setting the path takes. fp32 in the default mode "
-             "only: its path's other settings and rounding modes are the same code (a float32 input "
-             "loses nothing in any mode), and the format digests (tests/golden/format_digests.json) "
-             "check them all, stochastic rounding included, on 2**16 patterns."]
+             "even with each overflow and subnormals setting the path takes."]
+    notes.append("Swept with the build this CPU loads (the AVX2 clone on x86-64 with AVX2); the baseline "
+                 "clone is the same C, IEEE float operations only (no -ffast-math, no contraction), so the "
+                 "same bits." if compiled else
+                 "fp32 in the default mode only: its path's other settings and rounding modes are the same "
+                 "code (a float32 input loses nothing in any mode), and the format digests "
+                 "(tests/golden/format_digests.json) check them all, stochastic rounding included, on 2**16 "
+                 "patterns.")
     title = "Exhaustive float32 sweep of quantize's " + ("compiled loops" if compiled else "short paths")
     write_report(f"exhaustive_{_stem(compiled)}", title, result, rows, columns, notes)
     return result
