@@ -86,7 +86,7 @@ def test_the_compiled_loops_take_the_narrow_formats_where_they_were_built():
     compiled = {name for name in fpemu.format_names()
                 if any(p.compiled for p in paths(fpemu.get_format(name), "nearest_even", True)[:1])}
     assert compiled == {"tf32", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp8_e4m3",
-                        "fp8_e3m4", "fp8_e4m3b11fnuz", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn", "bf16"}
+                        "fp8_e3m4", "fp8_e4m3b11fnuz", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn", "bf16", "e8m0"}
 
 
 def test_without_the_compiled_loops_quantize_takes_the_numpy_paths():

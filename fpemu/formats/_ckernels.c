@@ -64,6 +64,25 @@ void fpemu_leading_bits(const uint32_t *restrict in, uint32_t *restrict out, lon
     }
 }
 
+/* float32 onto e8m0 (unsigned powers of two 2**-127 .. 2**127, no zero), nearest with ties up, as
+ * _shortcuts._e8m0_nearest: a positive normal x plus 2**22 carries into the exponent exactly when
+ * its significand is at least 1.5, and clearing the mantissa leaves the power of two; below
+ * 1.5 * 2**-127 gives 2**-127, float32's other subnormals 2**-126, past 1.5 * 2**127 (inf included)
+ * 2**127 when saturating and NaN otherwise; +0 and NaN give NaN 0x7FC00000, negative inputs all ones. */
+FPEMU_CLONES
+void fpemu_e8m0(const uint32_t *restrict in, uint32_t *restrict out, long n, int saturate) {
+    const uint32_t past_greatest = saturate ? 0x7F000000u : 0x7FC00000u;
+    for (long i = 0; i < n; i++) {
+        const uint32_t x = in[i];
+        uint32_t r = (x + 0x00400000u) & 0xFF800000u;
+        r = x < 0x00600000u ? 0x00400000u : r;
+        r = (x >= 0x00600000u && x < 0x00800000u) ? 0x00800000u : r;
+        r = (x >= 0x7F400000u && x <= 0x7F800000u) ? past_greatest : r;
+        r = (x == 0 || (x > 0x7F800000u && x < 0x80000000u)) ? 0x7FC00000u : r;
+        out[i] = x >= 0x80000000u ? 0xFFFFFFFFu : r;
+    }
+}
+
 /* The element pass of block quantization (fpemu/blocks/quantize.py _fast_elements) for blocks of
  * `width` float32 values, each with a power-of-two scale: Veltkamp's split rounds x to m + 1
  * significant bits (c = x * split, hi = c - (c - x): the dequantized value), and the element code

@@ -37,8 +37,9 @@ def _load() -> Optional[ctypes.CDLL]:
                                           ctypes.c_int, ctypes.c_uint16, ctypes.c_uint16, ctypes.c_uint8,
                                           ctypes.c_float, floats, octets, indices, indices]
     library.fpemu_block_peak.argtypes = [words, ctypes.c_long, ctypes.c_long, words]
+    library.fpemu_e8m0.argtypes = [words, words, ctypes.c_long, ctypes.c_int]
     for function in (library.fpemu_nearest_even, library.fpemu_leading_bits, library.fpemu_mx_elements,
-                     library.fpemu_block_peak):
+                     library.fpemu_block_peak, library.fpemu_e8m0):
         function.restype = None
     return library
 

@@ -81,6 +81,7 @@ def _fp32_identity(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool
 # least input that rounds past it, 1.5 * 2**127.
 _E8M0_LEAST, _E8M0_GREATEST, _E8M0_PAST = _U32(0x00400000), _U32(0x7F000000), _U32(0x7F400000)
 _HALF_UNIT, _EXPONENT_AND_SIGN = _U32(0x00400000), _U32(0xFF800000)
+_E8M0_LAYOUT = (8, 0, 127, False, False, 1, False, False)
 _NORMAL_LOW = _U32(0x00800000)
 
 
@@ -291,6 +292,14 @@ def _compiled_nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnorma
     return out.view(np.float32).reshape(arr.shape)
 
 
+def _compiled_e8m0(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
+    """:func:`_e8m0_nearest`'s result (its bits too) in one compiled pass (fpemu_e8m0)."""
+    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
+    out = np.empty_like(bits)
+    KERNELS.fpemu_e8m0(bits, out, bits.size, int(overflow == "saturate"))
+    return out.view(np.float32).reshape(arr.shape)
+
+
 def _compiled_leading_bits(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
     """:func:`_leading_bits_nearest`'s result in one compiled pass (fpemu_leading_bits)."""
     bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
@@ -304,8 +313,9 @@ _SHORTCUTS = (
     _Shortcut(_layout_is((8, 23, 127, True, True, (1 << 23) - 1, False, True)), (
         "nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"), (True, False),
         _fp32_identity),
-    _Shortcut(_layout_is((8, 0, 127, False, False, 1, False, False)), ("nearest_even",), (True, False),
-              _e8m0_nearest),
+    _Shortcut(lambda fmt: KERNELS is not None and _layout_is(_E8M0_LAYOUT)(fmt), ("nearest_even",), (True, False),
+              _compiled_e8m0, compiled=True),
+    _Shortcut(_layout_is(_E8M0_LAYOUT), ("nearest_even",), (True, False), _e8m0_nearest),
     _Shortcut(_compiled_nearest_even_admits, ("nearest_even",), (True,), _compiled_nearest_even, compiled=True),
     _Shortcut(_split_admits, ("nearest_even",), (True,), _nearest_even),
     _Shortcut(lambda fmt: KERNELS is not None and _leading_bits_admits(fmt), ("nearest_even",), (True,),
