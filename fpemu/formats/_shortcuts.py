@@ -4,8 +4,10 @@
 Each path is bit-identical to the kernel for the cases its descriptor admits: the format digests
 cover every mode, ``tests/test_shortcuts.py`` an edge-dense sample of every case,
 ``benchmarks/exhaustive_shortcuts.py`` all 2**32 float32 inputs (``--edges``: the binades around
-each format's range) and ``benchmarks/exhaustive_float32.py`` the default mode against the native
-casts:
+each format's range; ``--compiled``: the compiled rows) and ``benchmarks/exhaustive_float32.py``
+the default mode against the native casts.  Where fpemu/formats/_ckernels.c was built, a compiled
+row (``compiled=True``: the same arithmetic in one C pass) stands before each numpy path below and
+is taken first; the numpy path stays its fallback and reference:
 
 * ``fp32`` (float32's own layout): every rounding mode keeps a float32 input; only saturation
   (infinities to +-max) and flush-to-zero change values.  The kernel widened to float64 first.
@@ -188,6 +190,11 @@ def _powers(exponent: int) -> tuple:
     return tuple(factors) + ((np.float32(2.0**exponent),) if exponent else ())
 
 
+def _saturates(fmt: Format, overflow: str) -> bool:
+    """Whether values past max finite become it: asked for, or the format has neither inf nor NaN."""
+    return overflow == "saturate" or not (fmt.has_inf or fmt.has_nan)
+
+
 @functools.lru_cache(maxsize=64)
 def _split_plan(fmt: Format, overflow: str) -> _Split:
     m, emin, emax = fmt.mantissa_bits, fmt.emin, fmt.emax
@@ -197,7 +204,7 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
     to_t = _powers(k1) + (np.float32(2.0 ** (drop + 1) - 2),)
     if len(to_t) == 2 and k1 + drop + 1 <= 127:            # one factor where it is a float32
         to_t = (np.float32((2.0 ** (drop + 1) - 2) * 2.0**k1),)
-    saturate = overflow == "saturate" or not (fmt.has_inf or fmt.has_nan)
+    saturate = _saturates(fmt, overflow)
     threshold = max_row = min_row = None
     if fmt.has_inf and not saturate:
         # up to 2**(127 - emax) times x: 2**(emax + 1), the least overflowing result, to 2**128
@@ -273,55 +280,53 @@ def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
 
 
 def _compiled_nearest_even_admits(fmt: Format) -> bool:
-    """Formats fpemu_nearest_even (_ckernels.c) rounds exactly, when it was built: signed, with a zero,
-    at least one bit narrower than float32, min normal and least subnormal float32 normals and
-    subnormals, and its magic t = 2**(emax + 24 - m) for the binade above max a finite float32."""
-    return (KERNELS is not None and fmt.signed and fmt.has_zero and fmt.mantissa_bits <= 22
-            and fmt.emin >= -126 and fmt.emin - fmt.mantissa_bits >= -149 and fmt.emax - fmt.mantissa_bits <= 103)
+    """Formats fpemu_nearest_even (_ckernels.c) rounds exactly: signed, with a zero, at least one bit
+    narrower than float32, min normal and least subnormal float32 normals and subnormals, and its
+    magic t = 2**(emax + 24 - m) for the binade above max a finite float32."""
+    return (fmt.signed and fmt.has_zero and fmt.mantissa_bits <= 22 and fmt.emin >= -126
+            and fmt.emin - fmt.mantissa_bits >= -149 and fmt.emax - fmt.mantissa_bits <= 103)
+
+
+def _one_pass(arr: np.ndarray, loop, *arguments) -> np.ndarray:
+    """A compiled loop (float32 bits in, float32 bits out) over ``arr``: the result in arr's shape."""
+    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
+    out = np.empty_like(bits)
+    loop(bits, out, bits.size, *arguments)
+    return out.view(np.float32).reshape(arr.shape)
 
 
 def _compiled_nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
     """:func:`_nearest_even`'s result in one compiled pass (fpemu_nearest_even)."""
-    saturate = overflow == "saturate" or not (fmt.has_inf or fmt.has_nan)
     max_bits = int(np.float32(fmt.max_finite).view(_U32))
-    past_max = max_bits if saturate else (0x7F800000 if fmt.has_inf else int(_NAN_BITS))
-    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
-    out = np.empty_like(bits)
-    KERNELS.fpemu_nearest_even(bits, out, bits.size, fmt.mantissa_bits, fmt.emin, fmt.emax, max_bits, past_max,
-                               int(not fmt.has_negative_zero))
-    return out.view(np.float32).reshape(arr.shape)
+    past_max = max_bits if _saturates(fmt, overflow) else (0x7F800000 if fmt.has_inf else int(_NAN_BITS))
+    return _one_pass(arr, KERNELS.fpemu_nearest_even, fmt.mantissa_bits, fmt.emin, fmt.emax, max_bits, past_max,
+                     int(not fmt.has_negative_zero))
 
 
 def _compiled_e8m0(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
     """:func:`_e8m0_nearest`'s result (its bits too) in one compiled pass (fpemu_e8m0)."""
-    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
-    out = np.empty_like(bits)
-    KERNELS.fpemu_e8m0(bits, out, bits.size, int(overflow == "saturate"))
-    return out.view(np.float32).reshape(arr.shape)
+    return _one_pass(arr, KERNELS.fpemu_e8m0, int(overflow == "saturate"))
 
 
 def _compiled_leading_bits(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
     """:func:`_leading_bits_nearest`'s result in one compiled pass (fpemu_leading_bits)."""
-    bits = np.ascontiguousarray(arr).reshape(-1).view(_U32)
-    out = np.empty_like(bits)
     saturate_bits = int(np.float32(fmt.max_finite).view(_U32)) if overflow == "saturate" else 0
-    KERNELS.fpemu_leading_bits(bits, out, bits.size, 23 - fmt.mantissa_bits, saturate_bits)
-    return out.view(np.float32).reshape(arr.shape)
+    return _one_pass(arr, KERNELS.fpemu_leading_bits, 23 - fmt.mantissa_bits, saturate_bits)
 
 
-_SHORTCUTS = (
+_PATHS = (
     _Shortcut(_layout_is((8, 23, 127, True, True, (1 << 23) - 1, False, True)), (
         "nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"), (True, False),
         _fp32_identity),
-    _Shortcut(lambda fmt: KERNELS is not None and _layout_is(_E8M0_LAYOUT)(fmt), ("nearest_even",), (True, False),
-              _compiled_e8m0, compiled=True),
+    _Shortcut(_layout_is(_E8M0_LAYOUT), ("nearest_even",), (True, False), _compiled_e8m0, compiled=True),
     _Shortcut(_layout_is(_E8M0_LAYOUT), ("nearest_even",), (True, False), _e8m0_nearest),
     _Shortcut(_compiled_nearest_even_admits, ("nearest_even",), (True,), _compiled_nearest_even, compiled=True),
     _Shortcut(_split_admits, ("nearest_even",), (True,), _nearest_even),
-    _Shortcut(lambda fmt: KERNELS is not None and _leading_bits_admits(fmt), ("nearest_even",), (True,),
-              _compiled_leading_bits, compiled=True),
+    _Shortcut(_leading_bits_admits, ("nearest_even",), (True,), _compiled_leading_bits, compiled=True),
     _Shortcut(_leading_bits_admits, ("nearest_even",), (True,), _leading_bits_nearest),
 )
+# The paths this install has: the compiled rows only where _ckernels.c was built (and not turned off).
+_SHORTCUTS = tuple(path for path in _PATHS if KERNELS is not None or not path.compiled)
 
 
 def paths(fmt: Format, rounding: str, subnormals: bool) -> list:
