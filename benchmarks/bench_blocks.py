@@ -27,21 +27,31 @@ def _same(a, b) -> np.ndarray:
     return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
+def _mismatch_total(rule: str, elem: str) -> dict:
+    return {"rule": rule, "element": elem, "scale_codes": 0, "element_codes": 0, "values": 0, "blocks": 0,
+            "elements": 0}
+
+
+def _add_mismatches(total: dict, x, ours, theirs, scale_differs) -> None:
+    """Adds one input's mismatches to ``total``: the scales ``scale_differs`` marks, the element codes and
+    the values (float32 bits, NaN-aware) that differ."""
+    total["scale_codes"] += int(np.count_nonzero(scale_differs))
+    total["element_codes"] += int(np.count_nonzero(ours.element_codes != theirs.element_codes))
+    total["values"] += int(np.count_nonzero(~_same(ours.values, theirs.values)))
+    total["blocks"] += ours.scale_codes.size
+    total["elements"] += x.size
+
+
 def sweep_against_torchao(rows: int) -> list:
     from fpemu.adapters.torchao_blocks import torchao_block_quantize
     out = []
     for rule in TORCHAO_RULES:
         for elem in SCALE_RULES[rule].elements:
-            total = {"rule": rule, "element": elem, "scale_codes": 0, "element_codes": 0, "values": 0,
-                     "blocks": 0, "elements": 0}
+            total = _mismatch_total(rule, elem)
             for seed, kind in enumerate(PROBE_KINDS):
                 x = probe_blocks(kind, elem, rows=rows, block_size=32, seed=100 + seed)
                 ours, theirs = block_quantize(x, elem, scale_rule=rule), torchao_block_quantize(x, elem, rule)
-                total["scale_codes"] += int(np.count_nonzero(ours.scale_codes != theirs.scale_codes))
-                total["element_codes"] += int(np.count_nonzero(ours.element_codes != theirs.element_codes))
-                total["values"] += int(np.count_nonzero(~_same(ours.values, theirs.values)))
-                total["blocks"] += ours.scale_codes.size
-                total["elements"] += x.size
+                _add_mismatches(total, x, ours, theirs, ours.scale_codes != theirs.scale_codes)
             out.append(total)
     return out
 
@@ -71,18 +81,12 @@ def sweep_against_te_references(rows: int) -> list:
             ("te_nvfp4_reference, TE's 16 x 16 tiles", "te_nvfp4_reference", "fp4_e2m1fn", 16,
              lambda x: te.te_nvfp4_reference(x, 16)[0]),
             ("te_mxfp8_reference", "te_mxfp8_reference", "fp8_e4m3fn", 32, te.te_mxfp8_reference)):
-        total = {"rule": label, "element": elem, "scale_codes": 0, "element_codes": 0, "values": 0, "blocks": 0,
-                 "elements": 0}
+        total = _mismatch_total(label, elem)
         for seed, kind in enumerate(PROBE_KINDS):
             x = probe_blocks(kind, elem, rows=rows, block_size=block, seed=100 + seed).reshape(rows // 4, 4 * block)
             ours, theirs = block_quantize(x, elem, scale_rule=rule), run(x)
-            total["scale_codes"] += int(np.count_nonzero(~_same(ours.scales, theirs.scales)  # (any NaN code alike)
-                                                         | ((ours.scale_codes != theirs.scale_codes)
-                                                            & ~np.isnan(ours.scales))))
-            total["element_codes"] += int(np.count_nonzero(ours.element_codes != theirs.element_codes))
-            total["values"] += int(np.count_nonzero(~_same(ours.values, theirs.values)))
-            total["blocks"] += ours.scale_codes.size
-            total["elements"] += x.size
+            _add_mismatches(total, x, ours, theirs, ~_same(ours.scales, theirs.scales)  # (any NaN code alike)
+                            | ((ours.scale_codes != theirs.scale_codes) & ~np.isnan(ours.scales)))
         out.append(total)
     return out
 

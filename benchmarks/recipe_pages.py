@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import pathlib
 from typing import Optional
@@ -29,7 +28,8 @@ import numpy as np
 from benchmarks._common import REPORTS, markdown_table
 from benchmarks.bench_blocks import _same as _same_bits
 from benchmarks.fp8_recipes_report import EDGE_AMAXES, GENERATED, _code_differences, _mismatches, _show
-from fpemu.adapters import BLOCKS, RECIPE, adapters_of_kind, get_adapter, record_recipe, unavailable_reason
+from fpemu.adapters import (BLOCKS, RECIPE, adapters_of_kind, driven_rules, get_adapter, record_recipe,
+                            unavailable_reason)
 from fpemu.blocks import APPLICATIONS, EXPONENTS, NAN_ELEMENTS, SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.fileio import atomic_write
@@ -92,11 +92,7 @@ def real_adapters(page: Page) -> list:
     blocks adapters whose module lists the rule in its DRIVEN_RULES."""
     if page.table == "RECIPES":
         return [name for name, adapter in adapters_of_kind(RECIPE).items() if adapter.profile in page.members]
-    return [name for name, adapter in adapters_of_kind(BLOCKS).items() if page.stem in _driven_rules(adapter)]
-
-
-def _driven_rules(adapter) -> tuple:
-    return importlib.import_module(adapter.entry.partition(":")[0]).DRIVEN_RULES
+    return [name for name in adapters_of_kind(BLOCKS) if page.stem in driven_rules(name)]
 
 
 def not_run(page: Page) -> dict:
@@ -553,7 +549,7 @@ def _block_markdown(rule, result: dict, with_ocp: bool) -> str:
     lines += [f"- `{a}`: the real code (fpemu.adapters), run on the same blocks" for a in result["real"]]
     lines += [f"- `{a}`: {_not_run_text(a)}" for a in result["not_run"]]
     if not result["real"] and not result["not_run"]:
-        drivers = {name: _driven_rules(adapter) for name, adapter in adapters_of_kind(BLOCKS).items()}
+        drivers = {name: driven_rules(name) for name in adapters_of_kind(BLOCKS)}
         lines.append("- the real code: not run: no blocks adapter drives this rule here ("
                      + "; ".join(f"`{n}` drives {', '.join(rules)}" for n, rules in drivers.items()) + ")")
     if with_ocp:

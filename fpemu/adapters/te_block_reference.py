@@ -27,13 +27,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import subprocess
 import sys
 import types
 
 import numpy as np
 
-from fpemu.adapters.te_recipes import TE_COMMIT, _functions, _read, _source_root, te_source_versions
+from fpemu.adapters.te_recipes import TE_COMMIT, _functions, _read, _source_root, te_source_versions, unreadable
 from fpemu.blocks import SCALE_RULES, BlockQuantized
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, unpack_nibbles
@@ -51,10 +50,7 @@ _NVFP4_METHODS = ("_quantize", "_quantize_blockwise_reference", "_pad_tensor", "
 
 def te_reference_unavailable():
     """Why TE's reference files cannot be read here (None when they can)."""
-    try:
-        for path in REFERENCE_FILES:
-            _read(path)
-    except (OSError, subprocess.CalledProcessError):
+    if unreadable(REFERENCE_FILES):
         return (f"no TransformerEngine reference source ({', '.join(REFERENCE_FILES)}) at {_source_root()} "
                 f"(set FPEMU_TE_SOURCE to a checkout or git mirror holding commit {TE_COMMIT[:7]})")
     return None

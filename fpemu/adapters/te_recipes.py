@@ -53,15 +53,21 @@ def _source_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get(SOURCE_ENV) or _DEFAULT_ROOT).expanduser()
 
 
-def te_source_unavailable():
-    """Why TE's source cannot be read here (None when it can)."""
-    root = _source_root()
+def unreadable(paths) -> bool:
+    """Whether any of TE's files ``paths`` cannot be read from the source root."""
     try:
-        for path in _PINNED:
+        for path in paths:
             _read(path)
     except (OSError, subprocess.CalledProcessError):
-        return (f"no TransformerEngine source at {root} (set {SOURCE_ENV} to a checkout or git mirror holding "
-                f"commit {TE_COMMIT[:7]}; see fpemu.adapters.te_recipes)")
+        return True
+    return False
+
+
+def te_source_unavailable():
+    """Why TE's source cannot be read here (None when it can)."""
+    if unreadable(_PINNED):
+        return (f"no TransformerEngine source at {_source_root()} (set {SOURCE_ENV} to a checkout or git mirror "
+                f"holding commit {TE_COMMIT[:7]}; see fpemu.adapters.te_recipes)")
     return None
 
 
