@@ -68,18 +68,17 @@ def main(argv=None) -> dict:
                 ours = lambda: fpemu.quantize(x, name, rounding=rounding, seed=seed)  # noqa: E731
                 bf16 = lambda: fpemu.quantize(x, "bf16")  # noqa: E731
                 fns = [ours, bf16]
-                native = fpemu.get_format(name).dtype
-                if rounding == "nearest_even" and native is not None and native != np.float32:
-                    fns.append(lambda: x.astype(native).astype(np.float32))  # noqa: E731 (the peer)
-                taken = paths(fpemu.get_format(name), rounding, True)
-                runs_compiled = _path_name(fpemu.get_format(name), rounding, taken) == "compiled"
-                numpy_path = next((p for p in taken if not p.compiled), None) if runs_compiled else None
+                fmt = fpemu.get_format(name)
+                if rounding == "nearest_even" and fmt.dtype is not None and fmt.dtype != np.float32:
+                    fns.append(lambda: x.astype(fmt.dtype).astype(np.float32))  # noqa: E731 (the peer)
+                taken = paths(fmt, rounding, True)
+                path = _path_name(fmt, rounding, taken)
+                numpy_path = next((p for p in taken if not p.compiled), None) if path == "compiled" else None
                 times = best_times_interleaved(fns, args.repeats)
                 (t_ours, _), (t_bf16, _) = times[:2]
                 if numpy_path is not None:  # (timed apart: the compiled loop's reference, also quantize without it)
-                    (t_numpy, _), = best_times_interleaved(
-                        [lambda: numpy_path.run(x, fpemu.get_format(name), "inf", True)], args.repeats)
-                row = {"format": name, "rounding": rounding, "path": _path_name(fpemu.get_format(name), rounding, taken),
+                    (t_numpy, _), = best_times_interleaved([lambda: numpy_path.run(x, fmt, "inf", True)], args.repeats)
+                row = {"format": name, "rounding": rounding, "path": path,
                        "quantize_ms": t_ours * 1e3, "bf16_ms": t_bf16 * 1e3, "vs_bf16": t_ours / t_bf16,
                        "within_goal": t_ours / t_bf16 <= GOAL,
                        "numpy_path_ms": t_numpy * 1e3 if numpy_path is not None else None,
