@@ -137,6 +137,63 @@ def test_integer_element_path_gives_the_rules_own_arithmetic(rule, passes, monke
             assert np.array_equal(fast.view(np.uint32), own.view(np.uint32)), (rule.name, elem, kind)
 
 
+def _peak_edges(elem) -> np.ndarray:
+    """Blocks of randn * 2**-30 under one peak each: every float32 exponent, with the mantissas where the
+    compiled scale rules turn (0, 1 ulp, EVEN's half ulp at the element's width and its neighbours, all
+    ones) and the amaxes within 2 ulps of max(element) * 2**k (TE's rounding of amax * fl32(1 / max))."""
+    half = 1 << (22 - elem.mantissa_bits)
+    mantissas = np.array([0, 1, half - 1, half, half + 1, 0x7FFFFF], np.uint32)
+    fields = np.arange(1, 255, dtype=np.uint32)
+    peaks = ((fields[:, None] << np.uint32(23)) | mantissas).reshape(-1)
+    tops = (np.float32(elem.max_finite) * np.exp2(np.arange(-126, 127 - np.log2(elem.max_finite)))).astype(np.float32)
+    near = (tops.view(np.uint32)[:, None].astype(np.int64) + np.arange(-2, 3)).reshape(-1).astype(np.uint32)
+    peaks = np.concatenate([peaks, near]).view(np.float32)
+    x = (np.random.default_rng(5).standard_normal((len(peaks), 32)) * 2.0**-30).astype(np.float32) * peaks[:, None]
+    x[:, 7] = peaks * np.where(np.arange(len(peaks)) % 2, 1, -1)
+    return x
+
+
+@pytest.mark.parametrize("rule", [name for name, r in SCALE_RULES.items() if r.exponent in
+                                  __import__("fpemu.blocks.quantize", fromlist=["_"])._COMPILED_EXPONENTS])
+def test_compiled_block_pass_gives_the_numpy_arithmetic(rule, monkeypatch):
+    """fpemu_mx_blocks (peak, the rule's scale code and the element pass in C) against quantize.py's numpy
+    arithmetic, which it hands its slow blocks to, on every probe kind, float32's bit patterns, every peak
+    exponent with the rules' turning mantissas, bf16 values and a width other than 32."""
+    import fpemu.blocks.quantize as implementation
+    if implementation.KERNELS is None:
+        pytest.skip("fpemu's compiled loops (fpemu/formats/_ckernels.c) were not built here or FPEMU_COMPILED=0")
+    rule = SCALE_RULES[rule]
+    for elem in rule.elements:
+        fmt = fpemu.get_format(elem)
+        inputs = {kind: probe_blocks(kind, elem, rows=64, seed=3) for kind in ("random", "wide", "edges", "tiny",
+                                                                                 "zeros", "nan", "inf")}
+        inputs.update(_integer_path_inputs())
+        inputs["peak edges"] = _peak_edges(fmt)
+        inputs["bf16 values"] = fpemu.quantize(probe_blocks("random", elem, rows=64, seed=4), "bf16")
+        inputs["width 48"] = probe_blocks("wide", elem, rows=32, block_size=48, seed=6)
+        for kind, x in inputs.items():
+            compiled = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
+            with monkeypatch.context() as numpy_only:
+                numpy_only.setattr(implementation, "KERNELS", None)
+                reference = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
+            for field in ("scale_codes", "scales", "element_codes", "values"):
+                ours, theirs = getattr(compiled, field), getattr(reference, field)
+                assert np.array_equal(ours.view(np.uint8), theirs.view(np.uint8)), (rule.name, elem, kind, field)
+
+
+def test_randn_blocks_take_the_compiled_pass_alone(monkeypatch):
+    import fpemu.blocks.quantize as implementation
+    if implementation.KERNELS is None:
+        pytest.skip("fpemu's compiled loops (fpemu/formats/_ckernels.c) were not built here or FPEMU_COMPILED=0")
+
+    def numpy_arithmetic(*args, **kwargs):
+        raise AssertionError("a randn block was handed to the numpy arithmetic")
+
+    monkeypatch.setattr(implementation, "_mx", numpy_arithmetic)
+    x = probe_blocks("random", "fp8_e4m3fn", rows=512, seed=8)
+    assert block_quantize(x, "fp8_e4m3fn", scale_rule="torchao_floor").values.shape == x.shape
+
+
 def test_amax_ignoring_nan_takes_the_largest_other_value_even_next_to_a_signalling_nan():
     # numpy 2.4's np.fmax.reduce returns 4.27e33 for this block (it skips 9.14e35 next to the sNaN)
     import fpemu.blocks.quantize as implementation

@@ -140,10 +140,15 @@ def _operand(x, rule: ScaleRule) -> np.ndarray:
 _CHUNK_VALUES = 1 << 18
 
 
-def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
+def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool = True):
     """The rule's arithmetic chunk by chunk (each block's result depends only on itself and, for
-    two-level NVFP4, the tensor's amax, taken first)."""
+    two-level NVFP4, the tensor's amax, taken first), or in one compiled pass where
+    :func:`_compiled_blocks` takes the rule (``compiled``)."""
     flat = blocks.reshape(-1, blocks.shape[-1])
+    if compiled and _compiled_blocks_take(flat, rule):
+        scale_codes, scales, codes, values = _compiled_blocks(np.ascontiguousarray(flat), elem, rule)
+        return (scale_codes.reshape(blocks.shape[:-1]), scales.reshape(blocks.shape[:-1]), codes.reshape(blocks.shape),
+                values.reshape(blocks.shape), None)
     tensor_amax = None
     if rule.levels == 2:
         with np.errstate(invalid="ignore"):
@@ -171,6 +176,37 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule):
     shape = blocks.shape[:-1]
     return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
             values.reshape(blocks.shape), tensor_scale)
+
+
+# The exponent rules fpemu_mx_blocks computes itself, in the order of its enum (fpemu/formats/_ckernels.c).
+_COMPILED_EXPONENTS = ("floor", "torchao_floor", "torchao_ceil", "torchao_even", "te", "te_reference")
+
+
+def _compiled_blocks_take(flat: np.ndarray, rule: ScaleRule) -> bool:
+    return (KERNELS is not None and flat.dtype == _F32 and flat.size > 0 and rule.rounding == "nearest_even"
+            and rule.exponent in _COMPILED_EXPONENTS)
+
+
+def _compiled_blocks(flat: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
+    """:func:`_mx` for C-contiguous float32 blocks in one compiled pass (fpemu_mx_blocks): each block's
+    peak, the rule's scale code (the C twin of its :data:`_EXPONENT_RULES` function for the blocks the
+    pass takes: a normal peak below :func:`_peak_bound`) and :func:`_fast_elements`' element pass, which
+    rounds the elements below min normal itself.  The blocks it leaves (NaN, inf, zeros, tiny or huge
+    scales) get :func:`_mx` itself: (scale codes, scales, element codes, values)."""
+    count, width = flat.shape
+    scale_codes, scales = np.empty(count, np.uint8), np.empty(count, _F32)
+    codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
+    slow = np.empty(count, np.int64)
+    span, past_max = _code_bounds(elem)
+    left = KERNELS.fpemu_mx_blocks(flat.reshape(-1), count, width, _COMPILED_EXPONENTS.index(rule.exponent),
+                                   elem.mantissa_bits, elem.bits, elem.bias, elem.emin, elem.emax, _peak_bound(elem),
+                                   span, past_max, elem.max_finite_code, elem.max_finite, scale_codes, scales,
+                                   values.reshape(-1), codes.reshape(-1), slow)
+    if left:
+        slow = slow[:left]
+        scale_codes[slow], scales[slow], codes[slow], values[slow], _ = _in_chunks(flat[slow], elem, rule,
+                                                                                   compiled=False)
+    return scale_codes, scales, codes, values
 
 
 def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
@@ -241,9 +277,10 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
     One compare finds the elements whose code falls outside elem's normal codes: those rounded
     past max (the block's largest, under a floor scale) saturate here, to max's code and
     max * 2**X; those below min normal (elem's subnormals, zero, float32's subnormals: their code
-    wraps) are left to the rule's own arithmetic, as are whole blocks with a NaN or inf, a peak of
-    2**107 or more (where c overflows) or a scale code outside [1 - emin, 253] (torchao's 2**-126
-    clamp, byte 0's rules, NaN).
+    wraps) are left to the rule's own arithmetic by the numpy pass (the compiled one rounds them onto
+    elem's subnormals itself), as are whole blocks with a NaN or inf, a peak of :func:`_peak_bound` or
+    more (where c would overflow) or a scale code outside [1 - emin, 253] (torchao's 2**-126 clamp,
+    byte 0's rules, NaN).
     """
     m, uint, u16 = elem.mantissa_bits, np.uint32, np.uint16
     lowest = 1 << m                                                    # min normal's code
@@ -251,11 +288,10 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
     # code - lowest = (hi's bits >> (23 - m)) - offset, offset = ((X + 127 - bias) << m) + lowest and
     # X = scale code - 127.  Below the sign bit, codes past max reach at most 2**(emax + 1)'s, and a
     # code under min normal's wraps above that, as long as offset + that stays below 2**below
-    # (always so under the 2**107 peak bound).
-    span = elem.max_finite_code - lowest
-    past_max = ((elem.emax + 1 + elem.bias) << m) - lowest
+    # (always so under the peak bound).
+    span, past_max = _code_bounds(elem)
     offsets = ((codes.astype(np.int64) - elem.bias) << m) + lowest
-    fast_block = ((peak < uint(0x75000000)) & (codes >= 1 - elem.emin) & (codes <= 253)
+    fast_block = ((peak < uint(_peak_bound(elem))) & (codes >= 1 - elem.emin) & (codes <= 253)
                   & (offsets + past_max < (1 << below)))
     offsets = np.where(fast_block, offsets, 0).astype(u16)
     elements = np.empty(blocks.shape, np.uint8)
@@ -273,6 +309,20 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
         slow = np.flatnonzero(~fast_block)
         left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
     return elements, left
+
+
+def _peak_bound(elem: Format) -> int:
+    """The bits of 2**(104 + m), the bound on a block's peak below which Veltkamp's c = x * (2**(23 - m) + 1)
+    stays finite (a bound of 2**107 for every format let c overflow for m < 3: hi became NaN, whose code
+    was caught only where the block's offset made it wrap)."""
+    return (127 + 104 + elem.mantissa_bits) << 23
+
+
+def _code_bounds(elem: Format) -> tuple:
+    """The element pass's code bounds, less min normal's code: max finite's, and 2**(emax + 1)'s (the
+    codes rounded past max reach)."""
+    lowest = 1 << elem.mantissa_bits
+    return elem.max_finite_code - lowest, ((elem.emax + 1 + elem.bias) << elem.mantissa_bits) - lowest
 
 
 def _numpy_element_pass(blocks, offsets, elem: Format, span: int, past_max: int, values, elements) -> tuple:
@@ -319,13 +369,13 @@ def _numpy_element_pass(blocks, offsets, elem: Format, span: int, past_max: int,
 
 def _compiled_element_pass(blocks, offsets, scales, elem: Format, span: int, past_max: int, values,
                            elements) -> tuple:
-    """:func:`_numpy_element_pass` and :func:`_saturate` in one compiled pass (fpemu_mx_elements,
-    fpemu/formats/_ckernels.c): (no indices past max: they are saturated, the indices below min normal)."""
-    below_min, count = np.empty(blocks.size, np.int64), np.zeros(1, np.int64)  # (pages untouched: no cost)
+    """:func:`_numpy_element_pass`, :func:`_saturate` and the elements below min normal in one compiled pass
+    (fpemu_mx_elements, fpemu/formats/_ckernels.c): (no indices past max, none below min normal)."""
     KERNELS.fpemu_mx_elements(blocks.reshape(-1), offsets, np.ascontiguousarray(scales, _F32), len(blocks),
-                              blocks.shape[1], elem.mantissa_bits, elem.bits, span, past_max, elem.max_finite_code,
-                              elem.max_finite, values.reshape(-1), elements.reshape(-1), below_min, count)
-    return np.empty(0, np.intp), below_min[:count[0]].astype(np.intp, copy=False)
+                              blocks.shape[1], elem.mantissa_bits, elem.bits, elem.emin, span, past_max,
+                              elem.max_finite_code, elem.max_finite, values.reshape(-1), elements.reshape(-1))
+    empty = np.empty(0, np.intp)
+    return empty, empty
 
 
 def _saturate(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:

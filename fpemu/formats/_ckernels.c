@@ -1,11 +1,12 @@
 /* fpemu's compiled quantize loops: float32 in, float32 out, one pass each.
  *
- * fpemu/formats/_compiled.py loads this module's shared object with ctypes and calls the two
+ * fpemu/formats/_compiled.py loads this module's shared object with ctypes and calls the fpemu_*
  * functions below; the module itself exports nothing to Python (it is a module only so that
- * setuptools builds it beside fpemu's sources).  Each loop is the numpy short path's arithmetic
- * (fpemu/formats/_shortcuts.py) for one element, written without branches so the compiler
- * vectorizes it; the numpy paths stay the reference (tests/test_shortcuts.py and
- * benchmarks/exhaustive_shortcuts.py compare every path with the bit kernel).
+ * setuptools builds it beside fpemu's sources).  Each loop is the numpy arithmetic of a short path
+ * (fpemu/formats/_shortcuts.py) or of block quantization (fpemu/blocks/quantize.py) for one element
+ * or block, written without branches in its inner loop so the compiler vectorizes it; the numpy paths
+ * stay the reference (tests/test_shortcuts.py, tests/test_blocks.py and benchmarks/exhaustive_shortcuts.py
+ * compare every path with the numpy one or the bit kernel).
  * Build with IEEE float semantics: no -ffast-math (the rounding is (|x| + t) - t, which must not
  * be reassociated).
  */
@@ -83,52 +84,137 @@ void fpemu_e8m0(const uint32_t *restrict in, uint32_t *restrict out, long n, int
     }
 }
 
-/* The element pass of block quantization (fpemu/blocks/quantize.py _fast_elements) for blocks of
- * `width` float32 values, each with a power-of-two scale: Veltkamp's split rounds x to m + 1
- * significant bits (c = x * split, hi = c - (c - x): the dequantized value), and the element code
- * is hi's bits shifted down to sign, exponent and m mantissa bits less the block's offset, with the
- * sign moved to the code's top bit.  Elements rounded past max saturate (max_code with x's sign,
- * +-fl32(max_finite * the block's scale), as _saturate does); those below min normal are listed
- * (their flat indices into below_min, *count of them) for the rule's own arithmetic.  Needs
- * -ffp-contract=off: a fused multiply-add in the split would round once where numpy rounds twice. */
-FPEMU_CLONES
-void fpemu_mx_elements(const float *restrict x, const uint16_t *restrict offsets, const float *restrict scales,
-                       long blocks, long width, int m, int bits, uint16_t span, uint16_t past_max_code,
-                       uint8_t max_code, float max_finite, float *restrict values, uint8_t *restrict codes,
-                       int64_t *restrict below_min, int64_t *restrict count) {
-    const float split = (float)((1u << (23 - m)) + 1u);
-    const int below = 8 + m;
-    const uint16_t magnitude_mask = (uint16_t)((1u << below) - 1u), lowest = (uint16_t)(1u << m);
-    const uint16_t sign_bit = (uint16_t)(1u << (bits - 1));
-    int64_t under = 0;
-    for (long b = 0; b < blocks; b++) {
-        const uint16_t offset = offsets[b];
-        int outside = 0;
-        for (long j = b * width; j < (b + 1) * width; j++) {
-            const float c = x[j] * split;
-            const float hi = c - (c - x[j]);
-            values[j] = hi;
-            const uint16_t q = (uint16_t)((uint16_t)(bits_of(hi) >> (23 - m)) - offset);
-            const uint16_t magnitude = q & magnitude_mask;
-            outside |= magnitude > span;
-            codes[j] = (uint8_t)((uint16_t)(magnitude + lowest) | ((uint16_t)(q >> (below - (bits - 1))) & sign_bit));
-        }
-        if (outside) {  /* (rare: the block's largest elements under a floor scale, zeros, tiny values) */
-            for (long j = b * width; j < (b + 1) * width; j++) {
-                const uint16_t q = (uint16_t)((uint16_t)(bits_of(values[j]) >> (23 - m)) - offset);
-                const uint16_t magnitude = q & magnitude_mask;
-                if (magnitude > span && magnitude <= past_max_code) {
-                    const float peak = max_finite * scales[b];
-                    const int negative = (bits_of(x[j]) >> 31) != 0;
-                    values[j] = negative ? -peak : peak;
-                    codes[j] = (uint8_t)(max_code | (negative ? sign_bit : 0));
-                } else if (magnitude > span) {
-                    below_min[under++] = j;
-                }
+/* The element pass of block quantization (fpemu/blocks/quantize.py _fast_elements) for one block of
+ * `width` float32 values with a power-of-two scale 2**X (X in [bias - 127, 126]): Veltkamp's split
+ * rounds x to m + 1 significant bits (c = x * split, hi = c - (c - x): the dequantized value), and the
+ * element code is hi's bits shifted down to exponent and m mantissa bits less the block's offset, with
+ * x's sign as the code's top bit.  Elements rounded past max saturate (max_code, +-fl32(max_finite *
+ * 2**X), as _saturate does).  Those below min normal (their code wraps above past_max_code) are rounded
+ * onto elem's subnormals: y = |x| * 2**-X (exact, or a float32 subnormal far below elem's least value,
+ * which rounds to 0 either way) plus t = 2**(emin - m + 23), whose float32 ulp is elem's least value,
+ * rounds to it, ties to even; the bits of y + t less t's are the code's magnitude, ((y + t) - t) * 2**X
+ * the value (exact).  Needs -ffp-contract=off: a fused multiply-add in the split would round once where
+ * numpy rounds twice. */
+typedef struct {
+    int m, bits, emin;
+    uint16_t span, past_max_code;  /* the normal codes' magnitudes less min normal's; rounded past max's */
+    uint8_t max_code;
+    float max_finite;
+} element_format;
+
+static inline void element_block(const float *restrict xb, long width, uint32_t offset, float scale,
+                                 const element_format *e, float *restrict vb, uint8_t *restrict cb) {
+    const float split = (float)((1u << (23 - e->m)) + 1u);
+    const int shift = 23 - e->m, sign_shift = 32 - e->bits;
+    const uint32_t magnitude_mask = (1u << (8 + e->m)) - 1u, lowest = 1u << e->m;
+    const int32_t span = e->span, past_max_code = e->past_max_code, max_code = e->max_code;
+    const uint32_t peak = bits_of(e->max_finite * scale);
+    int32_t wrapped = 0;
+    for (long j = 0; j < width; j++) {  /* (32-bit lanes: 16-bit ones cost a pack and unpack per vector) */
+        const uint32_t sign = bits_of(xb[j]) & 0x80000000u;
+        const float c = xb[j] * split;
+        const float hi = c - (c - xb[j]);
+        /* (int32 compares: AVX2 has no unsigned one; the magnitudes are below 2**16) */
+        const int32_t magnitude = (int32_t)(((bits_of(hi) >> shift) - offset) & magnitude_mask);
+        const int32_t saturates = (magnitude > span) & (magnitude <= past_max_code);
+        wrapped |= magnitude > past_max_code;
+        vb[j] = saturates ? float_of(peak | sign) : hi;
+        cb[j] = (uint8_t)((uint32_t)(saturates ? max_code : magnitude + (int32_t)lowest) | (sign >> sign_shift));
+    }
+    if (wrapped) {  /* (rare: zeros, tiny values; a second pass keeps the first one short) */
+        const float inverse = float_of((uint32_t)(254 - (bits_of(scale) >> 23)) << 23);  /* 2**-X */
+        const float t = float_of((uint32_t)(e->emin - e->m + 23 + 127) << 23);
+        for (long j = 0; j < width; j++) {
+            const uint32_t x = bits_of(xb[j]), sign = x & 0x80000000u;
+            if ((int32_t)(((bits_of(vb[j]) >> shift) - offset) & magnitude_mask) > past_max_code) {
+                const float y = float_of(x ^ sign) * inverse + t;
+                vb[j] = float_of(bits_of((y - t) * scale) | sign);
+                cb[j] = (uint8_t)((bits_of(y) - bits_of(t)) | (sign >> sign_shift));
             }
         }
     }
-    *count = under;
+}
+
+/* element_block over `blocks` blocks, each with its offset and scale given. */
+FPEMU_CLONES
+void fpemu_mx_elements(const float *restrict x, const uint16_t *restrict offsets, const float *restrict scales,
+                       long blocks, long width, int m, int bits, int emin, uint16_t span, uint16_t past_max_code,
+                       uint8_t max_code, float max_finite, float *restrict values, uint8_t *restrict codes) {
+    const element_format e = {m, bits, emin, span, past_max_code, max_code, max_finite};
+    for (long b = 0; b < blocks; b++) {
+        element_block(x + b * width, width, offsets[b], scales[b], &e, values + b * width, codes + b * width);
+    }
+}
+
+/* The e8m0 scale rules fpemu_mx_blocks computes, as fpemu/blocks/quantize.py's _EXPONENT_RULES do for a
+ * positive normal amax below 2**(104 + m) (the blocks it takes): the exact floor, torchao's FLOOR, CEIL and EVEN
+ * (on the exponent field), Transformer Engine's float_to_e8m0 of fl32(amax * fl32(1 / max)) (kernel) or
+ * of fl32(amax / max) (reference).  Numbered as quantize.py's _COMPILED_EXPONENTS. */
+enum { EXPONENT_FLOOR, EXPONENT_TORCHAO_FLOOR, EXPONENT_TORCHAO_CEIL, EXPONENT_TORCHAO_EVEN, EXPONENT_TE,
+       EXPONENT_TE_REFERENCE };
+
+static inline int32_t te_float_to_e8m0(float value) {
+    const uint32_t bits = bits_of(value), exponent = bits >> 23, mantissa = bits & 0x7FFFFFu;
+    const int up = mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u);
+    return value == 0.0f ? 0 : (int32_t)(exponent + up);
+}
+
+static inline int32_t e8m0_code(int rule, uint32_t peak, int m, int emax, float max_finite, float max_reciprocal) {
+    const int32_t field = (int32_t)(peak >> 23), below_field = (peak & 0x7FFFFFu) != 0;
+    int32_t unbiased;
+    switch (rule) {
+    case EXPONENT_TORCHAO_CEIL: unbiased = field - 127 + below_field - emax; break;
+    case EXPONENT_TORCHAO_EVEN:
+        unbiased = (int32_t)(((peak + (1u << (23 - m - 1))) & (0x1FFu << 23)) >> 23) - 127 - emax; break;
+    case EXPONENT_TE: return te_float_to_e8m0(float_of(peak) * max_reciprocal);
+    case EXPONENT_TE_REFERENCE: return te_float_to_e8m0(float_of(peak) / max_finite);
+    default: unbiased = field - 127 - emax;  /* FLOOR, torchao FLOOR: the same on normal amaxes */
+    }
+    return unbiased < -127 ? 0 : unbiased + 127;  /* (no amax near 2**127 comes here: no upper clamp) */
+}
+
+/* One MX block (quantize.py _compiled_blocks): its peak (the integer max of the magnitude bits), the rule's
+ * scale code, its value 2**(code - 127) and element_block; 0 (nothing written) for a block the element pass
+ * does not take: a peak that is not a normal below peak_bound (quantize.py's _peak_bound: NaN, inf, zeros,
+ * float32 subnormals), a code outside [bias, 253] or one that leaves the offset no room. */
+static inline int mx_block(const float *restrict xb, long width, int rule, const element_format *e, int bias,
+                           int emax, uint32_t peak_bound, float max_reciprocal, uint8_t *restrict scale_code,
+                           float *restrict scale, float *restrict vb, uint8_t *restrict cb) {
+    uint32_t peak = 0;
+    for (long j = 0; j < width; j++) {
+        const uint32_t magnitude = bits_of(xb[j]) & 0x7FFFFFFFu;
+        peak = magnitude > peak ? magnitude : peak;
+    }
+    const int32_t code = (peak >= 0x00800000u && peak < peak_bound)
+                         ? e8m0_code(rule, peak, e->m, emax, e->max_finite, max_reciprocal) : 0;
+    const int32_t offset = ((code - bias) << e->m) + (1 << e->m);
+    if (code < bias || code > 253 || offset + e->past_max_code >= (1 << (8 + e->m))) return 0;
+    *scale_code = (uint8_t)code;
+    *scale = float_of((uint32_t)code << 23);
+    element_block(xb, width, (uint32_t)offset, *scale, e, vb, cb);
+    return 1;
+}
+
+/* mx_block over `blocks` blocks; the blocks it does not take are listed in slow_blocks (the count of them
+ * returned) for quantize.py's numpy arithmetic. */
+FPEMU_CLONES
+long fpemu_mx_blocks(const float *restrict x, long blocks, long width, int rule, int m, int bits, int bias, int emin,
+                     int emax, uint32_t peak_bound, uint16_t span, uint16_t past_max_code, uint8_t max_code,
+                     float max_finite, uint8_t *restrict scale_codes, float *restrict scales, float *restrict values,
+                     uint8_t *restrict codes, int64_t *restrict slow_blocks) {
+    const element_format e = {m, bits, emin, span, past_max_code, max_code, max_finite};
+    const float max_reciprocal = 1.0f / max_finite;
+    long slow = 0;
+    for (long b = 0; b < blocks; b++) {
+        /* (MX's 32 as a constant: the compiler unrolls both loops of a block into straight vector code) */
+        const int fast = width == 32
+            ? mx_block(x + b * 32, 32, rule, &e, bias, emax, peak_bound, max_reciprocal, scale_codes + b, scales + b,
+                       values + b * 32, codes + b * 32)
+            : mx_block(x + b * width, width, rule, &e, bias, emax, peak_bound, max_reciprocal, scale_codes + b,
+                       scales + b, values + b * width, codes + b * width);
+        if (!fast) slow_blocks[slow++] = b;
+    }
+    return slow;
 }
 
 /* The integer max of each block's magnitude bits (x's bits with the sign cleared: they order as the

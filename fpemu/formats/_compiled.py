@@ -34,13 +34,17 @@ def _load() -> Optional[ctypes.CDLL]:
     floats, halves, octets, indices = (np.ctypeslib.ndpointer(dtype, flags="C_CONTIGUOUS")
                                        for dtype in (np.float32, np.uint16, np.uint8, np.int64))
     library.fpemu_mx_elements.argtypes = [floats, halves, floats, ctypes.c_long, ctypes.c_long, ctypes.c_int,
-                                          ctypes.c_int, ctypes.c_uint16, ctypes.c_uint16, ctypes.c_uint8,
-                                          ctypes.c_float, floats, octets, indices, indices]
+                                          ctypes.c_int, ctypes.c_int, ctypes.c_uint16, ctypes.c_uint16, ctypes.c_uint8,
+                                          ctypes.c_float, floats, octets]
+    library.fpemu_mx_blocks.argtypes = [floats, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint16, ctypes.c_uint16,
+                                        ctypes.c_uint8, ctypes.c_float, octets, floats, floats, octets, indices]
     library.fpemu_block_peak.argtypes = [words, ctypes.c_long, ctypes.c_long, words]
     library.fpemu_e8m0.argtypes = [words, words, ctypes.c_long, ctypes.c_int]
     for function in (library.fpemu_nearest_even, library.fpemu_leading_bits, library.fpemu_mx_elements,
                      library.fpemu_block_peak, library.fpemu_e8m0):
         function.restype = None
+    library.fpemu_mx_blocks.restype = ctypes.c_long
     return library
 
 
