@@ -178,19 +178,22 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool
             values.reshape(blocks.shape), tensor_scale)
 
 
-# The exponent rules fpemu_mx_blocks computes itself, in the order of its enum (fpemu/formats/_ckernels.c).
+# The exponent rules fpemu_mx_blocks computes itself, in the order of its enum (fpemu/formats/_ckernels.c);
+# the enum's next value takes the scale codes given (the rules with float32 log2, computed here).
 _COMPILED_EXPONENTS = ("floor", "torchao_floor", "torchao_ceil", "torchao_even", "te", "te_reference")
+_GIVEN_CODES = len(_COMPILED_EXPONENTS)
 
 
 def _compiled_blocks_take(flat: np.ndarray, rule: ScaleRule) -> bool:
     return (KERNELS is not None and flat.dtype == _F32 and flat.size > 0 and rule.rounding == "nearest_even"
-            and rule.exponent in _COMPILED_EXPONENTS)
+            and rule.scale_format == "e8m0")
 
 
 def _compiled_blocks(flat: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
     """:func:`_mx` for C-contiguous float32 blocks in one compiled pass (fpemu_mx_blocks): each block's
     peak, the rule's scale code (the C twin of its :data:`_EXPONENT_RULES` function for the blocks the
-    pass takes: a normal peak below :func:`_peak_bound`) and :func:`_fast_elements`' element pass, which
+    pass takes: a normal peak below :func:`_peak_bound`; the float32-log2 rules' codes are computed here
+    first and given) and :func:`_fast_elements`' element pass, which
     rounds the elements below min normal itself.  The blocks it leaves (NaN, inf, zeros, tiny or huge
     scales) get :func:`_mx` itself: (scale codes, scales, element codes, values)."""
     count, width = flat.shape
@@ -198,7 +201,14 @@ def _compiled_blocks(flat: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
     slow = np.empty(count, np.int64)
     span, past_max = _code_bounds(elem)
-    left = KERNELS.fpemu_mx_blocks(flat.reshape(-1), count, width, _COMPILED_EXPONENTS.index(rule.exponent),
+    exponent = _GIVEN_CODES
+    if rule.exponent in _COMPILED_EXPONENTS:
+        exponent = _COMPILED_EXPONENTS.index(rule.exponent)
+    else:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            amax = _block_amax(flat, _block_peak(flat), rule.amax_nan)
+            scale_codes[:] = _EXPONENT_RULES[rule.exponent](amax, elem)
+    left = KERNELS.fpemu_mx_blocks(flat.reshape(-1), count, width, exponent,
                                    elem.mantissa_bits, elem.bits, elem.bias, elem.emin, elem.emax, _peak_bound(elem),
                                    span, past_max, elem.max_finite_code, elem.max_finite, scale_codes, scales,
                                    values.reshape(-1), codes.reshape(-1), slow)

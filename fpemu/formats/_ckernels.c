@@ -149,9 +149,10 @@ void fpemu_mx_elements(const float *restrict x, const uint16_t *restrict offsets
 /* The e8m0 scale rules fpemu_mx_blocks computes, as fpemu/blocks/quantize.py's _EXPONENT_RULES do for a
  * positive normal amax below 2**(104 + m) (the blocks it takes): the exact floor, torchao's FLOOR, CEIL and EVEN
  * (on the exponent field), Transformer Engine's float_to_e8m0 of fl32(amax * fl32(1 / max)) (kernel) or
- * of fl32(amax / max) (reference).  Numbered as quantize.py's _COMPILED_EXPONENTS. */
+ * of fl32(amax / max) (reference).  Numbered as quantize.py's _COMPILED_EXPONENTS; EXPONENT_GIVEN, after
+ * them: the codes are the caller's, in scale_codes (the rules with float32 log2, computed in numpy). */
 enum { EXPONENT_FLOOR, EXPONENT_TORCHAO_FLOOR, EXPONENT_TORCHAO_CEIL, EXPONENT_TORCHAO_EVEN, EXPONENT_TE,
-       EXPONENT_TE_REFERENCE };
+       EXPONENT_TE_REFERENCE, EXPONENT_GIVEN };
 
 static inline int32_t te_float_to_e8m0(float value) {
     const uint32_t bits = bits_of(value), exponent = bits >> 23, mantissa = bits & 0x7FFFFFu;
@@ -185,8 +186,9 @@ static inline int mx_block(const float *restrict xb, long width, int rule, const
         const uint32_t magnitude = bits_of(xb[j]) & 0x7FFFFFFFu;
         peak = magnitude > peak ? magnitude : peak;
     }
-    const int32_t code = (peak >= 0x00800000u && peak < peak_bound)
-                         ? e8m0_code(rule, peak, e->m, emax, e->max_finite, max_reciprocal) : 0;
+    const int32_t code = !(peak >= 0x00800000u && peak < peak_bound) ? 0
+                         : rule == EXPONENT_GIVEN ? *scale_code
+                         : e8m0_code(rule, peak, e->m, emax, e->max_finite, max_reciprocal);
     const int32_t offset = ((code - bias) << e->m) + (1 << e->m);
     if (code < bias || code > 253 || offset + e->past_max_code >= (1 << (8 + e->m))) return 0;
     *scale_code = (uint8_t)code;

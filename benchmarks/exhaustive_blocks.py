@@ -1,0 +1,120 @@
+"""Block quantization's compiled pass against its numpy arithmetic on every float32 pattern of the edge binades.
+
+``fpemu_mx_blocks`` (fpemu/formats/_ckernels.c) computes each MX block's e8m0 scale code with C twins of
+quantize.py's numpy rules (or takes the codes numpy computed, for the float32-log2 rules) and rounds the
+elements in C; the blocks it does not take go to the numpy
+arithmetic, which stays the reference.  Two sweeps, both compared bit for bit (scale codes, scales,
+element codes, values, byte for byte) against ``block_quantize`` with the compiled loops off:
+
+- peaks: each float32 pattern (all 2**23 mantissas, both signs) of the binades where the rule's scale
+  code meets the compiled pass's bounds (the lowest code it takes, the peak bound) and of the binades
+  around 1, as one-value blocks, for every rule the pass takes and each of its element formats;
+- elements: each pattern x of every binade from three below the element's least subnormal to its max,
+  at three scales (the lowest the pass takes, 2**0, the highest under the peak bound), as the block
+  [x, peak], peak the largest float32 of the scale's top binade, for each element format (rules
+  ``ocp`` and ``te_mxfp8``: an exact and a reciprocal application).
+
+Goal: 0 mismatches.  Run: python -m benchmarks.exhaustive_blocks
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import fpemu
+import fpemu.blocks.quantize as implementation
+from benchmarks._common import write_report
+from fpemu.blocks import SCALE_RULES, block_quantize
+
+_MANTISSAS = np.arange(1 << 23, dtype=np.uint32)
+_FIELDS = ("scale_codes", "scales", "element_codes", "values")
+
+
+def _binade(field: int, sign: int) -> np.ndarray:
+    return (_MANTISSAS | np.uint32((sign << 31) | (field << 23))).view(np.float32)
+
+
+def _mismatches(x: np.ndarray, elem: str, rule: str) -> int:
+    """Values whose block differs in any field between the compiled pass and the numpy arithmetic."""
+    compiled = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
+    kernels, implementation.KERNELS = implementation.KERNELS, None
+    try:
+        reference = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
+    finally:
+        implementation.KERNELS = kernels
+    differ = np.zeros(x.shape[0], bool)
+    for field in _FIELDS:  # (bytes: NaN payloads must agree too)
+        ours, theirs = (getattr(q, field).view(np.uint8).reshape(x.shape[0], -1) for q in (compiled, reference))
+        differ |= (ours != theirs).any(axis=1)
+    return int(np.count_nonzero(differ))
+
+
+def peak_fields(fmt) -> list:
+    """The exponent fields where a scale code meets the compiled pass's bounds: the lowest code it takes
+    (code = bias, amax about 2**(bias - 127 + emax)), the peak bound 2**(104 + m), and 1's neighbours."""
+    lowest = fmt.bias + fmt.emax
+    bound = implementation._peak_bound(fmt) >> 23
+    return sorted({*range(max(1, lowest - 3), lowest + 4), *range(bound - 3, min(bound + 2, 255)), 126, 127, 128})
+
+
+def sweep_peaks() -> list:
+    rows = []
+    for name, rule in SCALE_RULES.items():
+        if not (rule.scale_format == "e8m0" and rule.rounding == "nearest_even"):  # (the rules the pass takes)
+            continue
+        for elem in rule.elements:
+            fmt = fpemu.get_format(elem)
+            fields, mismatches = peak_fields(fmt), 0
+            for field in fields:
+                for sign in (0, 1):
+                    mismatches += _mismatches(_binade(field, sign)[:, None], elem, name)
+            rows.append({"sweep": "peaks", "rule": name, "element": elem, "binades": 2 * len(fields),
+                         "inputs": 2 * len(fields) << 23, "mismatches": mismatches})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def sweep_elements() -> list:
+    rows = []
+    for name in ("ocp", "te_mxfp8"):
+        for elem in SCALE_RULES[name].elements:
+            fmt = fpemu.get_format(elem)
+            bound = implementation._peak_bound(fmt) >> 23
+            # the scale's top binade is 127 + X + emax; X from the lowest code the pass takes to the bound's
+            scales = (fmt.bias - 127, 0, bound - 1 - 127 - fmt.emax)
+            inputs = mismatches = 0
+            for exponent in scales:
+                top = 127 + exponent + fmt.emax
+                peak = np.uint32((top << 23) | 0x7FFFFF).view(np.float32)
+                for field in range(max(0, top - fmt.emax + fmt.emin - fmt.mantissa_bits - 3), top + 1):
+                    for sign in (0, 1):
+                        x = _binade(field, sign)
+                        blocks = np.stack([x, np.full_like(x, peak)], axis=1)
+                        mismatches += _mismatches(blocks, elem, name)
+                        inputs += x.size
+            rows.append({"sweep": "elements", "rule": name, "element": elem, "binades": inputs >> 23,
+                         "inputs": inputs, "mismatches": mismatches})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    if implementation.KERNELS is None:
+        raise SystemExit("fpemu's compiled loops were not built here (or FPEMU_COMPILED=0): nothing to compare")
+    rows = sweep_peaks() + sweep_elements()
+    columns = [("sweep", "sweep"), ("rule", "rule"), ("element", "element"), ("binades", "float32 binades"),
+               ("inputs", "float32 inputs"), ("mismatches", "mismatches")]
+    notes = ["block_quantize with fpemu's compiled loops (fpemu_mx_blocks: peak, scale code and elements in one "
+             "pass) against the same call with them off (quantize.py's numpy arithmetic), all four outputs byte "
+             "for byte (NaN payloads too); a mismatch is a block differing in any of them.",
+             "peaks: every pattern of the binades where the compiled scale rules meet the pass's bounds, as "
+             "one-value blocks (the value is the block's peak and its only element). elements: every pattern of "
+             "every binade from three below the element's least subnormal to its max, each in a block with a "
+             "fixed peak, at the lowest scale the pass takes, at 2**0 and at the highest below the peak bound.",
+             "Swept with the build this CPU loads (the AVX2 clone on x86-64 with AVX2)."]
+    write_report("exhaustive_blocks", "Block quantization's compiled pass against its numpy arithmetic",
+                 {"rows": rows}, rows, columns, notes)
+
+
+if __name__ == "__main__":
+    main()
