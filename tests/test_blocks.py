@@ -132,7 +132,7 @@ def test_integer_element_path_gives_the_rules_own_arithmetic(rule, passes, monke
                     implementation._block_amax(x, peak, rule.amax_nan), fmt).astype(np.uint8)
                 scales = implementation._e8m0_values(codes)
                 fast, own = np.empty_like(x), np.empty_like(x)
-                fast_codes = implementation._shifted_elements(x, peak, codes, scales, fmt, rule, fast)
+                fast_codes = implementation._fast_elements(x, peak, codes, scales, fmt, rule, fast)
                 own_codes = implementation._scaled_elements(x, codes, scales, fmt, rule, own)
             assert np.array_equal(fast_codes, own_codes), (rule.name, elem, kind)
             assert np.array_equal(fast.view(np.uint32), own.view(np.uint32)), (rule.name, elem, kind)

@@ -161,16 +161,11 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
-    tensor_scale, redo = None, []
+    tensor_scale = None
     for start in range(0, len(flat), step):
         rows = slice(start, start + step)
-        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale, left = compute(
-            flat[rows], elem, rule, tensor_amax, values[rows])
-        if left is not None and left.size:
-            redo.append(left + start * flat.shape[1])
-    if redo:  # the elements the fast element path left, in one call for the whole tensor
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            _redo_elements(np.concatenate(redo), flat, scale_codes, scales, codes, values, elem, rule)
+        scale_codes[rows], scales[rows], codes[rows], _, tensor_scale = compute(flat[rows], elem, rule, tensor_amax,
+                                                                                 values[rows])
     if tensor_amax is not None and not len(flat):
         tensor_scale = compute(flat, elem, rule, tensor_amax, values)[4]
     shape = blocks.shape[:-1]
@@ -220,22 +215,20 @@ def _compiled_blocks(flat: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
 
 
 def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
-    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None, the
-    flat indices of the elements left for :func:`_redo_elements` or None); the dequantized values
-    are written into ``values``."""
+    """e8m0-scaled blocks: (scale codes, scale values, element codes, dequantized values, None); the
+    dequantized values are written into ``values``."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         peak = _block_peak(blocks)
         amax = _block_amax(blocks, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
-        left = None
         if blocks.dtype == _F32 and rule.rounding == "nearest_even":
-            elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
+            elements = _fast_elements(blocks, peak, codes, scales, elem, rule, values)
         else:
             # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
             may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
             elements = _scaled_elements(blocks, codes, scales, elem, rule, values, may_hold_nan)
-    return codes, scales, elements, values, None, left
+    return codes, scales, elements, values, None
 
 
 def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, values: np.ndarray,
@@ -252,29 +245,9 @@ def _scaled_elements(blocks, codes, scales, elem: Format, rule: ScaleRule, value
 _ELEMENT_VALUES = 1 << 16
 
 
-def _shifted_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule,
-                      values: np.ndarray) -> np.ndarray:
-    """:func:`_scaled_elements` for float32 blocks and nearest even: :func:`_fast_elements`, then
-    :func:`_redo_elements` for the elements it leaves."""
-    elements, left = _fast_elements(blocks, peak, codes, scales, elem, values)
-    if left.size:
-        _redo_elements(left, blocks, codes, scales, elements, values, elem, rule)
-    return elements
-
-
-def _redo_elements(at, blocks, codes, scales, elements, values, elem: Format, rule: ScaleRule) -> None:
-    """The elements at flat indices ``at`` of 2-D ``blocks`` by the rule's own arithmetic, into
-    ``elements`` and ``values``."""
-    block, column = np.divmod(at, blocks.shape[1])
-    own_values = np.empty((len(block), 1), _F32)
-    elements[block, column] = _scaled_elements(blocks[block, column][:, None], codes[block], scales[block],
-                                               elem, rule, own_values)[:, 0]
-    values[block, column] = own_values[:, 0]
-
-
-def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray) -> tuple:
-    """:func:`_scaled_elements` for float32 blocks and nearest even, without scaling, but for the
-    elements it leaves: (element codes, the flat indices of those left).
+def _fast_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule, values: np.ndarray) -> np.ndarray:
+    """:func:`_scaled_elements` for float32 blocks and nearest even, for the most part without scaling:
+    the element codes.
 
     For a scale 2**X with every quantity a float32 normal, each rule's scaling (x / 2**X,
     x * 2**-X) is exact and only subtracts X from the exponent field, and so the scaling back
@@ -287,10 +260,9 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
     One compare finds the elements whose code falls outside elem's normal codes: those rounded
     past max (the block's largest, under a floor scale) saturate here, to max's code and
     max * 2**X; those below min normal (elem's subnormals, zero, float32's subnormals: their code
-    wraps) are left to the rule's own arithmetic by the numpy pass (the compiled one rounds them onto
-    elem's subnormals itself), as are whole blocks with a NaN or inf, a peak of :func:`_peak_bound` or
-    more (where c would overflow) or a scale code outside [1 - emin, 253] (torchao's 2**-126 clamp,
-    byte 0's rules, NaN).
+    wraps) are rounded onto elem's subnormals (:func:`_subnormal_elements`).  Whole blocks with a NaN or inf, a peak of :func:`_peak_bound` or more
+    (where c would overflow) or a scale code outside [1 - emin, 253] (torchao's 2**-126 clamp, byte 0's
+    rules, NaN: zero blocks too) take the rule's own arithmetic here, block by block.
     """
     m, uint, u16 = elem.mantissa_bits, np.uint32, np.uint16
     lowest = 1 << m                                                    # min normal's code
@@ -314,11 +286,15 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, values: np.ndarray
         past_max_at, below_min = _numpy_element_pass(blocks, offsets, elem, span, past_max, values, elements)
     if past_max_at.size:
         _saturate(past_max_at, flat_blocks, flat_values, flat_elements, scales, width, elem)
-    left = below_min
-    if not fast_block.all():  # (their elements' codes above are meaningless: all of them are redone)
+    if not fast_block.all():  # whole blocks by the rule's own arithmetic (their codes above are meaningless)
         slow = np.flatnonzero(~fast_block)
-        left = np.union1d(left, (slow[:, None] * width + np.arange(width)).reshape(-1))
-    return elements, left
+        own = np.empty((len(slow), width), _F32)
+        elements[slow] = _scaled_elements(blocks[slow], codes[slow], scales[slow], elem, rule, own)
+        values[slow] = own
+        below_min = below_min[fast_block[below_min // width]]
+    if below_min.size:
+        _subnormal_elements(below_min, flat_blocks, flat_values, flat_elements, scales, width, elem)
+    return elements
 
 
 def _peak_bound(elem: Format) -> int:
@@ -386,6 +362,22 @@ def _compiled_element_pass(blocks, offsets, scales, elem: Format, span: int, pas
                               elem.max_finite_code, elem.max_finite, values.reshape(-1), elements.reshape(-1))
     empty = np.empty(0, np.intp)
     return empty, empty
+
+
+def _subnormal_elements(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:
+    """The elements at flat indices ``at`` below elem's min normal, as the compiled element pass rounds them
+    (fpemu/formats/_ckernels.c element_block): y = |x| * 2**-X (exact, or a float32 subnormal far below
+    elem's least value, which rounds to 0 either way) plus t = 2**(emin - m + 23), whose float32 ulp is
+    elem's least value, rounds to it, ties to even; y's bits less t's are the code's magnitude and
+    ((y + t) - t) * 2**X the value (exact), x's sign on both."""
+    scale = scales[at // width]
+    inverse = (np.uint32(254 << 23) - scale.view(np.uint32)).view(_F32)   # 2**-X: scale's mantissa is 0
+    t = _F32(2.0 ** (elem.emin - elem.mantissa_bits + 23))
+    x = flat_blocks[at]
+    y = np.abs(x) * inverse + t
+    sign = np.where(np.signbit(x), np.uint32(1 << (elem.bits - 1)), np.uint32(0))
+    flat_elements[at] = (y.view(np.uint32) - t.view(np.uint32)) | sign
+    flat_values[at] = np.copysign((y - t) * scale, x)
 
 
 def _saturate(at, flat_blocks, flat_values, flat_elements, scales, width: int, elem: Format) -> None:
@@ -583,7 +575,7 @@ def _nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, value
         elements, _ = _element_codes(data, elem, rule)
         # (from the codes: a NaN-born code is a finite value, which a zero tensor scale keeps finite)
         np.multiply(decode(elements, elem, dtype=_F32), dequant_scale[..., None], out=values)
-    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale), None
+    return codes, scales, elements, values, None if tensor_scale is None else float(tensor_scale)
 
 
 def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
@@ -660,7 +652,7 @@ def _te_nvfp4(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, va
         elements = _te_fp4_codes(data, elem, rule)
         dequantize = (scales * tensor_amax) * (_F32(1.0) / _F32(e4m3.max_finite * elem.max_finite))
         np.multiply(decode(elements, elem, dtype=_F32), dequantize[..., None], out=values)
-    return codes, scales, elements, values, float(decode_tensor), None
+    return codes, scales, elements, values, float(decode_tensor)
 
 
 def _te_e4m3_codes(block_scale: np.ndarray) -> np.ndarray:

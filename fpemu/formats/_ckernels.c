@@ -121,16 +121,16 @@ static inline void element_block(const float *restrict xb, long width, uint32_t 
         vb[j] = saturates ? float_of(peak | sign) : hi;
         cb[j] = (uint8_t)((uint32_t)(saturates ? max_code : magnitude + (int32_t)lowest) | (sign >> sign_shift));
     }
-    if (wrapped) {  /* (rare: zeros, tiny values; a second pass keeps the first one short) */
+    if (wrapped) {  /* (zeros, tiny values: a second pass, in the blocks that have them, keeps the first short) */
         const float inverse = float_of((uint32_t)(254 - (bits_of(scale) >> 23)) << 23);  /* 2**-X */
         const float t = float_of((uint32_t)(e->emin - e->m + 23 + 127) << 23);
         for (long j = 0; j < width; j++) {
             const uint32_t x = bits_of(xb[j]), sign = x & 0x80000000u;
-            if ((int32_t)(((bits_of(vb[j]) >> shift) - offset) & magnitude_mask) > past_max_code) {
-                const float y = float_of(x ^ sign) * inverse + t;
-                vb[j] = float_of(bits_of((y - t) * scale) | sign);
-                cb[j] = (uint8_t)((bits_of(y) - bits_of(t)) | (sign >> sign_shift));
-            }
+            const uint32_t below_min = 0u - (uint32_t)((int32_t)(((bits_of(vb[j]) >> shift) - offset) & magnitude_mask)
+                                                       > past_max_code);
+            const float y = float_of(x ^ sign) * inverse + t;
+            vb[j] = float_of((bits_of(vb[j]) & ~below_min) | ((bits_of((y - t) * scale) | sign) & below_min));
+            cb[j] = (uint8_t)((cb[j] & ~below_min) | (((bits_of(y) - bits_of(t)) | (sign >> sign_shift)) & below_min));
         }
     }
 }
@@ -176,8 +176,9 @@ static inline int32_t e8m0_code(int rule, uint32_t peak, int m, int emax, float 
 
 /* One MX block (quantize.py _compiled_blocks): its peak (the integer max of the magnitude bits), the rule's
  * scale code, its value 2**(code - 127) and element_block; 0 (nothing written) for a block the element pass
- * does not take: a peak that is not a normal below peak_bound (quantize.py's _peak_bound: NaN, inf, zeros,
- * float32 subnormals), a code outside [bias, 253] or one that leaves the offset no room. */
+ * does not take: a peak that is not a normal below peak_bound (quantize.py's _peak_bound: NaN, inf, float32
+ * subnormals, and zeros unless the block is all zeros), a code outside [bias, 253] or one that leaves the
+ * offset no room. */
 static inline int mx_block(const float *restrict xb, long width, int rule, const element_format *e, int bias,
                            int emax, uint32_t peak_bound, float max_reciprocal, uint8_t *restrict scale_code,
                            float *restrict scale, float *restrict vb, uint8_t *restrict cb) {
@@ -190,6 +191,15 @@ static inline int mx_block(const float *restrict xb, long width, int rule, const
                          : rule == EXPONENT_GIVEN ? *scale_code
                          : e8m0_code(rule, peak, e->m, emax, e->max_finite, max_reciprocal);
     const int32_t offset = ((code - bias) << e->m) + (1 << e->m);
+    if (peak == 0 && code == 0) {  /* an all-zero block: every rule's amax-0 code, 2**-127, and x's zeros */
+        *scale_code = 0;
+        *scale = float_of(0x00400000u);
+        for (long j = 0; j < width; j++) {
+            vb[j] = xb[j];
+            cb[j] = (uint8_t)(bits_of(xb[j]) >> (32 - e->bits));
+        }
+        return 1;
+    }
     if (code < bias || code > 253 || offset + e->past_max_code >= (1 << (8 + e->m))) return 0;
     *scale_code = (uint8_t)code;
     *scale = float_of((uint32_t)code << 23);
