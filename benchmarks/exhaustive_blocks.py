@@ -1,14 +1,14 @@
-"""Block quantization's compiled pass against its numpy arithmetic on every float32 pattern of the edge binades.
+"""Block quantization's compiled pass against each rule's own arithmetic on every float32 pattern of edge binades.
 
 ``fpemu_mx_blocks`` (fpemu/formats/_ckernels.c) computes each MX block's e8m0 scale code with C twins of
 quantize.py's numpy rules (or takes the codes numpy computed, for the float32-log2 rules) and rounds the
-elements in C; the blocks it does not take go to the numpy
-arithmetic, which stays the reference.  Two sweeps, both compared bit for bit (scale codes, scales,
-element codes, values, byte for byte) against ``block_quantize`` with the compiled loops off:
+elements in C; the blocks it does not take go to the numpy arithmetic.  Two sweeps, each compared
+(scale codes, scales, element codes, values, byte for byte) against ``block_quantize`` by the rule's
+own arithmetic alone (x scaled as the rule scales it, quantize, the code table; no short path):
 
-- peaks: each float32 pattern (all 2**23 mantissas, both signs) of the binades where the rule's scale
-  code meets the compiled pass's bounds (the lowest code it takes, the peak bound) and of the binades
-  around 1, as one-value blocks, for every rule the pass takes and each of its element formats;
+- peaks: each positive float32 pattern (all 2**23 mantissas) of the binades where the rule's scale
+  code meets the compiled pass's bounds (the lowest code it takes, the peak bound) and of 1's binade,
+  as one-value blocks, for every rule the pass takes and each of its element formats;
 - elements: each pattern x of every binade from three below the element's least subnormal to its max,
   at three scales (the lowest the pass takes, 2**0, the highest under the peak bound), as the block
   [x, peak], peak the largest float32 of the scale's top binade, for each element format (rules
@@ -35,13 +35,10 @@ def _binade(field: int, sign: int) -> np.ndarray:
 
 
 def _mismatches(x: np.ndarray, elem: str, rule: str) -> int:
-    """Values whose block differs in any field between the compiled pass and the numpy arithmetic."""
+    """Blocks that differ in any field between the compiled pass and the rule's own arithmetic."""
     compiled = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
-    kernels, implementation.KERNELS = implementation.KERNELS, None
-    try:
+    with implementation._rules_own_arithmetic():
         reference = block_quantize(x, elem, block_size=x.shape[1], scale_rule=rule)
-    finally:
-        implementation.KERNELS = kernels
     differ = np.zeros(x.shape[0], bool)
     for field in _FIELDS:  # (bytes: NaN payloads must agree too)
         ours, theirs = (getattr(q, field).view(np.uint8).reshape(x.shape[0], -1) for q in (compiled, reference))
@@ -51,10 +48,10 @@ def _mismatches(x: np.ndarray, elem: str, rule: str) -> int:
 
 def peak_fields(fmt) -> list:
     """The exponent fields where a scale code meets the compiled pass's bounds: the lowest code it takes
-    (code = bias, amax about 2**(bias - 127 + emax)), the peak bound 2**(104 + m), and 1's neighbours."""
+    (code = bias, amax about 2**(bias - 127 + emax)), the peak bound 2**(104 + m), and 1's."""
     lowest = fmt.bias + fmt.emax
     bound = implementation._peak_bound(fmt) >> 23
-    return sorted({*range(max(1, lowest - 3), lowest + 4), *range(bound - 3, min(bound + 2, 255)), 126, 127, 128})
+    return sorted({*range(max(1, lowest - 2), lowest + 3), *range(bound - 2, bound + 1), 127})
 
 
 def sweep_peaks() -> list:
@@ -66,10 +63,9 @@ def sweep_peaks() -> list:
             fmt = fpemu.get_format(elem)
             fields, mismatches = peak_fields(fmt), 0
             for field in fields:
-                for sign in (0, 1):
-                    mismatches += _mismatches(_binade(field, sign)[:, None], elem, name)
-            rows.append({"sweep": "peaks", "rule": name, "element": elem, "binades": 2 * len(fields),
-                         "inputs": 2 * len(fields) << 23, "mismatches": mismatches})
+                mismatches += _mismatches(_binade(field, 0)[:, None], elem, name)
+            rows.append({"sweep": "peaks", "rule": name, "element": elem, "binades": len(fields),
+                         "inputs": len(fields) << 23, "mismatches": mismatches})
             print(rows[-1], flush=True)
     return rows
 
@@ -105,14 +101,15 @@ def main() -> None:
     columns = [("sweep", "sweep"), ("rule", "rule"), ("element", "element"), ("binades", "float32 binades"),
                ("inputs", "float32 inputs"), ("mismatches", "mismatches")]
     notes = ["block_quantize with fpemu's compiled loops (fpemu_mx_blocks: peak, scale code and elements in one "
-             "pass) against the same call with them off (quantize.py's numpy arithmetic), all four outputs byte "
-             "for byte (NaN payloads too); a mismatch is a block differing in any of them.",
-             "peaks: every pattern of the binades where the compiled scale rules meet the pass's bounds, as "
+             "pass) against the same call by the rule's own arithmetic alone (quantize.py's numpy: x scaled as "
+             "the rule scales it, quantize, the code table), all four outputs byte for byte (NaN payloads too); "
+             "a mismatch is a block differing in any of them.",
+             "peaks: every positive pattern of the binades where the scale rules meet the pass's bounds, as "
              "one-value blocks (the value is the block's peak and its only element). elements: every pattern of "
              "every binade from three below the element's least subnormal to its max, each in a block with a "
              "fixed peak, at the lowest scale the pass takes, at 2**0 and at the highest below the peak bound.",
              "Swept with the build this CPU loads (the AVX2 clone on x86-64 with AVX2)."]
-    write_report("exhaustive_blocks", "Block quantization's compiled pass against its numpy arithmetic",
+    write_report("exhaustive_blocks", "Block quantization's compiled pass against each rule's own arithmetic",
                  {"rows": rows}, rows, columns, notes)
 
 

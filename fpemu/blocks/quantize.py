@@ -7,6 +7,7 @@ Every rule of :data:`fpemu.blocks.SCALE_RULES` is reproduced step for step: the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Optional
 
@@ -135,6 +136,22 @@ def _operand(x, rule: ScaleRule) -> np.ndarray:
     return arr
 
 
+_short_paths = True  # (off inside _rules_own_arithmetic)
+
+
+@contextlib.contextmanager
+def _rules_own_arithmetic():
+    """block_quantize by each rule's own arithmetic alone, in this thread's calls and every other's: no
+    compiled pass, no integer element path (the reference both are checked against in tests/test_blocks.py
+    and benchmarks/exhaustive_blocks.py)."""
+    global _short_paths
+    _short_paths = False
+    try:
+        yield
+    finally:
+        _short_paths = True
+
+
 # Values per chunk: few enough (256K) that a chunk and its scratch stay in L2-L3 through the passes,
 # enough that the per-call costs of quantize stay small (measured best of 32K..all).
 _CHUNK_VALUES = 1 << 18
@@ -145,7 +162,7 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool
     two-level NVFP4, the tensor's amax, taken first), or in one compiled pass where
     :func:`_compiled_blocks` takes the rule (``compiled``)."""
     flat = blocks.reshape(-1, blocks.shape[-1])
-    if compiled and _compiled_blocks_take(flat, rule):
+    if compiled and _short_paths and _compiled_blocks_take(flat, rule):
         scale_codes, scales, codes, values = _compiled_blocks(np.ascontiguousarray(flat), elem, rule)
         return (scale_codes.reshape(blocks.shape[:-1]), scales.reshape(blocks.shape[:-1]), codes.reshape(blocks.shape),
                 values.reshape(blocks.shape), None)
@@ -222,11 +239,12 @@ def _mx(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: 
         amax = _block_amax(blocks, peak, rule.amax_nan)
         codes = _EXPONENT_RULES[rule.exponent](amax, elem).astype(np.uint8)
         scales = _e8m0_values(codes)
-        if blocks.dtype == _F32 and rule.rounding == "nearest_even":
+        if _short_paths and blocks.dtype == _F32 and rule.rounding == "nearest_even":
             elements = _fast_elements(blocks, peak, codes, scales, elem, rule, values)
         else:
-            # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN)
-            may_hold_nan = rule.amax_nan != "propagate" or bool(np.isnan(amax).any())
+            # (with a NaN-propagating amax a NaN can only be in a block whose amax is NaN, or made where an
+            # inf amax gives a NaN or infinite scale: inf / inf)
+            may_hold_nan = rule.amax_nan != "propagate" or not bool(np.isfinite(amax).all())
             elements = _scaled_elements(blocks, codes, scales, elem, rule, values, may_hold_nan)
     return codes, scales, elements, values, None
 
