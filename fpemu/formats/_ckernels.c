@@ -16,8 +16,9 @@
 #include <string.h>
 
 /* An AVX2 build of each loop beside the baseline one, picked at load time by the CPU (x86-64 with GCC or
- * Clang; elsewhere the baseline only): SSE2, the x86-64 baseline, has no 32-bit integer max or blend. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__APPLE__)
+ * Clang; elsewhere the baseline only): SSE2, the x86-64 baseline, has no 32-bit integer max or blend.
+ * -DFPEMU_BASELINE builds the baseline alone (tests/test_baseline_build.py runs the loops' tests on it). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__APPLE__) && !defined(FPEMU_BASELINE)
 #define FPEMU_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FPEMU_CLONES

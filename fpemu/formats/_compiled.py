@@ -24,9 +24,15 @@ def _load() -> Optional[ctypes.CDLL]:
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return None
     try:
-        library = ctypes.CDLL(spec.origin)
+        return library(spec.origin)
     except OSError:  # (a build for another platform or Python left in the tree)
         return None
+
+
+def library(path: str) -> ctypes.CDLL:
+    """The compiled loops of the shared object at ``path``, their signatures declared (also for another
+    build of _ckernels.c: tests/test_baseline_build.py loads the baseline-only one)."""
+    library = ctypes.CDLL(path)
     words = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
     library.fpemu_nearest_even.argtypes = [words, words, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                            ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int]
