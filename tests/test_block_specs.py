@@ -92,18 +92,19 @@ def test_committed_goldens_regenerate_byte_identical_without_torch(tmp_path, mon
 def _verdicts(capsys, *args) -> tuple:
     capsys.readouterr()
     code = main([*args, "--json", "--quiet"])
-    return code, {v["spec"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}
+    return code, {(v["spec"], v["implementation"]): v for v in json.loads(capsys.readouterr().out)["verdicts"]}
 
 
 def test_shipped_specs_match_the_real_code(capsys):
-    """One match per spec x adapter; TE's specs skip with the adapter's own reason where its source is absent."""
+    """One match per spec x adapter x device; TE's specs skip with the adapter's own reason where its source is
+    absent, the CUDA rows where CUDA is."""
     pytest.importorskip("torchao")
     from fpemu.adapters import unavailable_reason
     code, verdicts = _verdicts(capsys, "diff", *map(str, SPECS), "--golden", str(GOLDEN), "--allow-skips")
-    assert code == 0 and set(verdicts) == {path.stem for path in SPECS}
-    for name, verdict in verdicts.items():
-        adapter = verdict["implementation"].partition("@")[0]
-        reason = unavailable_reason(adapter)
+    assert code == 0 and {name for name, _ in verdicts} == {path.stem for path in SPECS}
+    assert {implementation.partition("@")[2] for _, implementation in verdicts} == {"cpu", "cuda"}
+    for (name, implementation), verdict in verdicts.items():
+        reason = unavailable_reason(*implementation.split("@"))
         assert (verdict["status"], verdict["note"] if reason else "") == ("skipped" if reason else "match",
                                                                          reason or ""), name
         if not reason:
@@ -119,8 +120,8 @@ def test_an_adapter_run_under_another_rule_diverges_at_the_kind_and_field(capsys
     assert main(["golden", str(spec), "--out", str(tmp_path / "golden"), "--quiet"]) == 0
     code, verdicts = _verdicts(capsys, "diff", str(spec), "--golden", str(tmp_path / "golden"),
                                "--save", str(tmp_path / "observed"))
-    divergence = verdicts["floor_vs_ceil"]["divergence"]
-    assert code == 1 and verdicts["floor_vs_ceil"]["status"] == "diverged"
+    divergence = verdicts["floor_vs_ceil", "torchao_blocks@cpu"]["divergence"]
+    assert code == 1 and verdicts["floor_vs_ceil", "torchao_blocks@cpu"]["status"] == "diverged"
     assert (divergence["step"], divergence["field"], divergence["element"]) == (1, "scale_codes", "random")
     assert divergence["message"].startswith("step 1, scale_codes of random: ")
     assert divergence["cause"].startswith("random blocks; 16 of 16 scale codes, ")
@@ -139,7 +140,7 @@ def test_an_adapter_run_under_another_rule_diverges_at_the_kind_and_field(capsys
                                        "reason = 'CEIL rounds the scale up where FLOOR truncates' }\n")
     assert main(["golden", str(spec), "--out", str(tmp_path / "golden"), "--quiet"]) == 0
     code, verdicts = _verdicts(capsys, "diff", str(spec), "--golden", str(tmp_path / "golden"))
-    assert code == 0 and verdicts["floor_vs_ceil"]["status"] == "known divergence"
+    assert code == 0 and verdicts["floor_vs_ceil", "torchao_blocks@cpu"]["status"] == "known divergence"
 
 
 def test_scale_digests_take_any_nan_code_alike_and_element_codes_as_they_are():
@@ -167,6 +168,6 @@ def test_without_te_source_its_specs_are_skip_lines_naming_the_reason(tmp_path):
                           "--json", "--quiet"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     verdicts = json.loads(run.stdout)["verdicts"]
-    assert len(verdicts) == len(specs) == 2 and {v["status"] for v in verdicts} == {"skipped"}
+    assert len(verdicts) == 2 * len(specs) == 4 and {v["status"] for v in verdicts} == {"skipped"}  # (cpu, cuda)
     assert all(v["note"].startswith("no TransformerEngine reference source") for v in verdicts)
     assert verdicts[0]["packages"]["transformer_engine (source)"] == "not found"

@@ -38,6 +38,18 @@ def test_block_quantize_matches_torchao_bit_for_bit(rule, elem, kind):
     assert same_bits_nan_aware(np.float32(ours.tensor_scale or 0), np.float32(theirs.tensor_scale or 0))
 
 
+@pytest.mark.parametrize("rule,elem", CASES)
+def test_block_quantize_matches_torchao_on_cuda(rule, elem):
+    """torchao's eager code on CUDA tensors (the CPU's model, unchecked on a GPU so far): skips without CUDA."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+    for kind in PROBE_KINDS:
+        x = probe_blocks(kind, elem, rows=16, block_size=32, seed=3)
+        ours, theirs = blocks.block_quantize(x, elem, scale_rule=rule), torchao_block_quantize(x, elem, rule, "cuda")
+        assert mismatches(ours, theirs) == {"scale_codes": 0, "element_codes": 0, "values": 0, "scales": 0}, kind
+
+
 def test_fp4_codes_pack_as_torchao_stores_them():
     import torch
     from torchao.prototype.mx_formats.config import ScaleCalculationMode

@@ -213,9 +213,9 @@ ADAPTERS = {adapter.name: adapter for adapter in [
     Adapter("torchao_float8_linear", FP8_TRAINING, "fpemu.adapters.torchao_float8:train_float8_mlp",
             ("torchao", "torch"), ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
     Adapter("torchao_blocks", BLOCKS, "fpemu.adapters.torchao_blocks:torchao_block_quantize", ("torchao", "torch"),
-            ("torchao", "torch"), verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
+            ("torchao", "torch"), devices=DEVICES, verified=("torchao 0.18.0",) + _TORCH_VERIFIED),
     Adapter("te_block_reference", BLOCKS, "fpemu.adapters.te_block_reference:te_block_quantize", ("torch",),
-            ("torch",), verified=_TE_VERIFIED[:1] + _TORCH_VERIFIED,
+            ("torch",), devices=DEVICES, verified=_TE_VERIFIED[:1] + _TORCH_VERIFIED,
             check="fpemu.adapters.te_block_reference:te_reference_unavailable",
             versions="fpemu.adapters.te_block_reference:te_reference_versions"),
 ]}
@@ -337,4 +337,4 @@ def driven_rules(name: str) -> tuple:
 
 def quantize_blocks(name: str, x, element_format: str, scale_rule: str, device: str = "cpu"):
     """The real block quantizer ``name`` run on ``x`` under ``scale_rule``: a fpemu.blocks.BlockQuantized."""
-    return _runnable(name, BLOCKS, device).function()(x, element_format, scale_rule)
+    return _runnable(name, BLOCKS, device).function()(x, element_format, scale_rule, device)

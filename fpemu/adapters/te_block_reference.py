@@ -61,10 +61,11 @@ def te_reference_versions() -> dict:
     return te_source_versions(_PINNED)
 
 
-def te_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuantized:
+def te_block_quantize(x, element_format: str, scale_rule: str, device: str = "cpu") -> BlockQuantized:
     """TE's own result for ``block_quantize(x, element_format, scale_rule=scale_rule)``, the blocks
     adapter ``te_block_reference`` (fpemu.adapters.ADAPTERS): ``te_nvfp4_reference`` runs
-    :func:`te_nvfp4_reference` (1 x 16 tiles), ``te_mxfp8_reference`` :func:`te_mxfp8_reference`.
+    :func:`te_nvfp4_reference` (1 x 16 tiles), ``te_mxfp8_reference`` :func:`te_mxfp8_reference`, on
+    ``device``'s tensors (checked against fpemu on the CPU only so far: no GPU has run them).
 
     Example:
       >>> q = te_block_quantize(np.ones((1, 32), np.float32), "fp8_e4m3fn", "te_mxfp8_reference")  # doctest: +SKIP
@@ -76,7 +77,9 @@ def te_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuantized
     if get_format(element_format).name not in SCALE_RULES[scale_rule].elements:
         raise FpemuInputError(f"element_format: {scale_rule} takes {', '.join(SCALE_RULES[scale_rule].elements)}, "
                               f"got {element_format!r}")
-    return te_nvfp4_reference(x)[0] if scale_rule == "te_nvfp4_reference" else te_mxfp8_reference(x)
+    if scale_rule == "te_nvfp4_reference":
+        return te_nvfp4_reference(x, device=device)[0]
+    return te_mxfp8_reference(x, device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +114,7 @@ def _as_first_rows(data: np.ndarray, band: int) -> np.ndarray:
     return tiles
 
 
-def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
+def te_nvfp4_reference(x, tile_rows: int = 1, device: str = "cpu") -> tuple:
     """``NVFP4QuantizerRef._quantize`` (rowwise, no RHT) on 2-D float32 ``x`` of 1 x 16 blocks, with
     TE's 1 x 16 tiles (``tile_rows=1``) or its 16 x 16 tiles (``tile_rows=16``: each row of ``x`` the
     first row of a band of tiles whose other rows are 0, so each tile's amax is its block's).
@@ -134,7 +137,8 @@ def te_nvfp4_reference(x, tile_rows: int = 1) -> tuple:
     data = _as_first_rows(np.ascontiguousarray(x, dtype=np.float32), tile_rows)
     with _local_on_return(functions["_quantize_blockwise_reference"], "global_decode_scale") as decode_scale:
         qx, sx, _, _, global_amax, _ = functions["_quantize"](_nvfp4_holder(functions, (tile_rows, 16)),
-                                                             torch.from_numpy(data))
+                                                             torch.from_numpy(data).to(device))
+    qx, sx, global_amax = qx.cpu(), sx.cpu(), global_amax.cpu()
     rule, elem = SCALE_RULES["te_nvfp4_reference"], get_format("fp4_e2m1fn")
     scales = sx.float().numpy()[::tile_rows].copy()
     amax = np.float32(global_amax.item())
@@ -182,7 +186,7 @@ def _constants(path: str, names) -> dict:
     return found
 
 
-def te_mxfp8_reference(x) -> BlockQuantized:
+def te_mxfp8_reference(x, device: str = "cpu") -> BlockQuantized:
     """TE's ``_mxfp8_2d_quantize_reference`` on 2-D float32 ``x`` of 1 x 32 blocks: each row of blocks
     becomes the first row of a band of 32 x 32 tiles whose other rows are 0, so a tile's amax is its
     block's; TE's scale codes and e4m3 codes of those rows, values fpemu's e8m0 dequantize of them.
@@ -197,9 +201,9 @@ def te_mxfp8_reference(x) -> BlockQuantized:
     rule, elem = SCALE_RULES["te_mxfp8_reference"], get_format("fp8_e4m3fn")
     block = rule.block_size
     codes, row_scales, _ = _mxfp8_reference()["_mxfp8_2d_quantize_reference"](
-        torch.from_numpy(_as_first_rows(data, block)))
-    element_codes = codes.view(torch.uint8).numpy()[::block].copy()
-    scale_codes = row_scales.numpy()[::block].copy()
+        torch.from_numpy(_as_first_rows(data, block)).to(device))
+    element_codes = codes.view(torch.uint8).cpu().numpy()[::block].copy()
+    scale_codes = row_scales.cpu().numpy()[::block].copy()
     with np.errstate(invalid="ignore", over="ignore"):
         scales = np.where(scale_codes == 255, np.float32(np.nan),
                           np.exp2(scale_codes.astype(np.float64) - 127).astype(np.float32))

@@ -20,10 +20,11 @@ _NVFP4 = ("torchao_nvfp4", "torchao_nvfp4_2level")
 DRIVEN_RULES = (*_MX_MODES, *_NVFP4)  # the SCALE_RULES rows torchao_block_quantize runs (reports/recipes/ reads it)
 
 
-def torchao_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuantized:
+def torchao_block_quantize(x, element_format: str, scale_rule: str, device: str = "cpu") -> BlockQuantized:
     """torchao's own result for ``block_quantize(x, element_format, scale_rule=scale_rule)`` (blocks
     along the last axis, the rule's block size; x float32 with a last axis of whole blocks; NVFP4
-    takes 2-D x).
+    takes 2-D x), computed on ``device`` (``"cpu"`` or ``"cuda"``: torchao's eager code on CUDA tensors;
+    bit for bit against fpemu on the CPU only so far: no GPU has run it).
 
     Example:
       >>> import numpy as np
@@ -37,7 +38,7 @@ def torchao_block_quantize(x, element_format: str, scale_rule: str) -> BlockQuan
     elem = get_format(element_format)
     data = np.ascontiguousarray(x, dtype=np.float32)
     run = _nvfp4 if scale_rule in _NVFP4 else _mx
-    scale_codes, element_codes, values, tensor_scale = run(data, elem, rule)
+    scale_codes, element_codes, values, tensor_scale = run(data, elem, rule, device)
     return BlockQuantized(rule.name, elem, get_format(rule.scale_format), rule.block_size, data.ndim - 1,
                           scale_codes, get_scales(scale_codes, rule), element_codes, values, tensor_scale)
 
@@ -59,28 +60,28 @@ def _torch_element_dtype(elem):
 
 def _codes(data_lp, elem) -> np.ndarray:
     import torch
-    codes = data_lp.view(torch.uint8).numpy()
+    codes = data_lp.view(torch.uint8).cpu().numpy()
     return unpack_nibbles(codes) if elem.bits == 4 else codes
 
 
-def _mx(data: np.ndarray, elem, rule):
+def _mx(data: np.ndarray, elem, rule, device: str):
     import torch
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
     dtype = _torch_element_dtype(elem)
     mode = getattr(ScaleCalculationMode, _MX_MODES[rule.name])
-    scale, data_lp = to_mx(torch.from_numpy(data), dtype, rule.block_size, mode)
-    values = to_dtype(data_lp, scale, dtype, rule.block_size, torch.float32).numpy()
-    return scale.view(torch.uint8).numpy(), _codes(data_lp, elem), values, None
+    scale, data_lp = to_mx(torch.from_numpy(data).to(device), dtype, rule.block_size, mode)
+    values = to_dtype(data_lp, scale, dtype, rule.block_size, torch.float32).cpu().numpy()
+    return scale.view(torch.uint8).cpu().numpy(), _codes(data_lp, elem), values, None
 
 
-def _nvfp4(data: np.ndarray, elem, rule):
+def _nvfp4(data: np.ndarray, elem, rule, device: str):
     import torch
     from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
-    tensor = torch.from_numpy(data)
+    tensor = torch.from_numpy(data).to(device)
     tensor_scale = per_tensor_amax_to_scale(tensor.abs().max()) if rule.levels == 2 else None
     quantized = NVFP4Tensor.to_nvfp4(tensor, rule.block_size, per_tensor_scale=tensor_scale)
-    values = quantized.dequantize(torch.float32).numpy()
-    scale_codes = quantized.scale.view(torch.uint8).numpy().reshape(*data.shape[:-1], -1)
+    values = quantized.dequantize(torch.float32).cpu().numpy()
+    scale_codes = quantized.scale.view(torch.uint8).cpu().numpy().reshape(*data.shape[:-1], -1)
     return (scale_codes, _codes(quantized.qdata, elem).reshape(data.shape), values,
             None if tensor_scale is None else float(tensor_scale))
