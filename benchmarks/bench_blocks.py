@@ -189,7 +189,7 @@ def speed(n: int) -> dict:
     element codes and dequantized values), fpemu's plain fp8 and bf16 quantize of the same array, and
     torchao's CPU path giving the same three (to_mx, then to_dtype to dequantize) and to_mx alone, at
     torch's default thread count and at one thread (fpemu runs on one)."""
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(-1, 1024)
+    x = _speed_inputs(n)["randn"]
     fns = {"fpemu_block_quantize_mxfp8": lambda: block_quantize(x, "fp8_e4m3fn", scale_rule="torchao_floor"),
            "fpemu_fp8_quantize": lambda: fpemu.quantize(x, "fp8_e4m3fn"),
            "fpemu_bf16_quantize": lambda: fpemu.quantize(x, "bf16")}
@@ -222,6 +222,40 @@ def speed(n: int) -> dict:
     return {name: seconds for name, (seconds, _) in zip(fns, times)}
 
 
+def _speed_inputs(n: int) -> dict:
+    """The speed test's float32 inputs (rows of 1024): randn, randn with every other 32-value block zero,
+    and ReLU'd randn (half of each block's elements 0, below any element format's min normal)."""
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(-1, 1024)
+    half_zero = x.copy()
+    half_zero.reshape(-1, 32)[::2] = 0
+    return {"randn": x, "half the blocks zero": half_zero, "ReLU'd randn": np.maximum(x, 0)}
+
+
+def speed_by_rule(n: int) -> list:
+    """Best-of-3 milliseconds of block_quantize under every rule (its first element format) on n randn
+    values, and of torchao FLOOR and OCP on the other inputs, with and without the compiled loops
+    (fpemu.blocks.quantize._rules_own_arithmetic: no short path at all), each against fpemu's fp8
+    quantize of the same array in the same run."""
+    import fpemu.blocks.quantize as implementation
+    inputs = _speed_inputs(n)
+    cases = [(rule, SCALE_RULES[rule].elements[0], "randn") for rule in SCALE_RULES]
+    cases += [(rule, "fp8_e4m3fn", kind) for kind in list(inputs)[1:] for rule in ("torchao_floor", "ocp")]
+
+    def own_arithmetic(rule, elem, x):
+        with implementation._rules_own_arithmetic():
+            return block_quantize(x, elem, scale_rule=rule)
+
+    fns = [lambda: fpemu.quantize(inputs["randn"], "fp8_e4m3fn")]
+    for rule, elem, kind in cases:
+        fns.append(lambda rule=rule, elem=elem, x=inputs[kind]: block_quantize(x, elem, scale_rule=rule))
+        fns.append(lambda rule=rule, elem=elem, x=inputs[kind]: own_arithmetic(rule, elem, x))
+    times = [seconds for seconds, _ in best_times_interleaved(fns, 3)]
+    fp8 = times[0]
+    return [{"rule": rule, "element": elem, "input": kind, "ms": fast * 1e3, "vs_fp8_quantize": fast / fp8,
+             "own_arithmetic_ms": own * 1e3}
+            for (rule, elem, kind), fast, own in zip(cases, times[1::2], times[2::2])]
+
+
 def speed_rows(times: dict) -> list:
     block = times["fpemu_block_quantize_mxfp8"]
     return [{"implementation": name, "ms": seconds * 1e3, "vs_fp8_quantize": seconds / times["fpemu_fp8_quantize"],
@@ -234,12 +268,13 @@ def main() -> None:
     parser.add_argument("--values", type=int, default=1 << 22, help="values in the speed test (default 4M)")
     args = parser.parse_args()
     sweep, departs, times = sweep_against_torchao(args.rows), departures_from_exact(args.rows), speed(args.values)
+    by_rule = speed_by_rule(args.values)
     te_sweep, nvfp4, te_vs_torchao = (sweep_against_te_references(args.rows), nvfp4_departures(args.rows),
                                       te_against_torchao_nvfp4(args.rows))
     edges = ceil_scale_edges()
     result = {"sweep_vs_torchao": sweep, "departures_from_ocp": departs, "seconds": times, "values": args.values,
               "sweep_vs_te_references": te_sweep, "nvfp4_departures_from_exact": nvfp4,
-              "te_nvfp4_vs_torchao": te_vs_torchao, "ceil_scale_edges": edges}
+              "te_nvfp4_vs_torchao": te_vs_torchao, "ceil_scale_edges": edges, "speed_by_rule": by_rule}
     notes = [f"Where each rule differs from the exact OCP rule (fp8_e4m3fn, {args.rows} blocks per kind; CEIL, EVEN, "
              "RCEIL and TE pick other scales by design, FLOOR differs only in byte-0 blocks): "
              + "; ".join(f"{d['rule']} {d['kind']}: {d['scale_differs']} scales, {d['values_differ']} values"
@@ -292,6 +327,15 @@ def main() -> None:
         ("Speed", speed_rows(times), [("implementation", "implementation"), ("ms", "ms"),
                                       ("vs_fp8_quantize", "time / fpemu fp8 quantize"),
                                       ("vs_fpemu_block", "time / fpemu block quantize")], speed_notes),
+        ("Speed by rule and input", by_rule,
+         [("rule", "rule"), ("element", "element"), ("input", "input"), ("ms", "ms"),
+          ("vs_fp8_quantize", "time / fpemu fp8 quantize"), ("own_arithmetic_ms", "ms, the rule's own arithmetic")],
+         [f"{args.values:,} float32 values (rows of 1024), best of 3, all taking turns with fpemu's fp8 quantize of "
+          "the randn array. The MX rules rounding to nearest even take the compiled pass (fpemu_mx_blocks: peak, "
+          "scale, elements per block; RCEIL's float32-log2 scales computed in numpy first); microxcaling "
+          "(ties away) and the NVFP4 rules compute in numpy. The last column is the same call by the rule's "
+          "own arithmetic alone (x scaled, quantize, the code table: no short path), the reference the "
+          "compiled pass is checked against (reports/exhaustive_blocks.md).", TIMING_NOTE]),
     ]
     write_report("blocks", "Block quantization: fpemu vs torchao 0.18.0 (CPU), mismatches",
                  result, sweep, mismatch_columns, notes, sections)
