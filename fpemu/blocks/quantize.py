@@ -205,9 +205,9 @@ def _compiled_blocks(flat: np.ndarray, elem: Format, rule: ScaleRule) -> tuple:
     """:func:`_mx` for C-contiguous float32 blocks in one compiled pass (fpemu_mx_blocks): each block's
     peak, the rule's scale code (the C twin of its :data:`_EXPONENT_RULES` function for the blocks the
     pass takes: a normal peak below :func:`_peak_bound`; the float32-log2 rules' codes are computed here
-    first and given) and :func:`_fast_elements`' element pass, which
-    rounds the elements below min normal itself.  The blocks it leaves (NaN, inf, zeros, tiny or huge
-    scales) get :func:`_mx` itself: (scale codes, scales, element codes, values)."""
+    first and given) and :func:`_fast_elements`' element pass, which rounds the elements below min
+    normal itself; all-zero blocks are written in the pass.  The blocks it leaves (NaN, inf, tiny or
+    huge scales) get :func:`_mx` itself: (scale codes, scales, element codes, values)."""
     count, width = flat.shape
     scale_codes, scales = np.empty(count, np.uint8), np.empty(count, _F32)
     codes, values = np.empty(flat.shape, np.uint8), np.empty(flat.shape, _F32)
@@ -278,9 +278,10 @@ def _fast_elements(blocks, peak, codes, scales, elem: Format, rule: ScaleRule, v
     One compare finds the elements whose code falls outside elem's normal codes: those rounded
     past max (the block's largest, under a floor scale) saturate here, to max's code and
     max * 2**X; those below min normal (elem's subnormals, zero, float32's subnormals: their code
-    wraps) are rounded onto elem's subnormals (:func:`_subnormal_elements`).  Whole blocks with a NaN or inf, a peak of :func:`_peak_bound` or more
-    (where c would overflow) or a scale code outside [1 - emin, 253] (torchao's 2**-126 clamp, byte 0's
-    rules, NaN: zero blocks too) take the rule's own arithmetic here, block by block.
+    wraps) are rounded onto elem's subnormals (:func:`_subnormal_elements`).  Whole blocks with a NaN
+    or inf, a peak of :func:`_peak_bound` or more (where c would overflow) or a scale code outside
+    [1 - emin, 253] (torchao's 2**-126 clamp, byte 0's rules, NaN: zero blocks too) take the rule's own
+    arithmetic here, block by block.
     """
     m, uint, u16 = elem.mantissa_bits, np.uint32, np.uint16
     lowest = 1 << m                                                    # min normal's code

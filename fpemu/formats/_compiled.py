@@ -43,8 +43,9 @@ def library(path: str) -> ctypes.CDLL:
                                           ctypes.c_int, ctypes.c_int, ctypes.c_uint16, ctypes.c_uint16, ctypes.c_uint8,
                                           ctypes.c_float, floats, octets]
     library.fpemu_mx_blocks.argtypes = [floats, ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint16, ctypes.c_uint16,
-                                        ctypes.c_uint8, ctypes.c_float, octets, floats, floats, octets, indices]
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint16,
+                                        ctypes.c_uint16, ctypes.c_uint8, ctypes.c_float, octets, floats, floats, octets,
+                                        indices]
     library.fpemu_block_peak.argtypes = [words, ctypes.c_long, ctypes.c_long, words]
     library.fpemu_e8m0.argtypes = [words, words, ctypes.c_long, ctypes.c_int]
     for function in (library.fpemu_nearest_even, library.fpemu_leading_bits, library.fpemu_mx_elements,
