@@ -189,7 +189,7 @@ def speed(n: int) -> dict:
     element codes and dequantized values), fpemu's plain fp8 and bf16 quantize of the same array, and
     torchao's CPU path giving the same three (to_mx, then to_dtype to dequantize) and to_mx alone, at
     torch's default thread count and at one thread (fpemu runs on one)."""
-    x = _speed_inputs(n)["randn"]
+    x = _randn(n)
     fns = {"fpemu_block_quantize_mxfp8": lambda: block_quantize(x, "fp8_e4m3fn", scale_rule="torchao_floor"),
            "fpemu_fp8_quantize": lambda: fpemu.quantize(x, "fp8_e4m3fn"),
            "fpemu_bf16_quantize": lambda: fpemu.quantize(x, "bf16")}
@@ -222,10 +222,15 @@ def speed(n: int) -> dict:
     return {name: seconds for name, (seconds, _) in zip(fns, times)}
 
 
+def _randn(n: int) -> np.ndarray:
+    """The speed tests' n float32 standard normal values, in rows of 1024."""
+    return np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(-1, 1024)
+
+
 def _speed_inputs(n: int) -> dict:
-    """The speed test's float32 inputs (rows of 1024): randn, randn with every other 32-value block zero,
-    and ReLU'd randn (half of each block's elements 0, below any element format's min normal)."""
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(-1, 1024)
+    """The speed test's float32 inputs: :func:`_randn`, it with every other 32-value block zero, and
+    ReLU'd (half of each block's elements 0, below any element format's min normal)."""
+    x = _randn(n)
     half_zero = x.copy()
     half_zero.reshape(-1, 32)[::2] = 0
     return {"randn": x, "half the blocks zero": half_zero, "ReLU'd randn": np.maximum(x, 0)}

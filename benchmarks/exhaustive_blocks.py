@@ -24,14 +24,10 @@ import numpy as np
 import fpemu
 import fpemu.blocks.quantize as implementation
 from benchmarks._common import write_report
+from benchmarks.exhaustive_shortcuts import binade
 from fpemu.blocks import SCALE_RULES, block_quantize
 
-_MANTISSAS = np.arange(1 << 23, dtype=np.uint32)
 _FIELDS = ("scale_codes", "scales", "element_codes", "values")
-
-
-def _binade(field: int, sign: int) -> np.ndarray:
-    return (_MANTISSAS | np.uint32((sign << 31) | (field << 23))).view(np.float32)
 
 
 def _mismatches(x: np.ndarray, elem: str, rule: str) -> int:
@@ -63,7 +59,7 @@ def sweep_peaks() -> list:
             fmt = fpemu.get_format(elem)
             fields, mismatches = peak_fields(fmt), 0
             for field in fields:
-                mismatches += _mismatches(_binade(field, 0)[:, None], elem, name)
+                mismatches += _mismatches(binade(field, 0)[:, None], elem, name)
             rows.append({"sweep": "peaks", "rule": name, "element": elem, "binades": len(fields),
                          "inputs": len(fields) << 23, "mismatches": mismatches})
             print(rows[-1], flush=True)
@@ -84,7 +80,7 @@ def sweep_elements() -> list:
                 peak = np.uint32((top << 23) | 0x7FFFFF).view(np.float32)
                 for field in range(max(0, top - fmt.emax + fmt.emin - fmt.mantissa_bits - 3), top + 1):
                     for sign in (0, 1):
-                        x = _binade(field, sign)
+                        x = binade(field, sign)
                         blocks = np.stack([x, np.full_like(x, peak)], axis=1)
                         mismatches += _mismatches(blocks, elem, name)
                         inputs += x.size

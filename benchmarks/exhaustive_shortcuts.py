@@ -137,17 +137,24 @@ def edge_fields(fmt) -> list:
     return sorted({0, 1, 2, *range(low, high + 1), 200, 253, 254, 255})
 
 
+_MANTISSAS = np.arange(1 << 23, dtype=np.uint32)
+
+
+def binade(field: int, sign: int) -> np.ndarray:
+    """Every float32 of one exponent field and sign: all 2**23 mantissas, in order."""
+    return (_MANTISSAS | np.uint32((sign << 31) | (field << 23))).view(np.float32)
+
+
 def run_edges() -> dict:
     """Every float32 pattern of every edge binade (both signs, all 2**23 mantissas) of each case."""
     rows = []
-    mantissas = np.arange(1 << 23, dtype=np.uint32)
     for case in cases():
         _, name, rounding, overflow, subnormals = case
         fmt = fpemu.get_format(name)
         mismatches, examples, inputs = 0, [], 0
         for field in edge_fields(fmt):
             for sign in (0, 1):
-                x = (mantissas | np.uint32((sign << 31) | (field << 23))).view(np.float32)
+                x = binade(field, sign)
                 count, found = _mismatches(case, x)
                 mismatches += count
                 examples = (examples + found)[:5]

@@ -422,7 +422,7 @@ def _block_peak(blocks: np.ndarray) -> np.ndarray:
     """
     if KERNELS is not None and blocks.dtype == _F32 and blocks.flags.c_contiguous and blocks.size:
         peak = np.empty(blocks.shape[:-1], np.uint32)
-        KERNELS.fpemu_block_peak(blocks.reshape(-1).view(np.uint32), peak.size, blocks.shape[-1], peak.reshape(-1))
+        KERNELS.fpemu_block_peak(blocks.reshape(-1), peak.size, blocks.shape[-1], peak.reshape(-1))
         return peak
     magnitude = _magnitude_bits(blocks)
     width = magnitude.shape[-1]

@@ -175,6 +175,17 @@ static inline int32_t e8m0_code(int rule, uint32_t peak, int m, int emax, float 
     return unbiased < -127 ? 0 : unbiased + 127;  /* (no amax near 2**127 comes here: no upper clamp) */
 }
 
+/* The integer max of a block's magnitude bits (x's bits with the sign cleared: they order as the
+ * magnitudes, NaN above inf). */
+static inline uint32_t block_peak(const float *restrict xb, long width) {
+    uint32_t peak = 0;
+    for (long j = 0; j < width; j++) {
+        const uint32_t magnitude = bits_of(xb[j]) & 0x7FFFFFFFu;
+        peak = magnitude > peak ? magnitude : peak;
+    }
+    return peak;
+}
+
 /* One MX block (quantize.py _compiled_blocks): its peak (the integer max of the magnitude bits), the rule's
  * scale code, its value 2**(code - 127) and element_block; 0 (nothing written) for a block the element pass
  * does not take: a peak that is not a normal below peak_bound (quantize.py's _peak_bound: NaN, inf, float32
@@ -183,11 +194,7 @@ static inline int32_t e8m0_code(int rule, uint32_t peak, int m, int emax, float 
 static inline int mx_block(const float *restrict xb, long width, int rule, const element_format *e, int bias,
                            int emax, uint32_t peak_bound, float max_reciprocal, uint8_t *restrict scale_code,
                            float *restrict scale, float *restrict vb, uint8_t *restrict cb) {
-    uint32_t peak = 0;
-    for (long j = 0; j < width; j++) {
-        const uint32_t magnitude = bits_of(xb[j]) & 0x7FFFFFFFu;
-        peak = magnitude > peak ? magnitude : peak;
-    }
+    const uint32_t peak = block_peak(xb, width);
     const int32_t code = !(peak >= 0x00800000u && peak < peak_bound) ? 0
                          : rule == EXPONENT_GIVEN ? *scale_code
                          : e8m0_code(rule, peak, e->m, emax, e->max_finite, max_reciprocal);
@@ -230,18 +237,10 @@ long fpemu_mx_blocks(const float *restrict x, long blocks, long width, int rule,
     return slow;
 }
 
-/* The integer max of each block's magnitude bits (x's bits with the sign cleared: they order as the
- * magnitudes, NaN above inf), blocks of `width` float32 values. */
+/* block_peak of each block of `width` float32 values. */
 FPEMU_CLONES
-void fpemu_block_peak(const uint32_t *restrict x, long blocks, long width, uint32_t *restrict peak) {
-    for (long b = 0; b < blocks; b++) {
-        uint32_t greatest = 0;
-        for (long j = b * width; j < (b + 1) * width; j++) {
-            const uint32_t magnitude = x[j] & 0x7FFFFFFFu;
-            greatest = magnitude > greatest ? magnitude : greatest;
-        }
-        peak[b] = greatest;
-    }
+void fpemu_block_peak(const float *restrict x, long blocks, long width, uint32_t *restrict peak) {
+    for (long b = 0; b < blocks; b++) peak[b] = block_peak(x + b * width, width);
 }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ckernels",

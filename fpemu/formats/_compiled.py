@@ -46,7 +46,7 @@ def library(path: str) -> ctypes.CDLL:
                                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint16,
                                         ctypes.c_uint16, ctypes.c_uint8, ctypes.c_float, octets, floats, floats, octets,
                                         indices]
-    library.fpemu_block_peak.argtypes = [words, ctypes.c_long, ctypes.c_long, words]
+    library.fpemu_block_peak.argtypes = [floats, ctypes.c_long, ctypes.c_long, words]
     library.fpemu_e8m0.argtypes = [words, words, ctypes.c_long, ctypes.c_int]
     for function in (library.fpemu_nearest_even, library.fpemu_leading_bits, library.fpemu_mx_elements,
                      library.fpemu_block_peak, library.fpemu_e8m0):
