@@ -11,10 +11,13 @@ import sys
 
 # CPU features that decide which kernels XLA, oneDNN and torch compile to (FMA contraction, f16 and
 # bf16 arithmetic, vector width).
-NUMERIC_CPU_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                        "avx512fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimd", "asimdhp", "sve")
+# (Linux's names: avx512_fp16, not avx512fp16, which no /proc/cpuinfo lists.)
+NUMERIC_CPU_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16",
+                        "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimd", "asimdhp", "sve")
 # Environment variables that change what the frameworks compute.
-NUMERIC_FLAGS = ("XLA_FLAGS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "TF_ENABLE_ONEDNN_OPTS",
+# ONEDNN_MAX_CPU_ISA picks XLA's (and torch's) oneDNN kernels, ATEN_CPU_CAPABILITY torch's, NPY_DISABLE_CPU_FEATURES numpy's.
+NUMERIC_FLAGS = ("XLA_FLAGS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "NPY_DISABLE_CPU_FEATURES",
+                 "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION", "TF_ENABLE_ONEDNN_OPTS",
                  "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG",
                  "KERAS_BACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
 

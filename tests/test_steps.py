@@ -240,7 +240,7 @@ def test_xla_step_per_shape_class(mode, compute, shape_class, other_mode_compile
 def _found_2x4x4(w_rows, scale_exp, x):
     """The hypothesis finds of 2x4x4 bf16 (dot products that overflow alone but not fused)."""
     w = np.zeros((4, 4))
-    w[:len(w_rows)] = w_rows
+    w[:len(w_rows), :len(w_rows[0])] = w_rows
     return dict(params={"w": finite_f32(w * 2.0 ** scale_exp), "b": np.zeros(4, np.float32)},
                 x=np.array(x, np.float32), y=np.zeros((2, 4), np.float32), loss_scale=1.0, good_steps=0, lr=1.0,
                 growth_interval=1)
@@ -253,6 +253,12 @@ FOUND_CASES = [
     # four products of +-2^128 each: inf + -inf in the unfused order is NaN (fused: inf).
     ("jax_cpu_strict", "bf16", _found_2x4x4(np.ones((4, 4)), 116, [[4096.0, -4096.0, -4096.0, -4096.0],
                                                                     [-4096.0] * 4])),
+] + [
+    # x[0] @ w[:, 0] = (1 + 2^-11) + 2^-24 + 0 + 2^-24, an f16 tie broken by the last term: AVX2's
+    # paired sgemm sums 2^-24 + 2^-24 apart and rounds up to 1 + 2^-10, AVX-512's one chain loses
+    # both 2^-24 and ties to 1 (f16 products never overflow, so the edge cases could not tell them apart).
+    (mode, "fp16", _found_2x4x4([[1.5], [2.0 ** -12], [0], [2.0 ** -12]], 0,
+                                [[683 / 1024, 2.0 ** -12, 1, 2.0 ** -12], [0, 0, 0, 0]])) for mode in XLA_MODES
 ]
 
 
@@ -260,6 +266,31 @@ FOUND_CASES = [
 @pytest.mark.parametrize("mode,compute,case", FOUND_CASES)
 def test_xla_found_cases(mode, compute, case):
     check_with_jax([case], mode, compute)
+
+
+@pytest.mark.parametrize("mode", XLA_MODES)
+def test_avx512_sgemm_accumulates_the_found_cases_in_one_fma_chain(mode):
+    """oneDNN's AVX-512 sgemm has no paired order: the first found case's x @ w is one FMA chain
+    (4 * 1.5 * 2^125 then + 4 * -2^126: -2^126, finite), so its gradients are finite where AVX2's are not."""
+    case = FOUND_CASES[0][2]
+    paired = mixed_precision_step(**case, mode=mode, compute="bf16")
+    chained = mixed_precision_step(**case, mode=f"{mode}_avx512", compute="bf16")
+    assert not bool(paired["grads_finite"]) and bool(chained["grads_finite"])
+    fp16_case = FOUND_CASES[-1][2]
+    losses = [mixed_precision_step(**fp16_case, mode=name, compute="fp16")["loss"] for name in (mode, f"{mode}_avx512")]
+    assert losses[0] != losses[1]  # fp16's dots are float32 dots too: the tie breaks on AVX2 only
+
+
+@needs_jax
+def test_xla_cpu_tier_follows_onednn_cap():
+    """The tier is read from what XLA computes: ONEDNN_MAX_CPU_ISA=AVX2 gives the AVX2 tier on any x86 CPU."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", "from fpemu.adapters.jax_step import xla_cpu_tier; print(xla_cpu_tier())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["avx2"]
 
 
 # x = w = 1 + 2^-10, b = 2^-11: x * w = 1 + 2^-9 + 2^-20 rounds to 1 + 2^-9 in f16, and adding b
@@ -285,10 +316,9 @@ def test_fp16_bias_add_with_d1_is_one_fma_on_avx512fp16(mode):
 @pytest.mark.parametrize("mode", XLA_MODES)
 def test_xla_fp16_bias_add_with_d1(mode):
     """The live check of the case above: jax.jit rounds once where this CPU has AVX512-FP16."""
-    from fpemu._host import cpu_flags
-    from fpemu.adapters.jax_step import run_jax_steps
+    from fpemu.adapters.jax_step import run_jax_steps, xla_cpu_tier
     [real] = run_jax_steps([FP16_D1_CASE], mode=mode, compute="fp16")
-    fma = "avx512fp16" in cpu_flags()
+    fma = xla_cpu_tier() == "avx512fp16"
     assert real["loss"] == np.float32((1 + 3 * 2.0 ** -10) ** 2 if fma else (1 + 2.0 ** -9) ** 2)
     check_with_jax([FP16_D1_CASE], mode, "fp16")
 

@@ -278,6 +278,9 @@ def _xla_cpu_dot(k: Kernel, a: np.ndarray, b: np.ndarray, role: str) -> np.ndarr
     probing each dot of the step alone (``lax.dot_general`` with the optimized HLO's shapes) with
     overflowing, underflowing and signed-zero products (docs/steps.md).
 
+    The rules are those of oneDNN's AVX2 sgemm; on its AVX-512 kernel (``StepSemantics.avx512_sgemm``)
+    the matrix-matrix dots that :func:`_paired` takes are plain ``fma0`` chains.
+
     forward x (B, D) @ w (D, K): D == 1 multiply; B == 1: ``fmap0``, the two-output GEMV when
     K == 2 and D >= 3, ``fma0`` when K == 1 too (a reduce); K == 1: ``fma0`` then ``+ 0`` (the
     GEMV's empty vector tile is added to its scalar tail); D == 4 with 4 rows or columns:
@@ -301,7 +304,7 @@ def _xla_cpu_dot(k: Kernel, a: np.ndarray, b: np.ndarray, role: str) -> np.ndarr
         if rows * cols == 2 and inner >= 3:
             return _two_output_gemv(k, a, b, axis=1 if rows == 1 else 0)
         return _chain(k, a, b, "fmap0")
-    if inner == 4 and max(rows, cols) == 4 and min(rows, cols) >= 2:
+    if not k.semantics.avx512_sgemm and inner == 4 and max(rows, cols) == 4 and min(rows, cols) >= 2:
         return _paired(k, a, b, "fma0" if hlo_rows >= 3 else "add0")
     return _chain(k, a, b, "fma0")
 

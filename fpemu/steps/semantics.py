@@ -40,6 +40,13 @@ class StepSemantics:
         In the step that is the fp16 prediction ``x * w + b`` with D == 1, where XLA turns the
         dot into a multiply fused with the bias add: rounded once, not twice.  fp8 rounds the
         product to fp8 before the add and bf16 ops are float32 ops, so only fp16 changes.
+        ``--xla_cpu_max_isa`` below AVX512_FP16 turns it off.
+      avx512_sgemm: XLA:CPU computes every low-precision dot as a float32 dot of the upcast
+        operands, run by Eigen's contraction, which calls oneDNN's sgemm; oneDNN picks its kernel
+        from the CPU at run time (``ONEDNN_MAX_CPU_ISA`` caps it; ``--xla_cpu_max_isa`` does not).
+        The AVX2 kernel (False) pairs even and odd terms for a contraction of 4 with 4 rows or
+        columns (``dot="xla_cpu"``); the AVX-512 kernel (True) accumulates every matrix-matrix dot
+        as one FMA chain from +0.  Matrix-vector dots are Eigen's own GEMV: the same on both.
       flush_subnormals: every float32 op runs with x86 FTZ + DAZ (XLA:CPU sets MXCSR):
         subnormal operands read as signed zero and results tiny after rounding become
         signed zero.  Casts to the compute format are not affected.
@@ -83,6 +90,7 @@ class StepSemantics:
     excess_precision: bool = False
     fp8_ops_in_fp16: bool = False
     fp16_fma: bool = False
+    avx512_sgemm: bool = False
     flush_subnormals: bool = False
     fma: bool = False
     dot: str = "sequential"
@@ -117,17 +125,29 @@ class StepSemantics:
 _XLA = dict(fp8_ops_in_fp16=True, flush_subnormals=True, fma=True, dot="xla_cpu", reduce="xla_cpu", mean_by_reciprocal=True,
             folded_cotangent=True, bias_grad_rounds_partials=True)
 
+# XLA:CPU's CPU tiers (docs/steps.md): the preset suffix, and what that tier computes differently.
+XLA_CPU_TIERS = {
+    "avx2": ("", {}),                                                  # oneDNN's AVX2 sgemm
+    "avx512": ("_avx512", {"avx512_sgemm": True}),                    # AVX-512 without AVX512-FP16
+    "avx512fp16": ("_avx512fp16", {"avx512_sgemm": True, "fp16_fma": True}),  # Sapphire Rapids and later
+}
+
+
+def _xla_presets() -> dict:
+    """jax.jit on XLA:CPU (jax 0.10, x86-64) on each CPU tier: with default flags (``jax_cpu``: bf16
+    adds kept in float32) and with XLA_FLAGS=--xla_allow_excess_precision=false (``jax_cpu_strict``,
+    the flags that give the seed's outputs)."""
+    presets = {}
+    for mode, excess in (("jax_cpu", True), ("jax_cpu_strict", False)):
+        for suffix, fields in XLA_CPU_TIERS.values():
+            presets[mode + suffix] = StepSemantics(mode + suffix, excess_precision=excess, **fields, **_XLA)
+    return presets
+
+
 SEMANTICS = {
     # The seed's text read literally: IEEE float32 ops in program order, every bf16 op rounded.
     "seed": StepSemantics("seed"),
-    # jax.jit on XLA:CPU with default flags (jax 0.10, x86-64): bf16 adds kept in float32.
-    "jax_cpu": StepSemantics("jax_cpu", excess_precision=True, **_XLA),
-    # XLA_FLAGS=--xla_allow_excess_precision=false: the flags that give the seed's outputs.
-    "jax_cpu_strict": StepSemantics("jax_cpu_strict", excess_precision=False, **_XLA),
-    # The same on a CPU with AVX512-FP16 (Sapphire Rapids and later): f16 multiply-adds fused.
-    "jax_cpu_avx512fp16": StepSemantics("jax_cpu_avx512fp16", excess_precision=True, fp16_fma=True, **_XLA),
-    "jax_cpu_strict_avx512fp16": StepSemantics("jax_cpu_strict_avx512fp16", excess_precision=False, fp16_fma=True,
-                                               **_XLA),
+    **_xla_presets(),
     # torch eager on the CPU (torch 2.13): no FTZ, no FMA, ATen's sum order.
     "torch_cpu": StepSemantics("torch_cpu", dot="torch_cpu", reduce="torch_cpu"),
     # torch's optimizer-side unscale: GradScaler multiplies by float32(1/S).
