@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks._common import REPORTS, markdown_table
 from benchmarks.bench_blocks import _same as _same_bits
-from benchmarks.fp8_recipes_report import EDGE_AMAXES, GENERATED, _code_differences, _mismatches, _show
+from benchmarks.fp8_recipes_report import EDGE_AMAXES, GENERATED, MODELS_VERSIONS, _code_differences, _mismatches, _show
 from fpemu.adapters import (BLOCKS, RECIPE, adapters_of_kind, driven_rules, get_adapter, record_recipe,
                             unavailable_reason)
 from fpemu.blocks import APPLICATIONS, EXPONENTS, NAN_ELEMENTS, SCALE_RULES, block_quantize
@@ -35,7 +35,7 @@ from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.fileio import atomic_write
 from fpemu.formats import encode
 from fpemu.formats.rounding import codes_of_values, quantize
-from fpemu.harness.run import adapter_versions, package_versions
+from fpemu.harness.run import adapter_versions
 from fpemu.scalers import fp8_recipes as rec
 
 PAGES_DIR = REPORTS / "recipes"
@@ -106,7 +106,7 @@ def _not_run_text(adapter: str) -> str:
 
 
 def _versions(page: Page, skipped: dict) -> dict:
-    versions = {"fpemu's models": package_versions(["numpy", "ml_dtypes"])}
+    versions = {"fpemu's models": MODELS_VERSIONS}
     for name in real_adapters(page):
         versions[name] = _not_run_text(name) if name in skipped else adapter_versions(get_adapter(name))
     return versions

@@ -23,6 +23,9 @@ from fpemu.errors import FpemuInputError
 
 DEFAULT_SPECS = pathlib.Path("specs")
 DEFAULT_REPORTS = pathlib.Path("reports")
+# The main job writes beside the committed reports, not over them: on a machine without every framework its
+# skipped rows would replace what a full run measured.  `--reports reports` refreshes the committed ones.
+RUN_REPORTS = DEFAULT_REPORTS / "local"
 
 
 def _epilog() -> str:
@@ -732,7 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
                   _cmd_run)
     run.add_argument("--specs", type=pathlib.Path, default=DEFAULT_SPECS,
                      help="spec folder (default: specs/ of the current folder, i.e. run it from the checkout)")
-    run.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder (default: reports/)")
+    run.add_argument("--reports", type=pathlib.Path, default=RUN_REPORTS,
+                     help="output folder (default: reports/local/, which git ignores; --reports reports rewrites the "
+                          "committed reports, from a full install: rows that cannot run here would replace measured ones)")
     selection(run, impl_help + " (default: each spec's own)")
 
     simulate = command("simulate", "simulate a loss-scaler profile over your overflow steps: a per-step table",

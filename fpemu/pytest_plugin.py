@@ -87,7 +87,7 @@ def assert_trace_matches(request):
     """Compare a trace with its golden file (see the module docstring for the modes)."""
     from fpemu.compare import compare_traces
     from fpemu.scalers.replay import replayed_file_changed
-    from fpemu.traces import read_trace, trace_filename, write_trace
+    from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
     folder = _golden_dir(request.config)
     update = request.config.getoption("fpemu_update_golden")
     force_regen = request.config.getoption("--fpemu-force-regen")
@@ -97,13 +97,13 @@ def assert_trace_matches(request):
         obtained = _obtained_path(path)
         writable = trace.implementation == "reference" or recorded
         if update and writable:
-            write_trace(_golden_copy(trace), path)
+            write_golden_trace(_golden_copy(trace), path)
             obtained.unlink(missing_ok=True)
 
         def fail(problem):
             write_trace(trace, obtained)
             if force_regen and writable:
-                write_trace(_golden_copy(trace), path)
+                write_golden_trace(_golden_copy(trace), path)
                 pytest.fail(f"{problem}; --fpemu-force-regen rewrote {path}", pytrace=False)
             pytest.fail(f"{problem} (what this run got: {obtained})", pytrace=False)
 

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -21,7 +22,8 @@ def test_run_writes_reports(tmp_path, capsys):
     reports = tmp_path / "reports"
     assert main(["run", "--specs", str(specs), "--reports", str(reports), "--quiet", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert {v["status"] for v in result["verdicts"]} == {"match", "known divergence"}
+    megatron = importlib.util.find_spec("megatron") is not None  # megatron-core: a stage-2 extra
+    assert {v["status"] for v in result["verdicts"]} == {"match", "known divergence"} | (set() if megatron else {"skipped"})
     assert "| fp8_e4m3fn | 1-4-3 | 7 | fn | 448 |" in (reports / "formats.md").read_text()
     harness = (reports / "harness.md").read_text()
     assert "| [flax_vs_torch_timing](#flax_vs_torch_timing) | flax@cpu | known divergence | step 2, growth_counter" in harness

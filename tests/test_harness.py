@@ -611,3 +611,23 @@ def test_audit_reports_a_baseline_this_fpemu_refuses_and_audits_the_rest(capsys,
     assert code == 1
     assert "cannot run  timing_torch / torch@cpu" in out and "colour: unknown key" in out
     assert "1 recorded behaviours unchanged" in out
+
+
+def test_fpemu_golden_keeps_a_golden_whose_behaviour_is_unchanged(tmp_path, capsys):
+    """Versions, host and the spec's path as typed are provenance: `fpemu golden` over a golden made with
+    other releases leaves its bytes alone; a change of behaviour rewrites it."""
+    from fpemu.traces import Trace, read_trace, write_trace
+    spec = SPECS / "seed_example_1.toml"
+    assert main(["golden", str(spec), "--out", str(tmp_path), "--quiet"]) == 0
+    path = tmp_path / "seed_example_1.json"
+    made = read_trace(path)
+    older = {**made.metadata, "packages": {"numpy": "1.26.0", "ml_dtypes": "0.5.0"}, "fpemu_version": "0.0.9",
+             "spec": {**made.metadata["spec"], "path": "/elsewhere/specs/seed_example_1.toml"}}
+    write_trace(Trace(older, made.steps, made.summary), path)
+    before = path.read_bytes()
+    assert main(["golden", str(spec), "--out", str(tmp_path), "--quiet"]) == 0
+    assert path.read_bytes() == before
+    changed = [{**made.steps[0], "growth_counter": made.steps[0]["growth_counter"] + 1}, *made.steps[1:]]
+    write_trace(Trace(older, tuple(changed), made.summary), path)
+    assert main(["golden", str(spec), "--out", str(tmp_path), "--quiet"]) == 0
+    assert read_trace(path).steps == made.steps and read_trace(path).metadata == made.metadata

@@ -35,7 +35,7 @@ from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, group_members, pre
 from fpemu.ranks.model import DP
 from fpemu.scalers.profiles import get_profile
 from fpemu.specs import Implementation, RanksScenario, load_specs
-from fpemu.traces import Trace, trace_filename, write_trace
+from fpemu.traces import Trace, trace_filename, write_golden_trace, write_trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +268,7 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
             drift, seconds = _drift(case, result), result.seconds
             verdict = _judge(name, impl, declared, prediction, result, reference, observed, drift, case)
         for rank, trace in enumerate(reference):
-            written.append(write_trace(trace, golden_dir / trace_filename(f"{name}.rank{rank}", REFERENCE)))
+            written.append(write_golden_trace(trace, golden_dir / trace_filename(f"{name}.rank{rank}", REFERENCE)))
         for rank, trace in enumerate(observed):
             written.append(write_trace(trace, observed_dir / trace_filename(f"{name}.rank{rank}",
                                                                               verdict.implementation)))

@@ -210,6 +210,43 @@ def write_trace(trace: Trace, path) -> pathlib.Path:
     return atomic_write(path, dumps(trace))
 
 
+# What computed a trace, not what it computed: fpemu's and the packages' versions, the host of a
+# recorded run and the spec's path as typed.  Comparisons never read them (a diff names a package
+# only to explain a divergence), so a golden regenerated where only they differ is the same golden.
+PROVENANCE = ("fpemu_version", "packages", "host")
+
+
+def behaviour(trace: Trace) -> str:
+    """The canonical JSON of ``trace`` without its provenance (:data:`PROVENANCE`, ``spec.path``)."""
+    metadata = {key: value for key, value in trace.metadata.items() if key not in PROVENANCE}
+    if isinstance(metadata.get("spec"), dict):
+        metadata["spec"] = {key: value for key, value in metadata["spec"].items() if key != "path"}
+    return _canonical({"metadata": metadata, "steps": list(trace.steps), "summary": trace.summary})
+
+
+def write_golden_trace(trace: Trace, path) -> pathlib.Path:
+    """:func:`write_trace`, except that a valid trace at ``path`` with the same :func:`behaviour` is left
+    as it is: a golden changes only when behaviour does, not with a newer numpy or another host.
+
+    Example:
+      >>> import pathlib, tempfile
+      >>> golden = Trace({"spec": {"name": "s", "path": "specs/s.toml", "sha256": "0", "text": ""},
+      ...                 "implementation": "reference", "packages": {"numpy": "2.4.6"}}, ({"step": 0},), {})
+      >>> path = write_golden_trace(golden, pathlib.Path(tempfile.mkdtemp()) / "s.json")
+      >>> newer = Trace({**golden.metadata, "packages": {"numpy": "2.5.0"}}, golden.steps, golden.summary)
+      >>> before = path.read_bytes(); _ = write_golden_trace(newer, path); path.read_bytes() == before
+      True
+    """
+    path = pathlib.Path(path)
+    if path.exists():
+        try:
+            if behaviour(read_trace(path)) == behaviour(trace):
+                return path
+        except TraceError:  # unreadable or tampered with: replace it
+            pass
+    return write_trace(trace, path)
+
+
 def loads(text: str, path: str = "<string>") -> Trace:
     try:
         body = json.loads(text)
