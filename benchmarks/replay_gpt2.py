@@ -5,7 +5,7 @@ Writes reports/replay_gpt2.md and .json.  Run: python -m benchmarks.replay_gpt2 
 
 The base run starts at a scale that overflows fp16 (so the scaler backs off) and grows every
 ``growth_interval`` good steps.  Each change is replayed from the base run's trace
-(fpemu.scalers.replay) and rerun for real from the same initial weights and batches; the replay
+(fpemu.traces.replay) and rerun for real from the same initial weights and batches; the replay
 under the base run's own parameters must reproduce the base run bit for bit.  Every run records a
 float32 shadow pass every SHADOW_EVERY steps: the replay recounts true underflow from the base run's
 and is compared with each rerun's own.
@@ -79,7 +79,7 @@ def _shadow_rows(label, replayed, real) -> list:
 
 def main(argv=None) -> dict:
     import gpt2_loop
-    from fpemu.scalers.replay import replay
+    from fpemu.traces.replay import replay
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ from fpemu.recorders import JaxRecorder, record_jax, record_torch
 from fpemu.audits import (AuditResult, Finding, JaxStep, LoopAccounting, LossScaleAdvice, advise_loss_scale,
                           audit_jax_loop, audit_torch)
 
-__version__ = "0.1.0"
+from fpemu.version import __version__
 
 __all__ = [
     # number formats

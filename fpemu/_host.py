@@ -5,6 +5,7 @@ Only traces of real implementations carry this; reference traces carry nothing o
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -30,6 +31,17 @@ def cpu_flags() -> frozenset:
     except OSError:
         return frozenset()
     return frozenset(line.partition(":")[2].split())
+
+
+def installed_versions(packages) -> dict:
+    """Each package's version as installed in this process's environment ("not installed" where absent)."""
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
 
 
 def host_provenance() -> dict:

@@ -667,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fpemu", description="Bit-exact emulation of number formats and loss "
                                      "scaling, and a differential harness against real implementations.",
                                      epilog=epilog, formatter_class=_Formatter)
-    from fpemu import __version__
+    from fpemu.version import __version__
     parser.add_argument("--version", action="version", version=f"fpemu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

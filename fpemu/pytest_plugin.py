@@ -86,7 +86,7 @@ def _obtained_path(golden: pathlib.Path) -> pathlib.Path:
 def assert_trace_matches(request):
     """Compare a trace with its golden file (see the module docstring for the modes)."""
     from fpemu.compare import compare_traces
-    from fpemu.scalers.replay import replayed_file_changed
+    from fpemu.traces.replay import replayed_file_changed
     from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
     folder = _golden_dir(request.config)
     update = request.config.getoption("fpemu_update_golden")

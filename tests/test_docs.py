@@ -15,7 +15,7 @@ import fpemu.formats.rounding
 import fpemu.formats.stats
 import fpemu.harness._blocks
 import fpemu.harness._fp8_training
-import fpemu.harness._trace_layout
+import fpemu.traces.layout
 import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
 import fpemu.specs.recipes
@@ -37,7 +37,7 @@ def test_guide_examples(guide):
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
-                                    fpemu.harness._trace_layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
+                                    fpemu.traces.layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
                                     fpemu.compare.diff])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -1,4 +1,4 @@
-"""Replay (fpemu.scalers.replay and the spec source `recorded`) of a tiny real GPT-2 run recorded with
+"""Replay (fpemu.traces.replay and the spec source `recorded`) of a tiny real GPT-2 run recorded with
 fpemu.record_torch: under the run's own scaler it reproduces the recorded trajectory bit for bit (through
 `fpemu golden` and `fpemu compare` too); under other parameters it is exact while it stays on the recorded
 trajectory, as a real rerun shows; bad specs name the key."""
@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from fpemu.cli import main  # noqa: E402
 from fpemu.compare import compare_traces, trace_changes  # noqa: E402
 from fpemu.compare.diff import likely_cause  # noqa: E402
-from fpemu.scalers.replay import replay  # noqa: E402
+from fpemu.traces.replay import replay  # noqa: E402
 from fpemu.specs import load_spec  # noqa: E402
 from fpemu.specs.loader import SpecError  # noqa: E402
 from fpemu.traces import Trace, read_trace  # noqa: E402

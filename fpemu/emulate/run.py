@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+from fpemu._host import installed_versions
 from fpemu.emulate.trace import emulation_trace
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write
@@ -54,11 +55,10 @@ def _torch_file(module, text, path, *, policy, steps, profile, params, seed, sem
     from fpemu.emulate._model_file import build_model
     from fpemu.emulate._torch_loop import run_steps
     from fpemu.emulate._torch_mode import op_table
-    from fpemu.harness.run import package_versions
     model, optimizer = build_model(module, path, seed)
     records, telemetry = run_steps(module.step, model, optimizer, steps=steps, policy=policy, profile=profile,
                                    params=params, where=str(path))
-    packages = {**package_versions(["numpy", "ml_dtypes"]), "torch": torch.__version__}
+    packages = {**installed_versions(["numpy", "ml_dtypes"]), "torch": torch.__version__}
     return emulation_trace(records, profile=profile, params=params, model_name=path.stem, model_text=text,
                            policy=policy.describe(), op_table=op_table(policy), packages=packages,
                            run_telemetry=telemetry)
@@ -67,7 +67,6 @@ def _torch_file(module, text, path, *, policy, steps, profile, params, seed, sem
 def _jax_file(module, text, path, *, policy, steps, profile, params, seed, semantics) -> Trace:
     from fpemu.emulate._jax_interpreter import primitive_table
     from fpemu.emulate._jax_loop import run_jax_steps
-    from fpemu.harness.run import package_versions
     from fpemu.steps.semantics import DEFAULT_SEMANTICS
     semantics = semantics or DEFAULT_SEMANTICS
     try:
@@ -76,7 +75,7 @@ def _jax_file(module, text, path, *, policy, steps, profile, params, seed, seman
         raise FpemuInputError(f"{path}: build({seed}) raised {type(error).__name__}: {error}") from error
     records, telemetry, _ = run_jax_steps(module.grads, module.update, state, steps=steps, policy=policy,
                                           semantics=semantics, profile=profile, params=params, where=str(path))
-    packages = package_versions(["numpy", "ml_dtypes", "jax", "jaxlib", "flax"])
+    packages = installed_versions(["numpy", "ml_dtypes", "jax", "jaxlib", "flax"])
     return emulation_trace(records, profile=profile, params=params, model_name=path.stem, model_text=text,
                            policy=policy.describe(), op_table=primitive_table(semantics), packages=packages,
                            run_telemetry=telemetry, implementation=JAX_IMPLEMENTATION)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-import fpemu
 from fpemu.emulate.telemetry import COUNTERS, TelemetrySummary
 from fpemu.scalers import get_profile, simulate_scaler
 from fpemu.traces import Trace
 from fpemu.traces.format import fields_recorded_by
+from fpemu.traces.layout import fp8_cast_fields, trace_steps, trace_summary
+from fpemu.version import __version__
 
 IMPLEMENTATION = "emulate_torch@cpu"
 
@@ -66,7 +67,6 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
     The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
     the run's scaler followed, so the trace reads like every other model trace.
     """
-    from fpemu.harness._trace_layout import fp8_cast_fields, trace_steps, trace_summary  # the one layout
     chosen = get_profile(profile)
     simulated = simulate_scaler([r.overflow for r in records], chosen.name, **params)
     columns = {"loss": [r.loss for r in records]}
@@ -78,7 +78,7 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
                    "module_underflow": module_underflow(r.telemetry),
                    "module_underflow_forward": module_underflow(r.telemetry, "forward")}
                   for step, r in zip(steps, records))
-    metadata = {"fpemu_version": fpemu.__version__,
+    metadata = {"fpemu_version": __version__,
                 "spec": {"name": model_name, "path": f"{model_name}.py",
                          "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
                 "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},

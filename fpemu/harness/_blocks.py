@@ -28,7 +28,7 @@ from fpemu.blocks import SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.formats import decode
 from fpemu.harness._fp8_training import codes_digest
-from fpemu.harness._trace_layout import REFERENCE, trace_metadata
+from fpemu.traces.layout import REFERENCE, trace_metadata
 from fpemu.traces import Trace, float_fields
 
 _CANONICAL_NAN = np.uint32(0x7FC00000)

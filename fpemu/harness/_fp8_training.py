@@ -14,7 +14,7 @@ import hashlib
 
 import numpy as np
 
-from fpemu.harness._trace_layout import REFERENCE, fp8_cast_fields, trace_metadata
+from fpemu.traces.layout import REFERENCE, fp8_cast_fields, trace_metadata
 from fpemu.specs.fp8_training import FP8_TRAINING_ADAPTER, MODELS, Fp8TrainingScenario
 from fpemu.traces import Trace
 

@@ -83,8 +83,7 @@ def environments_root() -> pathlib.Path:
 
 def _checkout_root() -> pathlib.Path:
     """The source tree of the fpemu this process imported (the folder holding pyproject.toml)."""
-    import fpemu
-    root = pathlib.Path(fpemu.__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]  # fpemu/harness/environments.py
     if not (root / "pyproject.toml").is_file():
         raise EnvironmentBuildError(f"fpemu at {root} is not a source checkout (no pyproject.toml): "
                                     "environments install and import fpemu from a checkout")

@@ -157,7 +157,7 @@ def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
     if golden.metadata["spec"]["sha256"] != scenario.sha256:
         raise FpemuInputError(f"{path}: golden trace was made from another version of {scenario.path} "
                               "(spec sha256 differs); regenerate it with `fpemu golden`")
-    from fpemu.scalers.replay import replayed_file_changed, replayed_metadata
+    from fpemu.traces.replay import replayed_file_changed, replayed_metadata
     problem = replayed_file_changed(golden.metadata, replayed_metadata(scenario), path)
     if problem:
         raise FpemuInputError(f"{problem}; regenerate it with `fpemu golden` to accept the file as it is now")

@@ -29,7 +29,7 @@ from fpemu.adapters._trace import observed_trace
 from fpemu.adapters.torch_ranks import unavailable  # imports no torch: a GPU count is asked for on cuda only
 from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
 from fpemu.harness.jobs import job_failure, matches, parse_implementation
-from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
+from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
 from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, group_members, predict
 from fpemu.ranks.model import DP

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import numpy as np
 
-from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
+from fpemu._host import installed_versions
+from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.adapters import get_adapter, record_scaler, step_function, unavailable_reason
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.profiles import get_profile
@@ -34,13 +33,7 @@ def package_versions(packages, environment=None) -> dict:
         from fpemu.harness.environments import environment_manifest
         installed = (environment_manifest(environment) or {}).get("packages", {})
         return {package: installed.get(package, "not installed") for package in packages}
-    versions = {}
-    for package in packages:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
+    return installed_versions(packages)
 
 
 def adapter_versions(adapter) -> dict:
@@ -57,7 +50,7 @@ def skip_reason(impl: Implementation):
 def scenario_flags(scenario: ScalerScenario):
     """The overflow flags of every step, and the model's per-step records when a model decides them."""
     if scenario.overflow.kind == "recorded":
-        from fpemu.scalers.replay import replay
+        from fpemu.traces.replay import replay
         from fpemu.traces import read_trace
         source = scenario.overflow
         replayed = replay(read_trace(source.trace), scenario.profile, compute=source.compute, steps=scenario.steps,

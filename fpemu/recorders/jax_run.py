@@ -22,6 +22,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
+from fpemu._host import installed_versions
 from fpemu._jax_states import scale_of, state_field
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
@@ -426,11 +427,10 @@ class JaxRecorder:
 
     def _metadata(self) -> dict:
         groups = self.group_by if isinstance(self.group_by, str) else getattr(self.group_by, "__name__", "custom")
-        from fpemu.harness.run import package_versions  # the harness imports traces: not at import time
         packages = _JAX_PACKAGES + _SCALER_PACKAGES[self.scaler]
         return recorded_metadata(
             framework="jax", name=self.name, device=self._device or "cpu", profile=self.scaler,
-            params=self.params, packages=package_versions(packages),
+            params=self.params, packages=installed_versions(packages),
             settings=RecorderSettings(groups=groups, shadow_every=self.shadow_every, compute_format=self.format.name))
 
 

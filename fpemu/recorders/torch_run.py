@@ -35,6 +35,7 @@ import math
 import pathlib
 from typing import Callable, Optional
 
+from fpemu._host import installed_versions
 from fpemu.audits.torch_loop import TorchLoopAudit, _torch
 from fpemu.formats import get_format
 from fpemu.traces import write_trace
@@ -397,7 +398,6 @@ class TorchRecorder:
 
     def _build_trace(self, clean: bool):
         from fpemu.adapters.torch_amp import _read_back
-        from fpemu.harness.run import package_versions
         scaler = self._scaler
         scaling = self.audit._scaling
         params = _read_back(scaler) if scaling else {}
@@ -405,7 +405,7 @@ class TorchRecorder:
         settings = RecorderSettings(self._grouping, self._shadow_every, self._format(), self._statistics)
         metadata = recorded_metadata(
             framework="torch", name=self._name, device=device, profile="torch" if scaling else "none",
-            params=params, packages=package_versions(("torch", "numpy")), settings=settings)
+            params=params, packages=installed_versions(("torch", "numpy")), settings=settings)
         ranks = self.audit._ranks  # fpemu.audits.distributed.RankCheck on a multi-rank run, else None
         accounting = self.audit.accounting
         if ranks is not None:  # every rank's skips and final scale are gathered on a clean exit only

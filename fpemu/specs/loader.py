@@ -65,7 +65,7 @@ _SOURCE_KEYS = {
     "bursts": {"rate", "seed", "length"},
     "periodic": {"period", "offset", "length"},
     "model": {"model", "seed", "compute", "lr", "target_scale"},
-    "recorded": {"trace", "compute", "sha256"},  # a recorded run's gradients, replayed (fpemu.scalers.replay)
+    "recorded": {"trace", "compute", "sha256"},  # a recorded run's gradients, replayed (fpemu.traces.replay)
 }
 
 
@@ -170,7 +170,7 @@ def _overflow_source(check: _Checker, raw) -> OverflowSource:
 def _recorded_source(check: _Checker, raw) -> dict:
     """The trace file (relative to the spec's folder), its sha256 (checked against ``sha256`` where
     the spec pins one) and the replay's format (default: the run's)."""
-    from fpemu.scalers.replay import file_sha256, pinned_sha256_problem
+    from fpemu.traces.replay import file_sha256, pinned_sha256_problem
     from fpemu.traces import read_trace
     from fpemu.traces.recorded import recorded_steps, recorder_settings
     trace_path = pathlib.Path(check.path).parent / check.string(raw.get("trace"), "overflow.trace")

@@ -32,7 +32,7 @@ class OverflowSource:
         lr and target_scale: the model's learning rate and the size of its targets (and
         so of its gradients).
       trace: ``recorded``: the recorded run's trace file, whose gradients are replayed (see
-        fpemu.scalers.replay); compute is then the format the replay decides overflows in, and
+        fpemu.traces.replay); compute is then the format the replay decides overflows in, and
         sequence the run's own overflow verdicts.
       trace_sha256: ``recorded``: the sha256 of the trace file as loaded (traces made from the
         scenario record it, so a golden replayed from another version of the file is refused).

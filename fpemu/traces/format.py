@@ -100,7 +100,7 @@ FIELDS = {field.name: field for field in [
     TraceField("scale_inv", False, ("recipe",)),
     # fp8 training (fpemu.specs.fp8_training) and emulated fp8 (fpemu.emulate): per step, the name of every
     # fp8 cast in call order, its amaxes and scales (a list per cast: one per tensor, or one per row) and a
-    # digest of its fp8 codes (fpemu.harness._trace_layout.fp8_cast_fields writes them)
+    # digest of its fp8 codes (fpemu.traces.layout.fp8_cast_fields writes them)
     TraceField("fp8_casts", False, ("fp8_training", "emulated")),
     TraceField("tensor_amax", False, ("fp8_training", "emulated"), labels="fp8_casts"),
     TraceField("tensor_scale", False, ("fp8_training", "emulated"), labels="fp8_casts"),

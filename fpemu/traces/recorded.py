@@ -42,7 +42,7 @@ readable: it is optional).  From it, :meth:`ShadowHistogram.shares` counts what 
 gradients once, at any scale and into any format, makes zero or subnormal: exactly at power-of-two
 scales (every fpemu format's zero edge is a power of two and its normal edge a tie point, whose
 fractions the histogram resolves), within bounds at other scales.  A replay under another scale or
-format (:mod:`fpemu.scalers.replay`) recomputes the true underflow from it.
+format (:mod:`fpemu.traces.replay`) recomputes the true underflow from it.
 
 Every float is stored as a readable value and its ``float.hex()`` (the trace rule); the reader
 decodes the hex.  This module imports no framework: the torch and JAX recorders both build their
@@ -60,12 +60,12 @@ from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
-import fpemu
 from fpemu._host import host_provenance
 from fpemu.formats import get_format
 from fpemu.formats.rounding import round_to_format
 from fpemu.traces._binades import NONFINITE_CODE, ZERO_CODE, count_below, sparse_binades
 from fpemu.traces.format import Trace, TraceError, decode_value, float_fields
+from fpemu.version import __version__
 
 SOURCE = "recorded_run"
 FRAMEWORKS = ("torch", "jax")
@@ -469,7 +469,7 @@ def recorded_metadata(*, framework: str, name: str, device: str, profile: str, p
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     text = description or f"a {framework} training run recorded by fpemu.record_{framework}"
-    return {"fpemu_version": fpemu.__version__,
+    return {"fpemu_version": __version__,
             "spec": {"name": name, "path": "", "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text},
             "implementation": f"{framework}@{device}", "profile": profile, "params": dict(params),
             "packages": dict(packages), "device": device, "host": host_provenance(),

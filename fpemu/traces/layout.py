@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import fpemu
 from fpemu._host import host_provenance
-from fpemu.traces import float_fields
-from fpemu.traces.format import encode_float
+from fpemu.traces.format import encode_float, float_fields
+from fpemu.traces.replay import replayed_metadata
+from fpemu.version import __version__
 
 REFERENCE = "reference"
 
@@ -22,7 +22,7 @@ def trace_metadata(scenario, implementation: str, profile: str, params: dict,
                    versions: dict, device: str, **extra) -> dict:
     """The metadata every trace carries (see fpemu.traces.format) for a scenario (its ``name``, ``path``,
     ``sha256`` and ``text``) run by ``implementation`` (``REFERENCE``: no host provenance)."""
-    return {"fpemu_version": fpemu.__version__,
+    return {"fpemu_version": __version__,
             "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
             "implementation": implementation, "profile": profile, "params": params,
             "packages": versions, "device": device,
@@ -32,7 +32,6 @@ def trace_metadata(scenario, implementation: str, profile: str, params: dict,
 
 
 def _replayed(scenario) -> dict:
-    from fpemu.scalers.replay import replayed_metadata  # replay reads traces: not at import time
     return replayed_metadata(scenario)
 
 
