@@ -105,8 +105,8 @@ def write_plots(trace, out, stem: str) -> list:
     """``{stem}.heatmap.png`` (modules x steps backward underflow) and ``{stem}.scale.png``; [] without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:
         return []
-    from fpemu.reports.plots import _pyplot, _save
-    plt = _pyplot()
+    from fpemu.figures import pyplot, save_png
+    plt = pyplot()
     modules, matrix = module_matrix(trace)
     written = []
     if modules:
@@ -116,7 +116,7 @@ def write_plots(trace, out, stem: str) -> list:
         axis.set_xlabel("step")
         axis.set_title(f"{trace.spec_name}, {trace.metadata['policy']['name']}: backward underflow share by module")
         fig.colorbar(image, ax=axis)
-        written.append(_save(fig, out / f"{stem}.heatmap.png"))
+        written.append(save_png(fig, out / f"{stem}.heatmap.png"))
     fig, axis = plt.subplots(figsize=(8, 3))
     scales = [r["scale"] if isinstance(r["scale"], float) and r["scale"] > 0 and math.isfinite(r["scale"])
               else float("nan") for r in trace.steps]
@@ -128,5 +128,5 @@ def write_plots(trace, out, stem: str) -> list:
     axis.set_xlabel("step")
     axis.set_ylabel("loss scale")
     axis.set_title("scale trajectory (red: overflow, update skipped)")
-    written.append(_save(fig, out / f"{stem}.scale.png"))
+    written.append(save_png(fig, out / f"{stem}.scale.png"))
     return written

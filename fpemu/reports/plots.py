@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import math
-import pathlib
 
-from fpemu.fileio import atomic_write
-
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _save(fig, path) -> pathlib.Path:
-    buffer = io.BytesIO()
-    # A fixed date keeps the PNG bytes the same from run to run.
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
-    _pyplot().close(fig)
-    return atomic_write(path, buffer.getvalue(), "wb")
-
-
-def _log_scale(values):
-    return [v if v > 0 and math.isfinite(v) else float("nan") for v in values]
+from fpemu.figures import log_scale, pyplot, save_png
 
 
 def _divergence(value) -> tuple:
@@ -38,7 +17,7 @@ def _divergence(value) -> tuple:
 def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dict = None):
     """The figure of :func:`scale_trajectories` (not saved)."""
     diverges_at = {label: _divergence(at) for label, at in (diverges_at or {}).items()}
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.4))
     merged = {}
     for label, scales in series.items():
@@ -50,7 +29,7 @@ def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dic
         if labels[0] in diverges_at:
             step, field = diverges_at[labels[0]]
             label += f" (differs from step {step}" + (f", {field})" if field else ")")
-        line = ax.step(range(len(scales)), _log_scale(scales), where="post", label=label,
+        line = ax.step(range(len(scales)), log_scale(scales), where="post", label=label,
                        linewidth=3.0 if rank == 0 else 1.6, alpha=0.6 if rank == 0 else 0.95)[0]
         if labels[0] in diverges_at:
             markers.append((diverges_at[labels[0]], line.get_color()))
@@ -63,7 +42,7 @@ def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dic
     first = next(iter(series.values()))
     marks = [i for i, flag in enumerate(overflow) if flag and i < len(first)]
     if marks:
-        ax.scatter(marks, [_log_scale(first)[i] for i in marks], marker="x", color="red", zorder=5,
+        ax.scatter(marks, [log_scale(first)[i] for i in marks], marker="x", color="red", zorder=5,
                    label="overflow")
     ax.set_yscale("log", base=2)
     ax.set_xlabel("step")
@@ -85,12 +64,12 @@ def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: di
         step naming the field.  Other labels with identical trajectories share one line, labelled
         "a = b".
     """
-    return _save(draw_scale_trajectories(title, series, overflow, diverges_at), path)
+    return save_png(draw_scale_trajectories(title, series, overflow, diverges_at), path)
 
 
 def draw_shares_per_step(title: str, shares: dict):
     """The figure of :func:`shares_per_step` (not saved)."""
-    plt = _pyplot()
+    plt = pyplot()
     labels = list(shares)
     fig, axes = plt.subplots(len(labels), 1, figsize=(8, 1.3 + 1.05 * len(labels)), sharex=True, squeeze=False)
     colors = {"underflow": "tab:blue", "subnormal": "tab:orange", "overflow": "tab:red"}
@@ -120,12 +99,12 @@ def draw_shares_per_step(title: str, shares: dict):
 def shares_per_step(path, title: str, shares: dict) -> pathlib.Path:
     """Underflow / subnormal / overflow shares of the scaled gradients per step, one panel each with its
     own scale: no series is drawn over another, and a blip of 0.1% is as visible as a plateau of 60%."""
-    return _save(draw_shares_per_step(title, shares), path)
+    return save_png(draw_shares_per_step(title, shares), path)
 
 
 def draw_ulp_histogram(title: str, distances: dict):
     """The figure of :func:`ulp_histogram` (not saved)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.0))
     labels = list(distances)
     buckets = ["0", "1", "2-7", "8-255", ">=256"]
@@ -149,12 +128,12 @@ def draw_ulp_histogram(title: str, distances: dict):
 
 def ulp_histogram(path, title: str, distances: dict) -> pathlib.Path:
     """Histogram of ulp distances per output field (0 = bit-exact)."""
-    return _save(draw_ulp_histogram(title, distances), path)
+    return save_png(draw_ulp_histogram(title, distances), path)
 
 
 def draw_behaviour_grid(title: str, rows: list, columns: list, letters: list, changed: list):
     """The figure of :func:`behaviour_grid` (not saved)."""
-    plt = _pyplot()
+    plt = pyplot()
     palette = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(columns), 0.9 + 0.42 * len(rows)))
     for r, row in enumerate(letters):
@@ -181,4 +160,4 @@ def draw_behaviour_grid(title: str, rows: list, columns: list, letters: list, ch
 def behaviour_grid(path, title: str, rows: list, columns: list, letters: list, changed: list) -> pathlib.Path:
     """A row per spec and implementation, a column per version set: each cell coloured by its
     behaviour letter (grey: no trace), outlined where the behaviour changed from the column before."""
-    return _save(draw_behaviour_grid(title, rows, columns, letters, changed), path)
+    return save_png(draw_behaviour_grid(title, rows, columns, letters, changed), path)

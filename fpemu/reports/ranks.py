@@ -81,14 +81,14 @@ def _case_rows(outcomes) -> list:
 def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
     """One figure: a panel per spec and injection point at the largest world size, a line per rank
     (ranks with the same trajectory share a line), the model's trajectory dashed."""
-    from fpemu.reports.plots import _log_scale, _pyplot, _save
+    from fpemu.figures import log_scale, pyplot, save_png
     widest = {}
     for o in outcomes:
         if o.observed and o.case.world_size >= widest.get((o.scenario.name, o.case.inject), (0, None))[0]:
             widest[(o.scenario.name, o.case.inject)] = (o.case.world_size, o)
     names = list(dict.fromkeys(name for name, _ in widest))
     columns = [inject for inject in INJECTIONS if any(i == inject for _, i in widest)]
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(names), len(columns), figsize=(3.2 * len(columns), 2.1 * len(names)),
                              squeeze=False, sharex=True)
     for row, name in enumerate(names):
@@ -105,11 +105,11 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
                 lines.setdefault(tuple(float(v).hex() for v in trace.column("scale")), []).append(rank)
             for scales_hex, ranks in lines.items():
                 scales = [float.fromhex(v) for v in scales_hex]
-                ax.step(range(len(scales)), _log_scale(scales), where="post", linewidth=1.6,
+                ax.step(range(len(scales)), log_scale(scales), where="post", linewidth=1.6,
                         label=f"rank{'s' * (len(ranks) > 1)} {','.join(map(str, ranks))}")
             for rank, trace in enumerate(o.reference):
                 if rank == 0 or trace.column("scale") != o.reference[0].column("scale"):
-                    ax.step(range(len(trace.steps)), _log_scale(trace.column("scale")), where="post",
+                    ax.step(range(len(trace.steps)), log_scale(trace.column("scale")), where="post",
                             linestyle=":", color="black", linewidth=1.0)
             ax.set_title(f"{name.removeprefix('ranks_')}, {inject} ({_world(world, o.scenario.model_parallel)}): "
                          f"{o.verdict.status}", fontsize=7)
@@ -117,7 +117,7 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
             ax.tick_params(labelsize=6)
     fig.suptitle("Loss scale per rank (model: dotted)", fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 _NOTES = "\n".join(f"- {line}" for line in (
