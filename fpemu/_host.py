@@ -44,11 +44,24 @@ def installed_versions(packages) -> dict:
     return versions
 
 
+def torch_cpu_tiers() -> dict | None:
+    """The CPU kernel tiers of the imported torch (None where torch is not imported): ATen's capability
+    (ATEN_CPU_CAPABILITY caps it) and whether oneDNN computes bfloat16 (ONEDNN_MAX_CPU_ISA caps it),
+    which decide the bits of some ops (fpemu/emulate/_torch_kernels.py)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return {"aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_bf16": torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+
+
 def host_provenance() -> dict:
-    """The host facts a recorded trace keeps: platform, machine, Python, numeric CPU features and
-    the numerics-changing environment variables that are set."""
+    """The host facts a recorded trace keeps: platform, machine, Python, numeric CPU features, the
+    numerics-changing environment variables that are set and, where torch is imported, its CPU tiers."""
     flags = cpu_flags()
+    tiers = torch_cpu_tiers()
     return {"platform": platform.platform(), "machine": platform.machine(),
             "python": sys.version.split()[0],
             "cpu_features": sorted(f for f in NUMERIC_CPU_FEATURES if f in flags),
-            "flags": {name: os.environ[name] for name in NUMERIC_FLAGS if name in os.environ}}
+            "flags": {name: os.environ[name] for name in NUMERIC_FLAGS if name in os.environ},
+            **({"torch_cpu": tiers} if tiers is not None else {})}

@@ -62,6 +62,8 @@ MEASURED = {
     "aten::bilinear": "a composite of matrix products, which accumulate otherwise on the CPU",
     "aten::scaled_dot_product_attention": "a composite of matrix products and a softmax, each rounded",
     "aten::_native_multi_head_attention": "a composite of matrix products and a softmax, each rounded",
+    "aten::mkldnn_rnn_layer": "oneDNN's bf16 LSTM (run where oneDNN computes bf16: AVX512, AVX2-VNNI-2; torch has "
+                              "no bf16 CPU kernel elsewhere) rounds intermediate results (measured on AVX512_BF16)",
 }
 
 

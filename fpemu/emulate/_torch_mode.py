@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_accumulation import low_accumulated
+from fpemu.emulate._torch_kernels import run_as_low_kernel
 from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
 from fpemu.emulate.telemetry import ROOT, Telemetry
@@ -105,6 +106,7 @@ class _Runtime:
         # Only autocast's casts are autograd ops, so only there may a tensor's dtype differ from the
         # float32 autograd expects: the other placements keep float32 tensors holding the format's values.
         self.low = carrier(policy.compute) if policy.placement == "autocast" else torch.float32
+        self.kernel_dtype = carrier(policy.compute)  # the dtype whose CPU kernels the real run calls
         self.min_normal = {fmt.name: fmt.min_normal for fmt in (policy.compute, policy.backward_format)}
         self.names = ({id(m): (name or type(m).__name__) for name, m in model.named_modules()}
                       if model is not None else {})
@@ -265,7 +267,8 @@ class _Runtime:
         flag = _FLOAT_FLAGS.get(info.packet)
         if flag is not None and len(up_args) > flag and up_args[flag]:
             up_args = up_args[:flag] + (False,) + up_args[flag + 1:]
-        out = self._run(func, info, up_args, up_kwargs, direction)
+        out = run_as_low_kernel(lambda: self._run(func, info, up_args, up_kwargs, direction), info.packet,
+                                args, kwargs, self.kernel_dtype)
         results = _leaves(out, [])
         rounded = []
         for index, value in enumerate(results):

@@ -1,0 +1,91 @@
+"""The float32 op run as the CPU kernel torch picks for the emulated dtype, where the two differ.
+
+The emulation computes an op in float32 and rounds once.  For most ops torch's float16 / bfloat16
+CPU kernel does the same with the float32 kernel's code, so the emulation equals it bit for bit; a
+few ops pick another library by dtype:
+
+* ``gelu`` and ``gelu_backward`` (``approximate='none'``; on aarch64 also gelu's ``'tanh'``) call
+  oneDNN's eltwise gelu_erf for a contiguous input of more than one element that is float32, or
+  bfloat16 where oneDNN computes bf16 (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``: an x86 CPU
+  with AVX512 or AVX2-VNNI-2, as ``ONEDNN_MAX_CPU_ISA`` caps it); otherwise, float16 always, ATen's
+  own vectorized kernel (torch 2.13 aten/src/ATen/native/Activation.cpp, ``use_mkldnn``).  The two
+  evaluate erf differently: where ``1 + erf`` cancels (x < -3) they are ulps of the low format apart.
+  So the float32 op runs with oneDNN switched off where the real dtype's call would not use it.
+* oneDNN's bfloat16 store on a CPU with AVX512_BF16 converts with VCVTNEPS2BF16, which reads float32
+  subnormals as zero: its bf16 gelu is its float32 gelu with subnormal results flushed to signed zero
+  (on all 65536 bf16 inputs; with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` nothing is flushed).  Whether
+  the store flushes is measured once, on the running torch.
+
+Checked with torch 2.13.0+cpu (oneDNN 3.12) on an AMD EPYC with AVX512_BF16, under ATen's DEFAULT,
+AVX2 and AVX512 tiers (``ATEN_CPU_CAPABILITY``) and oneDNN capped at AVX2, AVX512_CORE and its
+default (tests/test_emulate_torch.py runs the AVX2 machine's tiers in a subprocess).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import platform
+
+import torch
+
+# op -> the position of the input whose dtype and layout torch's use_mkldnn reads
+_ONEDNN_GELU = {"aten::gelu": 0, "aten::gelu_": 0, "aten::gelu_backward": 1}
+_AARCH64 = platform.machine() in ("aarch64", "arm64")
+_BF16_MIN_NORMAL = 2.0 ** -126
+
+
+def _onednn_modes(packet: str) -> tuple:
+    """The approximate modes torch sends to oneDNN (its aarch64 build also gelu's tanh; read, not run)."""
+    return ("none", "tanh") if _AARCH64 and packet != "aten::gelu_backward" else ("none",)
+
+
+def _takes_onednn(packet: str, args, kwargs, dtype) -> bool | None:
+    """Whether torch's CPU call of the op on ``dtype`` tensors laid out as ``args`` runs oneDNN;
+    None for ops whose kernel does not depend on it."""
+    position = _ONEDNN_GELU.get(packet)
+    if position is None:
+        return None
+    if kwargs.get("approximate", "none") not in _onednn_modes(packet):
+        return False
+    tensor = args[position]
+    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+                and tensor.is_contiguous() and tensor.numel() > 1
+                and (dtype == torch.float32
+                     or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())))
+
+
+@contextlib.contextmanager
+def _without_onednn():
+    saved = torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.set_flags(_enabled=saved[0], _fp32_precision=None)
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_store_flushes() -> bool:
+    """Whether oneDNN's bf16 gelu flushes a subnormal result (of the min normal input) to zero."""
+    return bool(torch.nn.functional.gelu(torch.full((2,), _BF16_MIN_NORMAL, dtype=torch.bfloat16))[0] == 0)
+
+
+def _flush_subnormals(out) -> None:
+    """Subnormal float32 results to zero of their sign, in place (the tensors stay the op's own)."""
+    for tensor in out if isinstance(out, (tuple, list)) else (out,):
+        tensor.copy_(torch.where(tensor.abs() < _BF16_MIN_NORMAL, tensor * 0, tensor))
+
+
+def run_as_low_kernel(run, packet: str, args, kwargs, dtype):
+    """``run()`` (the op on float32 copies of ``args``) computed as torch's CPU kernel for ``dtype``
+    tensors laid out as ``args`` computes it before rounding (see the module docstring)."""
+    onednn = _takes_onednn(packet, args, kwargs, dtype)
+    if onednn is None:
+        return run()
+    if not onednn:
+        with _without_onednn():
+            return run()
+    out = run()
+    if dtype == torch.bfloat16 and _bf16_store_flushes():
+        _flush_subnormals(out)
+    return out
