@@ -162,6 +162,23 @@ def test_apex_stops_when_the_scale_halves_to_zero():
     assert fpemu.simulate_scaler([True] * 1100, "apex", init_scale=1.0, min_loss_scale=2.0**-3).stopped_at is None
 
 
+def test_apex_takes_an_infinite_max_loss_scale():
+    """apex.amp's LossScaler grows with min(max_loss_scale, scale * 2.) and checks nothing, so
+    max_loss_scale=inf is no cap: Python floats double to 2**1023, then to inf, and halving inf
+    stays inf. None is refused, as apex's min(None, init_scale) raises TypeError."""
+    up = fpemu.simulate_scaler([False] * 12, "apex", init_scale=2.0**22, scale_window=1, max_loss_scale=math.inf)
+    assert up.scales == [2.0**k for k in range(22, 34)] and up.final_scale == 2.0**34
+    to_inf = fpemu.simulate_scaler([False] * 3 + [True], "apex", init_scale=2.0**1022, scale_window=1,
+                                   max_loss_scale=math.inf)
+    assert to_inf.scales == [2.0**1022, 2.0**1023, math.inf, math.inf] and to_inf.final_scale == math.inf
+    assert to_inf.stopped_at is None
+    with pytest.raises(TypeError, match="profile 'apex': max_loss_scale must be a number or inf, got None"):
+        fpemu.simulate_scaler([False], "apex", max_loss_scale=None)
+    for bad in (math.nan, -math.inf):
+        with pytest.raises(ValueError, match="profile 'apex': max_loss_scale must be at least 0 or inf"):
+            fpemu.simulate_scaler([False], "apex", max_loss_scale=bad)
+
+
 @pytest.mark.parametrize("field,value,error,words", [
     ("growth_timing", "n", ValueError, "ScalerRules.growth_timing must be one of 'N', 'N\\+1'"),
     ("backoff", "halve", ValueError, "ScalerRules.backoff must be one of"),

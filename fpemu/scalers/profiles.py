@@ -85,7 +85,8 @@ _PARAM_KINDS = {
     **dict.fromkeys(("backoff_factor", "decr_ratio"), "backoff"),
     **dict.fromkeys(("growth_interval", "period", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
                      "decr_every_n_nan_or_inf", "delayed_shift", "hysteresis"), "interval"),
-    **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold", "max_loss_scale"), "bound"),
+    **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold"), "bound"),
+    "max_loss_scale": "cap",
     "tolerance": "share",
     "max_consecutive_errors": "count",
     **dict.fromkeys(("consecutive_hysteresis", "raise_error_at_min_scale"), "flag"),
@@ -107,6 +108,9 @@ def _check_param(profile: str, key: str, value) -> None:
         return
     if kind == "bound" and value is None:
         return
+    if kind == "cap":
+        _check_cap(where, value)
+        return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{where} must be a number, got {value!r}")
     if not math.isfinite(value):
@@ -119,6 +123,15 @@ def _check_param(profile: str, key: str, value) -> None:
         raise ValueError(f"{where} must be in (0, 1), got {value}")
     if kind in ("bound", "share") and value < 0:
         raise ValueError(f"{where} must be at least 0, got {value}")
+
+
+def _check_cap(where: str, value) -> None:
+    # apex (4d6ed50) computes min(max_loss_scale, ...) and checks nothing: inf is no cap, None makes
+    # min() raise TypeError, and a NaN or negative cap gives a NaN or negative scale.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a number or inf, got {value!r}")
+    if not value >= 0:  # refuses NaN and -inf, takes +inf
+        raise ValueError(f"{where} must be at least 0 or inf, got {value}")
 
 
 def _torch(p):
@@ -358,7 +371,8 @@ PROFILES = {profile.name: profile for profile in [
             "source-derived", dict(init_scale=2.0**16, scale_window=2000, min_loss_scale=None,
                                    max_loss_scale=2.0**24),
             _apex, "mul_recip_fp64", "scaled",
-            "Factor fixed at 2 (its argument is ignored); hard cap max_loss_scale = 2^24; floor only "
+            "Factor fixed at 2 (its argument is ignored); hard cap max_loss_scale = 2^24 (inf: no cap, the "
+            "scale can double to inf and stays there); floor only "
             "if min_loss_scale is set (a falsy 0 is none); Python floats, so the scale halves through "
             "the subnormal doubles to exactly 0.0, and the next unscale's 1./scale raises "
             "ZeroDivisionError (training stops)."),
