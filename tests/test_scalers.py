@@ -291,13 +291,42 @@ jmp_floors = st.sampled_from([None, 1.0, 0.3, 4.0, 2.0**-20, 0.0])
 
 @pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
 @settings(max_examples=profile_examples(8), deadline=None)
-@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals, floor=jmp_floors)
+@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]),
+       period=st.one_of(intervals, intervals.map(float)), floor=jmp_floors)
 def test_jmp_matches_profile(name, seq, init, factor, period, floor):
     _skip_unless(name)
     params = dict(loss_scale=init, factor=factor, period=period)
     if floor is not None:
         params["min_loss_scale"] = floor
     assert_same_trace(record_scaler(name, seq, **params), fpemu.simulate_scaler(seq, name, **params))
+
+
+@pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
+@pytest.mark.parametrize("params,seq", [
+    # jmp's own test_dynamic_loss_scale_explicit_min_loss_scale case (5., 2., 0.): 100 overflows from 10.
+    (dict(loss_scale=10.0, period=5.0, factor=2.0, min_loss_scale=0.0), [True] * 100),
+    (dict(loss_scale=10.0, period=5.0, factor=3), [False] * 12 + [True] + [False] * 11),
+    (dict(loss_scale=1.0, period=float(2**24), factor=2), [False] * 3),
+])
+def test_jmp_takes_a_float_period(name, params, seq):
+    """jmp (0.0.4) never checks period: a float makes its int32 counter a float32 one (counter ==
+    period - 1 compares in float32), which counts exactly as the int period does while the
+    counter stays an integer below 2**24."""
+    model = fpemu.simulate_scaler(seq, name, **params)
+    assert model.params["period"] == params["period"]
+    _skip_unless(name)
+    assert_same_trace(record_scaler(name, seq, **params), model)
+
+
+@pytest.mark.parametrize("period,words", [
+    (2.5, "period must be an int or a float with an integer value, got 2.5"),
+    (float(2**24 + 2), r"period must be at most 2\*\*24 as a float"),
+    (0.0, "period must be at least 1"),
+    (math.nan, "period must be an int or a float with an integer value"),
+])
+def test_jmp_refuses_periods_its_float32_counter_cannot_count(period, words):
+    with pytest.raises(ValueError, match=f"profile 'jmp': {words}"):
+        fpemu.simulate_scaler([False], "jmp", loss_scale=1.0, period=period)
 
 
 @pytest.mark.parametrize("name,params,expected", [

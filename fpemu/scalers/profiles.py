@@ -83,7 +83,8 @@ _PARAM_KINDS = {
     **dict.fromkeys(("init_scale", "loss_scale", "scale", "initial_scale", "init_loss_scaling"), "scale"),
     **dict.fromkeys(("growth_factor", "factor", "scale_factor", "incr_ratio"), "growth"),
     **dict.fromkeys(("backoff_factor", "decr_ratio"), "backoff"),
-    **dict.fromkeys(("growth_interval", "period", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
+    "period": "period",
+    **dict.fromkeys(("growth_interval", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
                      "decr_every_n_nan_or_inf", "delayed_shift", "hysteresis"), "interval"),
     **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold"), "bound"),
     "max_loss_scale": "cap",
@@ -101,12 +102,12 @@ def _check_param(profile: str, key: str, value) -> None:
             raise TypeError(f"{where} must be true or false, got {value!r}")
         return
     if kind in ("interval", "count"):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{where} must be an int, got {value!r}")
-        if value < (1 if kind == "interval" else 0):
-            raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
+        _check_param_count(where, value, kind)
         return
     if kind == "bound" and value is None:
+        return
+    if kind == "period":
+        _check_period(where, value)
         return
     if kind == "cap":
         _check_cap(where, value)
@@ -125,6 +126,13 @@ def _check_param(profile: str, key: str, value) -> None:
         raise ValueError(f"{where} must be at least 0, got {value}")
 
 
+def _check_param_count(where: str, value, kind: str) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where} must be an int, got {value!r}")
+    if value < (1 if kind == "interval" else 0):
+        raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
+
+
 def _check_cap(where: str, value) -> None:
     # apex (4d6ed50) computes min(max_loss_scale, ...) and checks nothing: inf is no cap, None makes
     # min() raise TypeError, and a NaN or negative cap gives a NaN or negative scale.
@@ -132,6 +140,28 @@ def _check_cap(where: str, value) -> None:
         raise TypeError(f"{where} must be a number or inf, got {value!r}")
     if not value >= 0:  # refuses NaN and -inf, takes +inf
         raise ValueError(f"{where} must be at least 0 or inf, got {value}")
+
+
+# jmp's counter is int32, or float32 once period is a float; it counts integers exactly up to 2**24.
+_FLOAT_PERIOD_MAX = 2**24
+
+
+def _check_period(where: str, value) -> None:
+    # jmp 0.0.4 never checks period (its tests pass 5.): counter == period - 1 and
+    # (counter + 1) % period run in float32 for a float period.  An integer-valued one up to 2**24
+    # counts as the int does; 2.5 would grow every 5th finite step with counters 0.5, 1.5, which
+    # the traces' integer growth counter cannot hold, and past 2**24 counter + 1 rounds.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be an int or a float with an integer value, got {value!r}")
+    if isinstance(value, (float, np.floating)):
+        if not (math.isfinite(value) and value == int(value)):
+            raise ValueError(f"{where} must be an int or a float with an integer value, got {value!r} "
+                             f"(jmp's float32 counter would count fractions)")
+        if value > _FLOAT_PERIOD_MAX:
+            raise ValueError(f"{where} must be at most 2**24 as a float (jmp's float32 counter + 1 "
+                             f"rounds past it), got {value!r}; pass an int")
+        value = int(value)
+    _check_param_count(where, value, "interval")
 
 
 def _torch(p):
@@ -147,14 +177,14 @@ def _torch_sharded(p):
 def _jmp(p):
     # Under jit the state is flattened and rebuilt: min_loss_scale is not among the pytree's
     # fields, so the traced adjust floors at the dataclass default, 1.0, whatever was passed.
-    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
+    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=int(p["period"]),
                        arithmetic="fp32", backoff="reciprocal", on_growth_overflow="keep",
                        floor=1.0, flush_subnormals=True,
                        flush_initial_scale=False)
 
 
 def _jmp_eager(p):
-    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
+    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=int(p["period"]),
                        arithmetic="fp32", backoff="divide", on_growth_overflow="keep",
                        floor=float(np.float32(p["min_loss_scale"])), flush_subnormals=True,
                        flush_initial_scale=False)
@@ -285,7 +315,9 @@ PROFILES = {profile.name: profile for profile in [
             "Grows on N, keeps the old scale if growth overflows; backoff divides by factor, which XLA "
             "rewrites to a multiply by float32(1/factor) under jit; min_loss_scale is not a pytree field, "
             "so under jit it is dropped and the floor is 1.0 whatever was passed (min_loss_scale=0.3 "
-            "gives 10, 5, 2.5, 1.25, 1, 1; see jmp_eager for the value honoured)."),
+            "gives 10, 5, 2.5, 1.25, 1, 1; see jmp_eager for the value honoured). period may be a float "
+            "with an integer value up to 2^24 (jmp's tests pass 5.): its counter is then float32 and counts "
+            "as the int does."),
     Profile("jmp_eager", "jmp.DynamicLossScale (adjust called eagerly, op by op)",
             "jmp 0.0.4: jmp/_src/loss_scale.py", "driven",
             dict(loss_scale=REQUIRED, period=2000, factor=2, min_loss_scale=1.0),
