@@ -10,7 +10,7 @@ from trace_checks import assert_same_trace, bits32
 
 import fpemu
 from fpemu.adapters import record_scaler, unavailable_reason
-from fpemu.scalers import ScalerRules, run_rules
+from fpemu.scalers import ScalerRules, ScalerState, run_rules
 
 
 # --- seed 000 -------------------------------------------------------------
@@ -150,6 +150,20 @@ def test_fairseq_raises_at_min_scale_even_when_tolerance_holds_the_backoff():
                                   tolerance=0.5, min_loss_scale=1.0)
     assert trace.stopped_at == 4 and trace.scales == [1.0] * 5 and trace.final_scale == 1.0
     assert trace.events == [(4, "raised: overflow with the scale at or below the minimum")]
+
+
+def test_fairseq_profile_models_the_release():
+    """fairseq v0.12.2's file (the same on main at 3d262bb) divides by the iterations since the last
+    rescale as they are: the 1000 that the unmerged 0d77035 puts in for a 0 is not the release's.
+    From init() the count is never 0; a state that has it divides by zero, as the release does.
+    min_loss_scale=None is refused: every overflow compares loss_scale <= None (TypeError)."""
+    source = fpemu.PROFILES["fairseq"].source
+    assert "v0.12.2" in source and "0d77035" not in source
+    rules = fpemu.PROFILES["fairseq"].rules(tolerance=0.25)
+    with pytest.raises(ZeroDivisionError):
+        rules.update(ScalerState(scale=4.0, iteration=7, last_rescale=7), True)
+    with pytest.raises(TypeError, match="profile 'fairseq': min_loss_scale must be a number"):
+        fpemu.simulate_scaler([True], "fairseq", min_loss_scale=None)
 
 
 def test_apex_stops_when_the_scale_halves_to_zero():

@@ -263,6 +263,9 @@ def _apex(p):
 
 
 def _fairseq(p):
+    if p["min_loss_scale"] is None:  # check_overflow compares loss_scale <= min_loss_scale on every overflow
+        raise TypeError("profile 'fairseq': min_loss_scale must be a number (fairseq compares the scale with it "
+                        "on every overflow: None raises TypeError), got None")
     return ScalerRules(p["init_scale"], p["scale_factor"], growth_interval=p["scale_window"],
                        growth_timing="window", arithmetic="python", backoff="divide",
                        on_growth_overflow="inf", floor=p["threshold"], stop_at=p["min_loss_scale"],
@@ -409,8 +412,8 @@ PROFILES = {profile.name: profile for profile in [
             "the subnormal doubles to exactly 0.0, and the next unscale's 1./scale raises "
             "ZeroDivisionError (training stops)."),
     Profile("fairseq", "fairseq.optim.dynamic_loss_scaler.DynamicLossScaler",
-            "facebookresearch/fairseq at 0d77035: fairseq/optim/dynamic_loss_scaler.py; "
-            "not installable here (the 0.12.2 sdist lacks a C++ source, import fails on Python 3.11)", "source-derived",
+            "fairseq v0.12.2 (the last release; main at 3d262bb has the same file): "
+            "fairseq/optim/dynamic_loss_scaler.py; not installable here (the 0.12.2 sdist lacks a C++ source, import fails on Python 3.11)", "source-derived",
             dict(init_scale=2.0**15, scale_factor=2.0, scale_window=2000, tolerance=0.0,
                  threshold=None, min_loss_scale=1e-4),
             _fairseq, "mul_recip_fp64", "grad_norm",
