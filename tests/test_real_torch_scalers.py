@@ -3,6 +3,7 @@ compared bit for bit with fpemu's profiles; DeepSpeed's engine checked for the f
 
 import importlib.util
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -125,11 +126,25 @@ def test_deepspeed_0_17_int_arithmetic_is_refused():
     compare(deepspeed_scaler.record_deepspeed_0_17, seq, {**params, "scale_factor": 3.0})
 
 
-def test_scaler_profile_by_version():
-    assert deepspeed_scaler.scaler_profile("0.19.8") == "deepspeed"
-    assert deepspeed_scaler.scaler_profile("0.17.1") == "deepspeed"
-    assert deepspeed_scaler.scaler_profile("0.17.0") == "deepspeed_0_17"
-    assert deepspeed_scaler.scaler_profile("0.16.9") == "deepspeed_0_17"
+def _source_build(env, commit, expected):
+    where = os.environ.get(env)
+    reason = (f"{env} names no DeepSpeed tree (git archive {commit} of deepspeedai/DeepSpeed, then DS_BUILD_OPS=0 "
+              f"pip install --no-deps --no-build-isolation --target DIR . and hjson einops ninja into DIR)")
+    return pytest.param(where, expected, id=env,
+                        marks=pytest.mark.skipif(not where or not os.path.isdir(where), reason=reason))
+
+
+@pytest.mark.parametrize("where,expected", [_source_build("FPEMU_DEEPSPEED_PRE_6976", "e440506be^", "deepspeed_0_17"),
+                                            _source_build("FPEMU_DEEPSPEED_AT_6976", "e440506be", "deepspeed")])
+def test_source_builds_of_0_17_1_get_the_profile_of_their_growth_rule(where, expected):
+    """version.txt said 0.17.1 before PR #6976 (e440506be) changed the growth rule: a source build of
+    its parent says 0.17.1 and grows as 0.17.0 does.  The profile is asked of the class, not the version."""
+    assert deepspeed_scaler.deepspeed_version(where).startswith("0.17.1")
+    assert deepspeed_scaler.scaler_profile(where) == expected
+    seq, params = [False] * 5 + [True] + [False] * 6, dict(init_scale=4.0, scale_window=2, delayed_shift=1)
+    real = deepspeed_scaler._record_loss_scaler(seq, params, "cpu", where, class_defaults=False)
+    assert real.profile == expected
+    assert_same_trace(real, fpemu.simulate_scaler(seq, expected, **params))
 
 
 @installed
@@ -258,7 +273,7 @@ def test_engine_unscales_with_the_scale_after_its_update(where, stage):
     zero0_scales_the_loss, _ = _facts(run)
     loss_scaled = zero0_scales_the_loss or stage > 0
     # ZeRO 1/2 use DynamicLossScaler; ZeRO-0 with a torch optimizer FP16_UnfusedOptimizer (FP16_Optimizer's rule).
-    profile = "deepspeed_fp16_optimizer" if stage == 0 else deepspeed_scaler.scaler_profile(run.version)
+    profile = "deepspeed_fp16_optimizer" if stage == 0 else deepspeed_scaler.scaler_profile(where)
     assert run.optimizer == ("FP16_UnfusedOptimizer" if stage == 0 else "DeepSpeedZeroOptimizer")
     params = dict(init_scale=16.0, scale_window=2)
     if stage:

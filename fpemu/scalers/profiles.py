@@ -347,12 +347,13 @@ PROFILES = {profile.name: profile for profile in [
             "max(scale / 2, 1). TensorFlow's CPU kernels flush subnormals: unscaled gradients (and a "
             "subnormal initial scale's first growth, which gives 0)."),
     Profile("deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config defaults)",
-            "DeepSpeed >= 0.17.1 (PR #6976), driven against 0.19.8: deepspeed/runtime/fp16/loss_scaler.py, "
-            "runtime/precision_config.py", "driven",
+            "DeepSpeed from PR #6976 (e440506be; every 0.17.1 release on), driven against 0.19.8 and a source "
+            "build of e440506be: deepspeed/runtime/fp16/loss_scaler.py, runtime/precision_config.py", "driven",
             dict(init_scale=2.0**16, scale_window=1000, min_scale=1,
                  delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
             _deepspeed, "mul_recip_fp64", "scaled",
-            "For DeepSpeed 0.17.1 and later. Grows when (steps since the last overflow) - 1 is a positive "
+            "For DeepSpeed from PR #6976 (released in 0.17.1; a source build from before it already says "
+            "0.17.1 and follows deepspeed_0_17: the adapters ask the class, not the version). Grows when (steps since the last overflow) - 1 is a positive "
             "multiple of the window: the first growth after an overflow, and at the start, comes on the "
             "(N+1)-th good step, later ones every N; the factor is fixed at 2 and the class has no defaults "
             "(these are the engine's fp16 config defaults, which it always passes); hysteresis "
@@ -361,12 +362,13 @@ PROFILES = {profile.name: profile for profile in [
             "the scale after its update."),
     Profile("deepspeed_0_17", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config "
             "defaults), DeepSpeed <= 0.17.0",
-            "DeepSpeed <= 0.17.0, driven against 0.17.0: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
+            "DeepSpeed <= 0.17.0 and source builds before PR #6976 (which say 0.17.1), driven against 0.17.0 and "
+            "a source build of e440506be^: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
             "driven",
             dict(init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_scale=1,
                  delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
             _deepspeed_0_17, "mul_recip_fp64", "scaled",
-            "For DeepSpeed up to 0.17.0. Grows when the steps since the last overflow are a multiple "
+            "For DeepSpeed up to 0.17.0 and source builds before PR #6976. Grows when the steps since the last overflow are a multiple "
             "of the window; scale_factor is an argument; otherwise as the deepspeed profile. The engine "
             "passes these config defaults only when the fp16 config names one of its dynamic-scale keys "
             "(else see deepspeed_legacy)."),
