@@ -343,3 +343,43 @@ def test_a_hung_worker_call_is_a_timeout_and_the_next_call_gets_a_fresh_worker()
         worker.call("engine", timeout=0.5, steps=20_000, overflow_steps=[], zero_stage=1, fp16={}, lr=1.0,
                     gradient_clipping=0.0)
     assert deepspeed_scaler._worker(None) is not worker and deepspeed_scaler.deepspeed_version() == worker.version
+
+
+# --- unscale of 16-bit gradients ---------------------------------------------------
+
+UNSCALE_SCALES = [3 * 2**10, 1e-3, 0.7, 2.0**-20, 65536.0, 1.1, 3e38]
+
+
+def _torch_unscaled_in_place(bits, dtype, scale):
+    """Every 16-bit pattern as a parameter's gradient, unscaled in place by the real scaler:
+    ShardedGradScaler for float16 (torch.amp.GradScaler refuses float16 gradients), GradScaler for bfloat16."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from fpemu.adapters.torch_amp import _ensure_process_group
+    _ensure_process_group(dist)  # ShardedGradScaler all-reduces found_inf
+    param = torch.nn.Parameter(torch.zeros(bits.size, dtype=getattr(torch, dtype)))
+    param.grad = torch.from_numpy(bits.view(np.int16).copy()).view(param.dtype)
+    scaler = (ShardedGradScaler("cpu", init_scale=scale) if dtype == "float16"
+              else torch.amp.GradScaler("cpu", init_scale=scale))
+    scaler.scale(torch.ones(()))  # starts the scale tensor
+    scaler.unscale_(torch.optim.SGD([param], lr=1.0))
+    assert param.grad.dtype == param.dtype
+    return param.grad.view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_unscale_keeps_16_bit_gradients_as_torch_writes_them(dtype):
+    """torch's _amp_foreach_non_finite_check_and_unscale_ multiplies in float32 by float32(1/float64(s))
+    and rounds the product to the gradient's dtype, in place; every pattern, bit for bit (NaN-aware).
+    One rounding of the exact product would differ (342 float16 patterns at 3 * 2**10)."""
+    import ml_dtypes
+    pytest.importorskip("torch")
+    dtype_np = np.dtype(np.float16) if dtype == "float16" else np.dtype(ml_dtypes.bfloat16)
+    bits = np.arange(2**16, dtype=np.uint16)
+    for scale in UNSCALE_SCALES:
+        model = fpemu.unscale(bits.view(dtype_np), scale, "torch")
+        assert model.dtype == dtype_np, (scale, model.dtype)
+        real = _torch_unscaled_in_place(bits, dtype, scale)
+        both_nan = np.isnan(model.astype(np.float32)) & np.isnan(real.view(dtype_np).astype(np.float32))
+        assert np.count_nonzero((model.view(np.uint16) != real) & ~both_nan) == 0, scale
