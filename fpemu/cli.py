@@ -245,6 +245,12 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _rank_timeout(seconds):
+    if seconds is not None and not 0 < seconds < math.inf:
+        raise FpemuInputError(f"--rank-timeout {seconds:g}: expected seconds > 0 (a finite number)")
+    return seconds
+
+
 def _cmd_run(args) -> int:
     from fpemu.compare.diff import JOB_FAILURES, SKIPPED
     from fpemu.harness import diff, write_golden
@@ -253,6 +259,7 @@ def _cmd_run(args) -> int:
     from fpemu.reports.ranks import ranks_report
     from fpemu.traces import trace_filename
     from fpemu.fileio import atomic_write
+    rank_timeout = _rank_timeout(args.rank_timeout)
     if not args.specs.exists():
         where = "the current folder" if args.specs == DEFAULT_SPECS else str(args.specs.parent)
         raise FpemuInputError(f"{args.specs}: no such spec file or folder in {where}; `fpemu run` reads the "
@@ -263,7 +270,7 @@ def _cmd_run(args) -> int:
     progress = _progress(args)
     fresh = set(write_golden([args.specs], golden_dir, progress))
     ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
-                                     args.exclude, progress)
+                                     args.exclude, progress, rank_timeout)
     verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
                     allow_none=not args.impl or bool(ranks), excluded=args.exclude)
     verdicts += [outcome.verdict for outcome in ranks]
@@ -734,6 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spec folder (default: specs/ of the current folder, i.e. run it from the checkout)")
     run.add_argument("--reports", type=pathlib.Path, default=DEFAULT_REPORTS, help="output folder (default: reports/)")
     selection(run, impl_help + " (default: each spec's own)")
+    run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
+                     help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "
+                          "ranks.timeout_s, else 60 + 0.05 x steps x ranks)")
 
     simulate = command("simulate", "simulate a loss-scaler profile over your overflow steps: a per-step table",
                        _cmd_simulate)

@@ -183,3 +183,18 @@ def test_plots_keep_bars_visible_series_apart_and_name_the_divergent_field():
     assert any(t.get_text() == "step 2: growth_counter" for t in ax.texts)
     assert "flax@cpu (differs from step 2, growth_counter)" in [t.get_text() for t in ax.get_legend().get_texts()]
     plots._pyplot().close(fig)
+
+
+def test_run_rank_timeout_is_stated_in_help_and_checked_before_anything_runs(capsys, tmp_path):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and "--rank-timeout SECONDS seconds each [ranks] case may run before it counts as a hang" in out
+    for bad in ("0", "-5", "inf", "nan"):
+        code, _, err = cli(capsys, "run", "--specs", SPECS, "--reports", tmp_path / "reports", "--rank-timeout", bad)
+        assert code == 2 and f"--rank-timeout {float(bad):g}: expected seconds > 0 (a finite number)" in err, bad
+    assert not (tmp_path / "reports").exists()
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--rank-timeout", "soon"])
+    assert done.value.code == 2 and "--rank-timeout: invalid float value: 'soon'" in capsys.readouterr().err
+
