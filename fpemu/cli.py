@@ -121,8 +121,16 @@ def _nothing_compared(args, verdicts, noun: str = "compared") -> int:
     return 1
 
 
+def _ranks_left_out(args) -> None:
+    from fpemu.harness.ranks import ranks_left_out
+    left_out = ranks_left_out(args.specs, args.command)  # raises (exit 2) when only [ranks] specs were given
+    if left_out:
+        _note(args, f"note: {left_out}")
+
+
 def _cmd_golden(args) -> int:
     from fpemu.harness import write_golden
+    _ranks_left_out(args)
     unmade = []
     written = write_golden(args.specs, args.out, _progress(args), unmade)
     made = [path for path in written if path not in {kept for _, _, kept in unmade}]
@@ -138,6 +146,7 @@ def _cmd_golden(args) -> int:
 def _cmd_record(args) -> int:
     from fpemu.compare.diff import SKIPPED
     from fpemu.harness.jobs import record
+    _ranks_left_out(args)
     done = record(args.specs, args.out, args.impl, _progress(args), excluded=args.exclude)
     lines = _written_lines(done.written, "traces")
     lines += [_job_line(v) for v in done.unrecorded]
@@ -158,6 +167,7 @@ def _cmd_record(args) -> int:
 
 def _cmd_diff(args) -> int:
     from fpemu.harness import diff
+    _ranks_left_out(args)
     verdicts = diff(args.specs, args.golden, args.impl, args.save, _progress(args), excluded=args.exclude)
     code = _failure_code(verdicts) or _nothing_compared(args, verdicts)
     _emit(args, {"verdicts": [v.as_dict() for v in verdicts], "exit_code": code}, _verdict_lines(verdicts))

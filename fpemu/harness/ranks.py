@@ -29,6 +29,7 @@ from fpemu.adapters._trace import observed_trace
 # These import no torch (a GPU count is asked for on cuda only).
 from fpemu.adapters.torch_ranks import default_case_timeout, unavailable
 from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
+from fpemu.errors import FpemuInputError
 from fpemu.harness.jobs import job_failure, matches, parse_implementation
 from fpemu.harness._trace_layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
@@ -73,6 +74,21 @@ def ranks_scenarios(scenarios) -> list:
     """The [ranks] scenarios among ``scenarios``."""
     return [s for s in scenarios if isinstance(s, RanksScenario)]
 
+
+def ranks_left_out(spec_paths, command: str) -> Optional[str]:
+    """What ``fpemu {command}`` (golden, diff) says of the [ranks] specs among ``spec_paths``, which it
+    does not run: their per-rank references and real ranks run together under ``fpemu run``.  None
+    when there are none; FpemuInputError (exit 2) when they are all there is, as nothing asked can be done."""
+    scenarios = load_specs(spec_paths)
+    files = [scenario.path for scenario in ranks_scenarios(scenarios)]
+    if not files:
+        return None
+    message = (f"{', '.join(files)}: [ranks] spec{'s' * (len(files) > 1)}, which `fpemu {command}` does not "
+               "run; `fpemu run --specs FOLDER_OR_FILE` writes their per-rank golden traces and drives their "
+               "real ranks")
+    if len(files) == len(scenarios):
+        raise FpemuInputError(message)
+    return message
 
 
 def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Implementation]:
