@@ -124,8 +124,16 @@ def _nothing_compared(args, verdicts, noun: str = "compared") -> int:
     return 1
 
 
+def _ranks_left_out(args) -> None:
+    from fpemu.harness.ranks import ranks_left_out
+    left_out = ranks_left_out(args.specs, args.command)  # raises (exit 2) when only [ranks] specs were given
+    if left_out:
+        _note(args, f"note: {left_out}")
+
+
 def _cmd_golden(args) -> int:
     from fpemu.harness import write_golden
+    _ranks_left_out(args)
     unmade = []
     written = write_golden(args.specs, args.out, _progress(args), unmade)
     made = [path for path in written if path not in {kept for _, _, kept in unmade}]
@@ -141,6 +149,7 @@ def _cmd_golden(args) -> int:
 def _cmd_record(args) -> int:
     from fpemu.compare.diff import SKIPPED
     from fpemu.harness.jobs import record
+    _ranks_left_out(args)
     done = record(args.specs, args.out, args.impl, _progress(args), excluded=args.exclude)
     lines = _written_lines(done.written, "traces")
     lines += [_job_line(v) for v in done.unrecorded]
@@ -161,6 +170,7 @@ def _cmd_record(args) -> int:
 
 def _cmd_diff(args) -> int:
     from fpemu.harness import diff
+    _ranks_left_out(args)
     verdicts = diff(args.specs, args.golden, args.impl, args.save, _progress(args), excluded=args.exclude)
     code = _failure_code(verdicts) or _nothing_compared(args, verdicts)
     _emit(args, {"verdicts": [v.as_dict() for v in verdicts], "exit_code": code}, _verdict_lines(verdicts))
@@ -248,6 +258,12 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _rank_timeout(seconds):
+    if seconds is not None and not 0 < seconds < math.inf:
+        raise FpemuInputError(f"--rank-timeout {seconds:g}: expected seconds > 0 (a finite number)")
+    return seconds
+
+
 def _cmd_run(args) -> int:
     from fpemu.compare.diff import JOB_FAILURES, SKIPPED
     from fpemu.harness import diff, write_golden
@@ -256,6 +272,7 @@ def _cmd_run(args) -> int:
     from fpemu.reports.ranks import ranks_report
     from fpemu.traces import trace_filename
     from fpemu.fileio import atomic_write
+    rank_timeout = _rank_timeout(args.rank_timeout)
     if not args.specs.exists():
         where = "the current folder" if args.specs == DEFAULT_SPECS else str(args.specs.parent)
         raise FpemuInputError(f"{args.specs}: no such spec file or folder in {where}; `fpemu run` reads the "
@@ -266,7 +283,7 @@ def _cmd_run(args) -> int:
     progress = _progress(args)
     fresh = set(write_golden([args.specs], golden_dir, progress))
     ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
-                                     args.exclude, progress)
+                                     args.exclude, progress, rank_timeout)
     verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
                     allow_none=not args.impl or bool(ranks), excluded=args.exclude)
     verdicts += [outcome.verdict for outcome in ranks]
@@ -739,6 +756,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="output folder (default: reports/local/, which git ignores; --reports reports rewrites the "
                           "committed reports, from a full install: rows that cannot run here would replace measured ones)")
     selection(run, impl_help + " (default: each spec's own)")
+    run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
+                     help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "
+                          "ranks.timeout_s, else 60 + 0.05 x steps x ranks)")
 
     simulate = command("simulate", "simulate a loss-scaler profile over your overflow steps: a per-step table",
                        _cmd_simulate)

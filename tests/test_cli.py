@@ -185,3 +185,43 @@ def test_plots_keep_bars_visible_series_apart_and_name_the_divergent_field():
     assert any(t.get_text() == "step 2: growth_counter" for t in ax.texts)
     assert "flax@cpu (differs from step 2, growth_counter)" in [t.get_text() for t in ax.get_legend().get_texts()]
     plots._pyplot().close(fig)
+
+
+def test_run_rank_timeout_is_stated_in_help_and_checked_before_anything_runs(capsys, tmp_path):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and "--rank-timeout SECONDS seconds each [ranks] case may run before it counts as a hang" in out
+    for bad in ("0", "-5", "inf", "nan"):
+        code, _, err = cli(capsys, "run", "--specs", SPECS, "--reports", tmp_path / "reports", "--rank-timeout", bad)
+        assert code == 2 and f"--rank-timeout {float(bad):g}: expected seconds > 0 (a finite number)" in err, bad
+    assert not (tmp_path / "reports").exists()
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--rank-timeout", "soon"])
+    assert done.value.code == 2 and "--rank-timeout: invalid float value: 'soon'" in capsys.readouterr().err
+
+
+def test_golden_diff_and_record_say_that_ranks_specs_run_under_fpemu_run(capsys, tmp_path):
+    """[ranks] specs get their per-rank goldens and real ranks from `fpemu run`: golden, diff and record
+    name the files they leave out; when nothing else was given there is nothing they can do (exit 2)."""
+    ranks_spec = SPECS / "ranks_ddp_grad_scaler.toml"
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copy(ranks_spec, only)
+    for command in (["golden", only, "--out", tmp_path / "golden"], ["diff", only, "--golden", tmp_path / "golden"],
+                    ["record", only, "--out", tmp_path / "golden"]):
+        code, out, err = cli(capsys, *command)
+        assert code == 2 and out == "", command
+        assert (f"{only / ranks_spec.name}: [ranks] spec, which `fpemu {command[0]}` does not run; "
+                "`fpemu run --specs FOLDER_OR_FILE` writes their per-rank golden traces") in err, err
+    assert not (tmp_path / "golden").exists()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(ranks_spec, mixed)
+    shutil.copy(SPECS / "seed_example_1.toml", mixed)
+    code, out, err = cli(capsys, "golden", mixed, "--out", tmp_path / "golden")
+    assert code == 0 and out == f"wrote {tmp_path / 'golden' / 'seed_example_1.json'}\n"
+    assert f"note: {mixed / ranks_spec.name}: [ranks] spec, which `fpemu golden` does not run" in err
+    code, out, err = cli(capsys, "diff", mixed, "--golden", tmp_path / "golden")
+    assert code == 0 and "seed_example_1 / torch@cpu" in out
+    assert f"note: {mixed / ranks_spec.name}: [ranks] spec, which `fpemu diff` does not run" in err

@@ -167,10 +167,29 @@ def test_ranks_spec_builds_a_case_per_world_size_and_injection():
     (("sequence = [false, true, false, false]", "sequence = [true]"), "ranks.overflow.1.sequence: expected steps=4"),
     (('reason = "own shard"', 'reason = "own shard"\nends = "crash"'), "ends: expected one of completes, abort"),
     (("[ranks]", "[scaler]\nprofile = \"torch\"\n[ranks]"), "scaler: a \\[ranks\\] spec says"),
+    (("world_sizes = [2, 4]", "world_sizes = [2, 4]\ntimeout_s = 0"),
+     r"ranks.timeout_s: expected seconds > 0 \(a finite number\), got 0"),
+    (("world_sizes = [2, 4]", "world_sizes = [2, 4]\ntimeout_s = \"60\""), "ranks.timeout_s: expected seconds > 0"),
+    (("world_sizes = [2, 4]", "world_sizes = [2, 4]\ntimeout_s = inf"), "ranks.timeout_s: expected seconds > 0"),
 ])
 def test_ranks_spec_errors_name_the_key(change, words):
     with pytest.raises(SpecError, match=f"r.toml: .*{words}"):
         parse_spec(RANKS_SPEC.replace(*change), "r.toml")
+
+
+def test_case_timeout_scales_with_steps_and_ranks_unless_the_spec_or_the_command_line_sets_it():
+    """A fixed 60 s called a healthy 8,000-step DDP case a hang (it took 131 s): the default grows with
+    steps x ranks, ranks.timeout_s replaces it, and --rank-timeout replaces both."""
+    from fpemu.harness.ranks import case_payload, case_timeout
+    long = parse_spec(RANKS_SPEC.replace("steps = 4", "steps = 8000").replace(
+        'source = "explicit"\nsequence = [false, true, false, false]', 'source = "periodic"\nperiod = 1000'),
+        "long.toml")
+    _, case, _ = long.cases()[0]
+    assert case.world_size == 2 and case_timeout(long, case) == 60 + 0.05 * 8000 * 2 > 3 * 131
+    assert case_payload(long, case)["timeout_s"] == 860.0
+    own = parse_spec(RANKS_SPEC.replace("world_sizes = [2, 4]", "world_sizes = [2, 4]\ntimeout_s = 900"), "own.toml")
+    assert own.timeout_s == 900.0 and case_timeout(own, own.cases()[0][1]) == 900.0
+    assert case_timeout(own, own.cases()[0][1], rank_timeout=5.0) == 5.0
 
 
 def test_shipped_ranks_specs_cover_the_issue_table():
@@ -281,6 +300,49 @@ def test_a_hang_is_a_result_and_the_next_case_runs_in_a_fresh_group():
     first, second = run_cases([slow, quick], 2, case_timeout_s=45.0)
     assert first.error.startswith("timeout: no result within 45 s") and not first.ranks
     assert second.error is None and [r.applied for r in second.ranks] == [[False], [False]]
+
+
+@needs_torch
+@stage2
+def test_a_long_healthy_case_runs_within_the_default_timeout():
+    """20,000 DDP steps on 2 ranks: about 2 minutes here (8,000 took 50 s), past the old fixed 60 s; the
+    default gives it 60 + 0.05 * 20,000 * 2 = 2,060 s."""
+    from fpemu.adapters.torch_ranks import run_cases
+    case = {"layout": "ddp", "scaler": "torch", "params": {}, "inject": "loss", "overflow": [[False] * 20000] * 2}
+    [result] = run_cases([case], 2)
+    assert result.error is None and [len(r.applied) for r in result.ranks] == [20000, 20000]
+
+
+LONG_DDP = """
+description = "DDP, many steps"
+steps = 3000
+[ranks]
+layout = "ddp"
+scaler = "torch"
+world_sizes = [2]
+inject = ["loss"]
+{timeout}
+[ranks.overflow.1]
+source = "periodic"
+period = 1000
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize("in_spec,on_command_line", [("timeout_s = 0.5", []),
+                                                     ("timeout_s = 600", ["--rank-timeout", "0.5"])])
+def test_a_case_past_its_timeout_is_reported_as_a_hang_naming_the_case_and_the_timeout(tmp_path, capsys, in_spec,
+                                                                                      on_command_line):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "long.toml").write_text(LONG_DDP.format(timeout=in_spec))
+    code = main(["run", "--specs", str(specs), "--reports", str(tmp_path / "reports"), "--quiet", *on_command_line])
+    out = capsys.readouterr().out
+    assert code == 1
+    line = next(l for l in out.splitlines() if "long.loss.2ranks" in l)
+    assert line.split(":")[0].strip() == "cannot run  long.loss.2ranks / torch_ddp@cpu", line
+    assert "timeout: no result within 0.5 s (a hang" in line
+    assert "ranks.timeout_s in the spec, or `fpemu run --rank-timeout SECONDS`" in line
 
 
 @needs_torch

@@ -3,6 +3,7 @@ compared bit for bit with fpemu's profiles; DeepSpeed's engine checked for the f
 
 import importlib.util
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -125,11 +126,25 @@ def test_deepspeed_0_17_int_arithmetic_is_refused():
     compare(deepspeed_scaler.record_deepspeed_0_17, seq, {**params, "scale_factor": 3.0})
 
 
-def test_scaler_profile_by_version():
-    assert deepspeed_scaler.scaler_profile("0.19.8") == "deepspeed"
-    assert deepspeed_scaler.scaler_profile("0.17.1") == "deepspeed"
-    assert deepspeed_scaler.scaler_profile("0.17.0") == "deepspeed_0_17"
-    assert deepspeed_scaler.scaler_profile("0.16.9") == "deepspeed_0_17"
+def _source_build(env, commit, expected):
+    where = os.environ.get(env)
+    reason = (f"{env} names no DeepSpeed tree (git archive {commit} of deepspeedai/DeepSpeed, then DS_BUILD_OPS=0 "
+              f"pip install --no-deps --no-build-isolation --target DIR . and hjson einops ninja into DIR)")
+    return pytest.param(where, expected, id=env,
+                        marks=pytest.mark.skipif(not where or not os.path.isdir(where), reason=reason))
+
+
+@pytest.mark.parametrize("where,expected", [_source_build("FPEMU_DEEPSPEED_PRE_6976", "e440506be^", "deepspeed_0_17"),
+                                            _source_build("FPEMU_DEEPSPEED_AT_6976", "e440506be", "deepspeed")])
+def test_source_builds_of_0_17_1_get_the_profile_of_their_growth_rule(where, expected):
+    """version.txt said 0.17.1 before PR #6976 (e440506be) changed the growth rule: a source build of
+    its parent says 0.17.1 and grows as 0.17.0 does.  The profile is asked of the class, not the version."""
+    assert deepspeed_scaler.deepspeed_version(where).startswith("0.17.1")
+    assert deepspeed_scaler.scaler_profile(where) == expected
+    seq, params = [False] * 5 + [True] + [False] * 6, dict(init_scale=4.0, scale_window=2, delayed_shift=1)
+    real = deepspeed_scaler._record_loss_scaler(seq, params, "cpu", where, class_defaults=False)
+    assert real.profile == expected
+    assert_same_trace(real, fpemu.simulate_scaler(seq, expected, **params))
 
 
 @installed
@@ -258,7 +273,7 @@ def test_engine_unscales_with_the_scale_after_its_update(where, stage):
     zero0_scales_the_loss, _ = _facts(run)
     loss_scaled = zero0_scales_the_loss or stage > 0
     # ZeRO 1/2 use DynamicLossScaler; ZeRO-0 with a torch optimizer FP16_UnfusedOptimizer (FP16_Optimizer's rule).
-    profile = "deepspeed_fp16_optimizer" if stage == 0 else deepspeed_scaler.scaler_profile(run.version)
+    profile = "deepspeed_fp16_optimizer" if stage == 0 else deepspeed_scaler.scaler_profile(where)
     assert run.optimizer == ("FP16_UnfusedOptimizer" if stage == 0 else "DeepSpeedZeroOptimizer")
     params = dict(init_scale=16.0, scale_window=2)
     if stage:
@@ -328,3 +343,43 @@ def test_a_hung_worker_call_is_a_timeout_and_the_next_call_gets_a_fresh_worker()
         worker.call("engine", timeout=0.5, steps=20_000, overflow_steps=[], zero_stage=1, fp16={}, lr=1.0,
                     gradient_clipping=0.0)
     assert deepspeed_scaler._worker(None) is not worker and deepspeed_scaler.deepspeed_version() == worker.version
+
+
+# --- unscale of 16-bit gradients ---------------------------------------------------
+
+UNSCALE_SCALES = [3 * 2**10, 1e-3, 0.7, 2.0**-20, 65536.0, 1.1, 3e38]
+
+
+def _torch_unscaled_in_place(bits, dtype, scale):
+    """Every 16-bit pattern as a parameter's gradient, unscaled in place by the real scaler:
+    ShardedGradScaler for float16 (torch.amp.GradScaler refuses float16 gradients), GradScaler for bfloat16."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from fpemu.adapters.torch_amp import _ensure_process_group
+    _ensure_process_group(dist)  # ShardedGradScaler all-reduces found_inf
+    param = torch.nn.Parameter(torch.zeros(bits.size, dtype=getattr(torch, dtype)))
+    param.grad = torch.from_numpy(bits.view(np.int16).copy()).view(param.dtype)
+    scaler = (ShardedGradScaler("cpu", init_scale=scale) if dtype == "float16"
+              else torch.amp.GradScaler("cpu", init_scale=scale))
+    scaler.scale(torch.ones(()))  # starts the scale tensor
+    scaler.unscale_(torch.optim.SGD([param], lr=1.0))
+    assert param.grad.dtype == param.dtype
+    return param.grad.view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_unscale_keeps_16_bit_gradients_as_torch_writes_them(dtype):
+    """torch's _amp_foreach_non_finite_check_and_unscale_ multiplies in float32 by float32(1/float64(s))
+    and rounds the product to the gradient's dtype, in place; every pattern, bit for bit (NaN-aware).
+    One rounding of the exact product would differ (342 float16 patterns at 3 * 2**10)."""
+    import ml_dtypes
+    pytest.importorskip("torch")
+    dtype_np = np.dtype(np.float16) if dtype == "float16" else np.dtype(ml_dtypes.bfloat16)
+    bits = np.arange(2**16, dtype=np.uint16)
+    for scale in UNSCALE_SCALES:
+        model = fpemu.unscale(bits.view(dtype_np), scale, "torch")
+        assert model.dtype == dtype_np, (scale, model.dtype)
+        real = _torch_unscaled_in_place(bits, dtype, scale)
+        both_nan = np.isnan(model.astype(np.float32)) & np.isnan(real.view(dtype_np).astype(np.float32))
+        assert np.count_nonzero((model.view(np.uint16) != real) & ~both_nan) == 0, scale

@@ -10,7 +10,7 @@ from trace_checks import assert_same_trace, bits32
 
 import fpemu
 from fpemu.adapters import record_scaler, unavailable_reason
-from fpemu.scalers import ScalerRules, run_rules
+from fpemu.scalers import ScalerRules, ScalerState, run_rules
 
 
 # --- seed 000 -------------------------------------------------------------
@@ -152,6 +152,20 @@ def test_fairseq_raises_at_min_scale_even_when_tolerance_holds_the_backoff():
     assert trace.events == [(4, "raised: overflow with the scale at or below the minimum")]
 
 
+def test_fairseq_profile_models_the_release():
+    """fairseq v0.12.2's file (the same on main at 3d262bb) divides by the iterations since the last
+    rescale as they are: the 1000 that the unmerged 0d77035 puts in for a 0 is not the release's.
+    From init() the count is never 0; a state that has it divides by zero, as the release does.
+    min_loss_scale=None is refused: every overflow compares loss_scale <= None (TypeError)."""
+    source = fpemu.PROFILES["fairseq"].source
+    assert "v0.12.2" in source and "0d77035" not in source
+    rules = fpemu.PROFILES["fairseq"].rules(tolerance=0.25)
+    with pytest.raises(ZeroDivisionError):
+        rules.update(ScalerState(scale=4.0, iteration=7, last_rescale=7), True)
+    with pytest.raises(TypeError, match="profile 'fairseq': min_loss_scale must be a number"):
+        fpemu.simulate_scaler([True], "fairseq", min_loss_scale=None)
+
+
 def test_apex_stops_when_the_scale_halves_to_zero():
     """Python floats halve through the subnormal doubles: 2**-1074 / 2 == 0.0, and the next
     unscale's 1./scale raises ZeroDivisionError."""
@@ -160,6 +174,23 @@ def test_apex_stops_when_the_scale_halves_to_zero():
     assert trace.events[-1] == (1075, "raised: ZeroDivisionError, the scale reached 0 (1 / scale)")
     assert trace.attempts == 1076 and trace.completed_updates == 0
     assert fpemu.simulate_scaler([True] * 1100, "apex", init_scale=1.0, min_loss_scale=2.0**-3).stopped_at is None
+
+
+def test_apex_takes_an_infinite_max_loss_scale():
+    """apex.amp's LossScaler grows with min(max_loss_scale, scale * 2.) and checks nothing, so
+    max_loss_scale=inf is no cap: Python floats double to 2**1023, then to inf, and halving inf
+    stays inf. None is refused, as apex's min(None, init_scale) raises TypeError."""
+    up = fpemu.simulate_scaler([False] * 12, "apex", init_scale=2.0**22, scale_window=1, max_loss_scale=math.inf)
+    assert up.scales == [2.0**k for k in range(22, 34)] and up.final_scale == 2.0**34
+    to_inf = fpemu.simulate_scaler([False] * 3 + [True], "apex", init_scale=2.0**1022, scale_window=1,
+                                   max_loss_scale=math.inf)
+    assert to_inf.scales == [2.0**1022, 2.0**1023, math.inf, math.inf] and to_inf.final_scale == math.inf
+    assert to_inf.stopped_at is None
+    with pytest.raises(TypeError, match="profile 'apex': max_loss_scale must be a number or inf, got None"):
+        fpemu.simulate_scaler([False], "apex", max_loss_scale=None)
+    for bad in (math.nan, -math.inf):
+        with pytest.raises(ValueError, match="profile 'apex': max_loss_scale must be at least 0 or inf"):
+            fpemu.simulate_scaler([False], "apex", max_loss_scale=bad)
 
 
 @pytest.mark.parametrize("field,value,error,words", [
@@ -274,13 +305,42 @@ jmp_floors = st.sampled_from([None, 1.0, 0.3, 4.0, 2.0**-20, 0.0])
 
 @pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
 @settings(max_examples=profile_examples(8), deadline=None)
-@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]), period=intervals, floor=jmp_floors)
+@given(seq=overflow_runs, init=init_scales, factor=st.sampled_from([2, 3, 10]),
+       period=st.one_of(intervals, intervals.map(float)), floor=jmp_floors)
 def test_jmp_matches_profile(name, seq, init, factor, period, floor):
     _skip_unless(name)
     params = dict(loss_scale=init, factor=factor, period=period)
     if floor is not None:
         params["min_loss_scale"] = floor
     assert_same_trace(record_scaler(name, seq, **params), fpemu.simulate_scaler(seq, name, **params))
+
+
+@pytest.mark.parametrize("name", ["jmp", "jmp_eager"])
+@pytest.mark.parametrize("params,seq", [
+    # jmp's own test_dynamic_loss_scale_explicit_min_loss_scale case (5., 2., 0.): 100 overflows from 10.
+    (dict(loss_scale=10.0, period=5.0, factor=2.0, min_loss_scale=0.0), [True] * 100),
+    (dict(loss_scale=10.0, period=5.0, factor=3), [False] * 12 + [True] + [False] * 11),
+    (dict(loss_scale=1.0, period=float(2**24), factor=2), [False] * 3),
+])
+def test_jmp_takes_a_float_period(name, params, seq):
+    """jmp (0.0.4) never checks period: a float makes its int32 counter a float32 one (counter ==
+    period - 1 compares in float32), which counts exactly as the int period does while the
+    counter stays an integer below 2**24."""
+    model = fpemu.simulate_scaler(seq, name, **params)
+    assert model.params["period"] == params["period"]
+    _skip_unless(name)
+    assert_same_trace(record_scaler(name, seq, **params), model)
+
+
+@pytest.mark.parametrize("period,words", [
+    (2.5, "period must be an int or a float with an integer value, got 2.5"),
+    (float(2**24 + 2), r"period must be at most 2\*\*24 as a float"),
+    (0.0, "period must be at least 1"),
+    (math.nan, "period must be an int or a float with an integer value"),
+])
+def test_jmp_refuses_periods_its_float32_counter_cannot_count(period, words):
+    with pytest.raises(ValueError, match=f"profile 'jmp': {words}"):
+        fpemu.simulate_scaler([False], "jmp", loss_scale=1.0, period=period)
 
 
 @pytest.mark.parametrize("name,params,expected", [

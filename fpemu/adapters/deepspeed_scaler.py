@@ -11,6 +11,11 @@ release before PR #6976 moved growth one good step later), put first on the work
 (or point ``FPEMU_DEEPSPEED_0_17`` at another one).  A worker lives as long as the
 process that started it; each call is one JSON line each way.
 
+Which profile a DeepSpeed's DynamicLossScaler follows (``deepspeed`` or ``deepspeed_0_17``)
+is asked of the class each worker loads (``_growth_rule``), not read from the version:
+version.txt said 0.17.1 before PR #6976 changed the rule, so a source build from between
+0.17.0 and the PR says 0.17.1 and grows as 0.17.0 does.
+
 In each worker DeepSpeed's communication runs over a gloo world of one (a file://
 rendezvous, as the torch adapters use); ``deepspeed_shm_comm`` is marked incompatible
 first, as DeepSpeed itself does off Linux, because its TorchBackend otherwise
@@ -47,7 +52,6 @@ from fpemu.scalers.profiles import get_profile
 
 TREE_0_17_ENV = "FPEMU_DEEPSPEED_0_17"
 DEFAULT_TREE_0_17 = os.path.join("~", ".cache", "fpemu", "deepspeed-0.17.0")
-FIRST_ONE_STEP_LATE = (0, 17, 1)  # PR #6976: growth on the (N+1)-th good step after an overflow
 
 
 # --- which DeepSpeed ------------------------------------------------------------
@@ -59,10 +63,14 @@ def tree_0_17() -> str:
 
 def tree_0_17_unavailable() -> Optional[str]:
     """None if the 0.17.0 tree is there, else why not."""
-    if not os.path.isfile(os.path.join(tree_0_17(), "deepspeed", "__init__.py")):
+    if _tree_missing(tree_0_17()):
         return (f"no DeepSpeed tree at {tree_0_17()} (set {TREE_0_17_ENV}, or DS_BUILD_OPS=0 pip install --no-deps "
                 f"--no-build-isolation --target {tree_0_17()} deepspeed==0.17.0)")
     return None
+
+
+def _tree_missing(tree: str) -> bool:
+    return not os.path.isfile(os.path.join(tree, "deepspeed", "__init__.py"))
 
 
 def tree_0_17_versions() -> dict:
@@ -73,14 +81,12 @@ def tree_0_17_versions() -> dict:
     return {"deepspeed": found[0] if found else "not installed"}
 
 
-def _release(version: str) -> tuple:
-    from packaging.version import Version
-    return Version(version).release[:3]
-
-
-def scaler_profile(version: str) -> str:
-    """The profile DeepSpeed ``version``'s DynamicLossScaler (engine config) follows."""
-    return "deepspeed" if _release(version) >= FIRST_ONE_STEP_LATE else "deepspeed_0_17"
+def scaler_profile(tree: Optional[str] = None) -> str:
+    """The profile that DynamicLossScaler (engine config) follows in the installed DeepSpeed (tree None)
+    or the tree at ``tree``: ``deepspeed`` or ``deepspeed_0_17``, asked of the class itself (see
+    ``_growth_rule``), not read from the version, which a source build between 0.17.0 and PR #6976
+    already gives as 0.17.1."""
+    return _worker(tree).profile
 
 
 # --- the worker's side ----------------------------------------------------------
@@ -138,6 +144,25 @@ def _version():
     return deepspeed.__version__
 
 
+def _growth_rule():
+    """Which profile the loaded DynamicLossScaler follows, from what it does.  PR #6976 (merged after
+    version.txt said 0.17.1) moved growth one good step later and fixed the factor at 2, removing the
+    scale_factor argument.  With a window of 1 the older rule grows on the first good step
+    ((0 - -1) % 1 == 0); the newer one's stable interval is 0 there, so it does not."""
+    import inspect
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    probe = DynamicLossScaler(init_scale=1.0, scale_window=1, min_scale=1, delayed_shift=1,
+                              consecutive_hysteresis=False)
+    probe.update_scale(False)
+    grows_at_once = probe.cur_scale != 1.0
+    takes_factor = "scale_factor" in inspect.signature(DynamicLossScaler).parameters
+    if grows_at_once != takes_factor:
+        raise RuntimeError(f"this DynamicLossScaler {'grows' if grows_at_once else 'does not grow'} on the first "
+                           f"good step of a window of 1 but {'takes' if takes_factor else 'has no'} scale_factor: "
+                           f"neither the deepspeed profile nor deepspeed_0_17 models it")
+    return "deepspeed_0_17" if grows_at_once else "deepspeed"
+
+
 def _ends_training(step: int, error: Exception) -> list:
     """[step, message] for the raises that are DeepSpeed's own way of ending training: a bare
     Exception at the minimum scale, OverflowError from int(inf) in its log line once the scale is
@@ -157,10 +182,9 @@ def loss_scaler_read_back(scaler, profile: str) -> dict:
 
 def _drive_loss_scaler(overflows, kwargs, profile):
     """DeepSpeed's DynamicLossScaler(**kwargs) through ``overflows``; stops where it raises."""
-    import deepspeed
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
     _deepspeed_comm()
-    counter = _stable_counter if _release(deepspeed.__version__) >= FIRST_ONE_STEP_LATE else _window_counter
+    counter = _stable_counter if profile == "deepspeed" else _window_counter
     scaler = DynamicLossScaler(**kwargs)
     read_back = loss_scaler_read_back(scaler, profile)
     scales, applied, counters, hysteresis, raised = [], [], [], [], None
@@ -270,7 +294,7 @@ def _drive_engine(steps, overflow_steps, zero_stage, fp16, lr, gradient_clipping
                 final_scale=float(engine.optimizer.loss_scale), fp16_probe_overridden=overridden, raised=raised)
 
 
-_CALLS = {"version": _version, "loss_scaler": _drive_loss_scaler, "fp16_optimizer": _drive_fp16_optimizer,
+_CALLS = {"version": _version, "growth_rule": _growth_rule, "loss_scaler": _drive_loss_scaler, "fp16_optimizer": _drive_fp16_optimizer,
           "engine": _drive_engine}
 
 
@@ -306,6 +330,7 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-c", boot, tree or ""], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.version = self.call("version")
+        self.profile = self.call("growth_rule")
 
     def call(self, name, timeout: float = CALL_TIMEOUT, **args):
         """One request; a hang (gloo, an op build) is a TimeoutError and a dead worker, never a stuck run.
@@ -355,10 +380,8 @@ def _close_workers():
 
 
 def _worker(tree: Optional[str]) -> _Worker:
-    if tree is not None:
-        reason = tree_0_17_unavailable()
-        if reason:
-            raise RuntimeError(reason)
+    if tree is not None and _tree_missing(tree):
+        raise RuntimeError(tree_0_17_unavailable() if tree == tree_0_17() else f"no DeepSpeed tree at {tree}")
     if tree not in _WORKERS or _WORKERS[tree].process.poll() is not None:  # a killed one is replaced
         _WORKERS[tree] = _Worker(tree)
     return _WORKERS[tree]
@@ -392,7 +415,7 @@ def _scaler_trace(profile, params, overflows, observed):
 def _record_loss_scaler(overflows, params, device, tree, class_defaults):
     _check_device(device)
     worker = _worker(tree)
-    profile = scaler_profile(worker.version)
+    profile = worker.profile
     if class_defaults:
         if profile != "deepspeed_0_17":
             raise RuntimeError(f"DeepSpeed {worker.version}'s DynamicLossScaler has no defaults (PR #6976)")
@@ -551,7 +574,7 @@ def _record_engine(overflows, params, device, zero_stage):
     it reports, whether it skipped, and the update it applied against the right one.  The engine
     does not expose a growth counter."""
     _check_device(device)
-    profile = "deepspeed_fp16_optimizer" if zero_stage == 0 else "deepspeed"
+    profile = "deepspeed_fp16_optimizer" if zero_stage == 0 else scaler_profile()
     run = run_engine(len(overflows), [i for i, o in enumerate(overflows) if o], zero_stage,
                      **_engine_config(profile, params))
     ratios = [0.0 if ratio is None else ratio for ratio in run.ratios]

@@ -36,6 +36,12 @@ from typing import Optional
 
 _HIDDEN, _OUT = 16, 4
 _JOIN_TIMEOUT_S = 180.0  # forking and joining the group: slow on a loaded machine, never a hang of the case
+# A case's default timeout: a base for a fresh group's first case (its lazy initialisation took up to
+# 21 s under a load average of 12) plus a cost per step and rank.  Measured on 2 shared cores at a load
+# average of 5-8 (torch 2.13.0, gloo): DDP 8-11 ms a step at 2 ranks and 23 ms at 4, FSDP2 24 ms at 2,
+# FSDP1 78 ms at 4, so up to 20 ms a step and rank; 50 ms leaves 2.5x.  A healthy 8,000-step DDP case
+# (131 s reported) gets 60 + 0.05 * 8,000 * 2 = 860 s at 2 ranks, where a fixed 60 s called it a hang.
+CASE_TIMEOUT_BASE_S, CASE_TIMEOUT_PER_RANK_STEP_S = 60.0, 0.05
 _SYNC_EVERY, _SYNC_SIZE = 2, 7  # the step-keyed collective: every 2nd update, 7 floats
 
 
@@ -578,7 +584,7 @@ def _preload(cases) -> None:
 class _Group:
     """The ranks of one launch (forked, or spawned from a parent holding a process group) and the queue they report on."""
 
-    def __init__(self, cases, world_size: int, device: str, case_timeout_s: float, folder: str):
+    def __init__(self, cases, world_size: int, device: str, group_timeout_s: float, folder: str):
         import multiprocessing
         import torch.distributed as dist
         # Forking is 2-3x faster than spawning, but a fork of a process that holds a process group (the
@@ -593,7 +599,7 @@ class _Group:
         backend = "nccl" if device == "cuda" else "gloo"
         self.procs = [ctx.Process(target=_rank_main, daemon=True,
                                   args=(rank, world_size, _rendezvous_file(folder), backend, device, cases,
-                                        self.results, case_timeout_s, self.logs[rank]))
+                                        self.results, group_timeout_s, self.logs[rank]))
                       for rank in range(world_size)]
         for proc in self.procs:
             proc.start()
@@ -629,17 +635,20 @@ class _Group:
         self.results.close()
 
 
-def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) -> list:
-    """Run ``cases`` in one fresh process group until one fails; returns their CaseResults so far."""
+def _launch(cases: list, world_size: int, device: str, timeouts: list) -> list:
+    """Run ``cases`` in one fresh process group until one fails (each within its entry of ``timeouts``);
+    returns their CaseResults so far."""
     out, pending, ready = [], {}, set()
     with tempfile.TemporaryDirectory(prefix="fpemu-ranks-") as folder:
-        group = _Group(cases, world_size, device, case_timeout_s, folder)
+        # The group's own timeout bounds joining and every collective: never under the join's, and the
+        # parent, not gloo, tells a case's hang by its own limit.
+        group = _Group(cases, world_size, device, max(_JOIN_TIMEOUT_S, *timeouts), folder)
         started = time.perf_counter()
         try:
             while len(out) < len(cases):
                 message = group.next_message()
                 error = None
-                limit = case_timeout_s if len(ready) == world_size else _JOIN_TIMEOUT_S
+                limit = timeouts[len(out)] if len(ready) == world_size else _JOIN_TIMEOUT_S
                 if message is not None and message[0] == "error":
                     error = group.failure((message[2], message[3]))
                 elif message is not None and message[0] == "ready":
@@ -666,6 +675,19 @@ def _launch(cases: list, world_size: int, device: str, case_timeout_s: float) ->
     return out
 
 
+def default_case_timeout(steps: int, world_size: int) -> float:
+    """Seconds a case of ``steps`` steps on ``world_size`` ranks may run before it counts as a hang."""
+    return CASE_TIMEOUT_BASE_S + CASE_TIMEOUT_PER_RANK_STEP_S * steps * world_size
+
+
+def _case_timeout(case: dict, world_size: int, override: Optional[float]) -> float:
+    if override is not None:
+        return override
+    if case.get("timeout_s") is not None:
+        return case["timeout_s"]
+    return default_case_timeout(len(case["overflow"][0]), world_size)
+
+
 def unavailable(world_size: int, device: str) -> Optional[str]:
     """Why ``world_size`` ranks cannot run on ``device`` here (NCCL needs a GPU per rank), or None."""
     if device != "cuda":
@@ -675,20 +697,21 @@ def unavailable(world_size: int, device: str) -> Optional[str]:
     return None if count >= world_size else f"{world_size} ranks need {world_size} GPUs (NCCL); this machine has {count}"
 
 
-def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: float = 60.0) -> list:
+def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: Optional[float] = None) -> list:
     """Run every case of one world size; one :class:`CaseResult` per case, in order.
 
     Args:
       cases: dicts with ``layout``, ``scaler``, ``params``, ``inject``, ``overflow`` (per rank, per
         step) and optionally ``model_parallel``, ``reduce_over``, ``chained`` (megatron: a ChainedOptimizer
-        of two), ``step_keyed_collective``, ``audit`` (run the loop under
-        fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s) and ``record``
+        of two), ``step_keyed_collective``, ``timeout_s`` (this case's ``case_timeout_s``), ``audit``
+        (run the loop under fpemu.audit_torch: each RankRecord's ``findings`` holds its (kind, step)s) and ``record``
         (under fpemu.record_torch: each RankRecord's ``recorded`` is the rank's recorded trace, its
         ``findings`` the recorder's audit's).
       world_size: the number of ranks (processes).
       device: ``cpu`` (gloo) or ``cuda`` (NCCL, a GPU per rank).
       case_timeout_s: a case with no result by then is a hang: the group is killed and the next
-        cases run in a fresh one.
+        cases run in a fresh one.  None: each case's ``timeout_s``, else
+        :func:`default_case_timeout` of its steps and the world size.
 
     Example::
 
@@ -696,7 +719,8 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
                                "overflow": [[False, True], [False, False]]}], world_size=2)
         [r.applied for r in result.ranks]     # [[True, False], [True, False]]
     """
+    timeouts = [_case_timeout(case, world_size, case_timeout_s) for case in cases]
     out = []
     while len(out) < len(cases):
-        out += _launch(cases[len(out):], world_size, device, case_timeout_s)
+        out += _launch(cases[len(out):], world_size, device, timeouts[len(out):])
     return out

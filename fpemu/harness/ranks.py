@@ -26,8 +26,10 @@ from typing import Optional
 import numpy as np
 
 from fpemu.adapters._trace import observed_trace
-from fpemu.adapters.torch_ranks import unavailable  # imports no torch: a GPU count is asked for on cuda only
+# These import no torch (a GPU count is asked for on cuda only).
+from fpemu.adapters.torch_ranks import default_case_timeout, unavailable
 from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
+from fpemu.errors import FpemuInputError
 from fpemu.harness.jobs import job_failure, matches, parse_implementation
 from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
 from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
@@ -71,6 +73,22 @@ class CaseOutcome:
 def ranks_scenarios(scenarios) -> list:
     """The [ranks] scenarios among ``scenarios``."""
     return [s for s in scenarios if isinstance(s, RanksScenario)]
+
+
+def ranks_left_out(spec_paths, command: str) -> Optional[str]:
+    """What ``fpemu {command}`` (golden, diff) says of the [ranks] specs among ``spec_paths``, which it
+    does not run: their per-rank references and real ranks run together under ``fpemu run``.  None
+    when there are none; FpemuInputError (exit 2) when they are all there is, as nothing asked can be done."""
+    scenarios = load_specs(spec_paths)
+    files = [scenario.path for scenario in ranks_scenarios(scenarios)]
+    if not files:
+        return None
+    message = (f"{', '.join(files)}: [ranks] spec{'s' * (len(files) > 1)}, which `fpemu {command}` does not "
+               "run; `fpemu run --specs FOLDER_OR_FILE` writes their per-rank golden traces and drives their "
+               "real ranks")
+    if len(files) == len(scenarios):
+        raise FpemuInputError(message)
+    return message
 
 
 def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Implementation]:
@@ -165,6 +183,11 @@ _ENDINGS = {"doesn't match expected size": "gloo aborted a collective mismatch (
             "Timed out": "a hang (a collective timed out)"}
 
 
+_CASE_HANG = "timeout: no result within"  # torch_ranks' words for a case past its timeout
+_HANG_HINT = ("; a longer healthy case needs a longer timeout: ranks.timeout_s in the spec, or "
+              "`fpemu run --rank-timeout SECONDS`")
+
+
 def ending(error: str) -> str:
     """How a failed run ended, stably worded (:data:`_ENDINGS`), else the error itself."""
     return next((words for marker, words in _ENDINGS.items() if marker in error), error)
@@ -177,7 +200,8 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift,
         if declared is not None and declared.ends == "abort" and not prediction.verdict.agree \
                 and prediction.verdict.step == declared.step:
             return Verdict(name, key, KNOWN, note=f"{declared.reason}; the run ended as declared: {ending(result.error)}")
-        return Verdict(name, key, CANNOT_RUN, note=f"the multi-rank run ended: {result.error}")
+        hint = _HANG_HINT if result.error.startswith(_CASE_HANG) else ""
+        return Verdict(name, key, CANNOT_RUN, note=f"the multi-rank run ended: {result.error}{hint}")
     if declared is not None and declared.ends == "abort":
         return Verdict(name, key, DIVERGED, note=f"declared an abort at step {declared.step} ({declared.reason}); "
                                                  "the run completed")
@@ -204,21 +228,30 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift,
                    steps_compared=steps)
 
 
-def case_payload(scenario: RanksScenario, case) -> dict:
+def case_timeout(scenario: RanksScenario, case, rank_timeout: Optional[float] = None) -> float:
+    """Seconds the case may run before it counts as a hang: ``rank_timeout`` (``--rank-timeout``), else the
+    spec's ``ranks.timeout_s``, else the launcher's default for its steps and world size."""
+    chosen = rank_timeout if rank_timeout is not None else scenario.timeout_s
+    return chosen if chosen is not None else default_case_timeout(len(case.overflow[0]), case.world_size)
+
+
+def case_payload(scenario: RanksScenario, case, rank_timeout: Optional[float] = None) -> dict:
     """What a rank needs of a case (plain values: it crosses into the forked ranks)."""
     return {"layout": case.layout, "scaler": case.scaler, "params": case.params, "inject": case.inject,
             "overflow": [list(flags) for flags in case.overflow], "model_parallel": case.model_parallel,
-            "reduce_over": case.reduce_over, "step_keyed_collective": scenario.step_keyed_collective}
+            "reduce_over": case.reduce_over, "step_keyed_collective": scenario.step_keyed_collective,
+            "timeout_s": case_timeout(scenario, case, rank_timeout)}
 
 
-def _run_group(jobs, world_size: int, device: str) -> list:
+def _run_group(jobs, world_size: int, device: str, rank_timeout: Optional[float]) -> list:
     """Every case of the group in one process group; one CaseResult per job, in order."""
     from fpemu.adapters import get_adapter
-    payload = [case_payload(scenario, case) for _, scenario, case, _, _ in jobs]
+    payload = [case_payload(scenario, case, rank_timeout) for _, scenario, case, _, _ in jobs]
     return get_adapter(jobs[0][4].name).function()(payload, world_size, device)
 
 
-def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=None, progress=None) -> tuple:
+def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=None, progress=None,
+              rank_timeout: Optional[float] = None) -> tuple:
     """Predict and run every case of the [ranks] specs under ``spec_paths``.
 
     Args:
@@ -227,6 +260,8 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
         other traces are removed: they hold exactly this run's).
       requested, excluded: ``--impl`` / ``--exclude`` names (``torch_ddp``, ``torch_fsdp2@cuda``).
       progress: ``(done, total, label)`` callback.
+      rank_timeout: seconds every case may run before it counts as a hang (``--rank-timeout``); None: each
+        spec's ``ranks.timeout_s``, else the default for the case's steps and world size (:func:`case_timeout`).
 
     Returns:
       (CaseOutcome per case, paths written).
@@ -249,7 +284,7 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
             results.update({job[0]: reason for job in group})
             continue
         try:
-            results.update(zip((job[0] for job in group), _run_group(group, world_size, device)))
+            results.update(zip((job[0] for job in group), _run_group(group, world_size, device, rank_timeout)))
         except Exception as error:  # noqa: BLE001 -- the launcher failing is every case's result line
             results.update({job[0]: error for job in group})
     golden_dir, observed_dir = pathlib.Path(golden_dir), pathlib.Path(observed_dir)

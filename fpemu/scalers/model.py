@@ -285,8 +285,9 @@ class ScalerRules:
                     hysteresis -= 1
         last_rescale, overflows_since = s.last_rescale, s.overflows_since_rescale + 1
         if self.tolerance is not None:
-            since_rescale = (s.iteration - s.last_rescale) or 1000
-            back_off = overflows_since / since_rescale >= self.tolerance
+            # fairseq v0.12.2 divides as is; from init() the count is never 0 (a growth or a backoff
+            # at step i leaves i + 1 - i).
+            back_off = overflows_since / (s.iteration - s.last_rescale) >= self.tolerance
         scale, event = s.scale, None
         if back_off:
             if self.floor_action == "raise" and self.floor is not None and scale == self.floor:

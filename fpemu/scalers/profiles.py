@@ -83,9 +83,11 @@ _PARAM_KINDS = {
     **dict.fromkeys(("init_scale", "loss_scale", "scale", "initial_scale", "init_loss_scaling"), "scale"),
     **dict.fromkeys(("growth_factor", "factor", "scale_factor", "incr_ratio"), "growth"),
     **dict.fromkeys(("backoff_factor", "decr_ratio"), "backoff"),
-    **dict.fromkeys(("growth_interval", "period", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
+    "period": "period",
+    **dict.fromkeys(("growth_interval", "dynamic_growth_steps", "scale_window", "incr_every_n_steps",
                      "decr_every_n_nan_or_inf", "delayed_shift", "hysteresis"), "interval"),
-    **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold", "max_loss_scale"), "bound"),
+    **dict.fromkeys(("min_loss_scale", "min_scale", "minimum_scale", "threshold"), "bound"),
+    "max_loss_scale": "cap",
     "tolerance": "share",
     "max_consecutive_errors": "count",
     **dict.fromkeys(("consecutive_hysteresis", "raise_error_at_min_scale"), "flag"),
@@ -100,12 +102,15 @@ def _check_param(profile: str, key: str, value) -> None:
             raise TypeError(f"{where} must be true or false, got {value!r}")
         return
     if kind in ("interval", "count"):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{where} must be an int, got {value!r}")
-        if value < (1 if kind == "interval" else 0):
-            raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
+        _check_param_count(where, value, kind)
         return
     if kind == "bound" and value is None:
+        return
+    if kind == "period":
+        _check_period(where, value)
+        return
+    if kind == "cap":
+        _check_cap(where, value)
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{where} must be a number, got {value!r}")
@@ -121,6 +126,44 @@ def _check_param(profile: str, key: str, value) -> None:
         raise ValueError(f"{where} must be at least 0, got {value}")
 
 
+def _check_param_count(where: str, value, kind: str) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where} must be an int, got {value!r}")
+    if value < (1 if kind == "interval" else 0):
+        raise ValueError(f"{where} must be at least {1 if kind == 'interval' else 0}, got {value}")
+
+
+def _check_cap(where: str, value) -> None:
+    # apex (4d6ed50) computes min(max_loss_scale, ...) and checks nothing: inf is no cap, None makes
+    # min() raise TypeError, and a NaN or negative cap gives a NaN or negative scale.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a number or inf, got {value!r}")
+    if not value >= 0:  # refuses NaN and -inf, takes +inf
+        raise ValueError(f"{where} must be at least 0 or inf, got {value}")
+
+
+# jmp's counter is int32, or float32 once period is a float; it counts integers exactly up to 2**24.
+_FLOAT_PERIOD_MAX = 2**24
+
+
+def _check_period(where: str, value) -> None:
+    # jmp 0.0.4 never checks period (its tests pass 5.): counter == period - 1 and
+    # (counter + 1) % period run in float32 for a float period.  An integer-valued one up to 2**24
+    # counts as the int does; 2.5 would grow every 5th finite step with counters 0.5, 1.5, which
+    # the traces' integer growth counter cannot hold, and past 2**24 counter + 1 rounds.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be an int or a float with an integer value, got {value!r}")
+    if isinstance(value, (float, np.floating)):
+        if not (math.isfinite(value) and value == int(value)):
+            raise ValueError(f"{where} must be an int or a float with an integer value, got {value!r} "
+                             f"(jmp's float32 counter would count fractions)")
+        if value > _FLOAT_PERIOD_MAX:
+            raise ValueError(f"{where} must be at most 2**24 as a float (jmp's float32 counter + 1 "
+                             f"rounds past it), got {value!r}; pass an int")
+        value = int(value)
+    _check_param_count(where, value, "interval")
+
+
 def _torch(p):
     return ScalerRules(p["init_scale"], p["growth_factor"], p["backoff_factor"], p["growth_interval"],
                        arithmetic="fp64_to_fp32", on_growth_overflow="keep")
@@ -134,14 +177,14 @@ def _torch_sharded(p):
 def _jmp(p):
     # Under jit the state is flattened and rebuilt: min_loss_scale is not among the pytree's
     # fields, so the traced adjust floors at the dataclass default, 1.0, whatever was passed.
-    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
+    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=int(p["period"]),
                        arithmetic="fp32", backoff="reciprocal", on_growth_overflow="keep",
                        floor=1.0, flush_subnormals=True,
                        flush_initial_scale=False)
 
 
 def _jmp_eager(p):
-    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=p["period"],
+    return ScalerRules(p["loss_scale"], float(p["factor"]), growth_interval=int(p["period"]),
                        arithmetic="fp32", backoff="divide", on_growth_overflow="keep",
                        floor=float(np.float32(p["min_loss_scale"])), flush_subnormals=True,
                        flush_initial_scale=False)
@@ -220,6 +263,9 @@ def _apex(p):
 
 
 def _fairseq(p):
+    if p["min_loss_scale"] is None:  # check_overflow compares loss_scale <= min_loss_scale on every overflow
+        raise TypeError("profile 'fairseq': min_loss_scale must be a number (fairseq compares the scale with it "
+                        "on every overflow: None raises TypeError), got None")
     return ScalerRules(p["init_scale"], p["scale_factor"], growth_interval=p["scale_window"],
                        growth_timing="window", arithmetic="python", backoff="divide",
                        on_growth_overflow="inf", floor=p["threshold"], stop_at=p["min_loss_scale"],
@@ -272,7 +318,9 @@ PROFILES = {profile.name: profile for profile in [
             "Grows on N, keeps the old scale if growth overflows; backoff divides by factor, which XLA "
             "rewrites to a multiply by float32(1/factor) under jit; min_loss_scale is not a pytree field, "
             "so under jit it is dropped and the floor is 1.0 whatever was passed (min_loss_scale=0.3 "
-            "gives 10, 5, 2.5, 1.25, 1, 1; see jmp_eager for the value honoured)."),
+            "gives 10, 5, 2.5, 1.25, 1, 1; see jmp_eager for the value honoured). period may be a float "
+            "with an integer value up to 2^24 (jmp's tests pass 5.): its counter is then float32 and counts "
+            "as the int does."),
     Profile("jmp_eager", "jmp.DynamicLossScale (adjust called eagerly, op by op)",
             "jmp 0.0.4: jmp/_src/loss_scale.py", "driven",
             dict(loss_scale=REQUIRED, period=2000, factor=2, min_loss_scale=1.0),
@@ -299,12 +347,13 @@ PROFILES = {profile.name: profile for profile in [
             "max(scale / 2, 1). TensorFlow's CPU kernels flush subnormals: unscaled gradients (and a "
             "subnormal initial scale's first growth, which gives 0)."),
     Profile("deepspeed", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config defaults)",
-            "DeepSpeed >= 0.17.1 (PR #6976), driven against 0.19.8: deepspeed/runtime/fp16/loss_scaler.py, "
-            "runtime/precision_config.py", "driven",
+            "DeepSpeed from PR #6976 (e440506be; every 0.17.1 release on), driven against 0.19.8 and a source "
+            "build of e440506be: deepspeed/runtime/fp16/loss_scaler.py, runtime/precision_config.py", "driven",
             dict(init_scale=2.0**16, scale_window=1000, min_scale=1,
                  delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
             _deepspeed, "mul_recip_fp64", "scaled",
-            "For DeepSpeed 0.17.1 and later. Grows when (steps since the last overflow) - 1 is a positive "
+            "For DeepSpeed from PR #6976 (released in 0.17.1; a source build from before it already says "
+            "0.17.1 and follows deepspeed_0_17: the adapters ask the class, not the version). Grows when (steps since the last overflow) - 1 is a positive "
             "multiple of the window: the first growth after an overflow, and at the start, comes on the "
             "(N+1)-th good step, later ones every N; the factor is fixed at 2 and the class has no defaults "
             "(these are the engine's fp16 config defaults, which it always passes); hysteresis "
@@ -313,12 +362,13 @@ PROFILES = {profile.name: profile for profile in [
             "the scale after its update."),
     Profile("deepspeed_0_17", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (ZeRO 1-3; engine config "
             "defaults), DeepSpeed <= 0.17.0",
-            "DeepSpeed <= 0.17.0, driven against 0.17.0: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
+            "DeepSpeed <= 0.17.0 and source builds before PR #6976 (which say 0.17.1), driven against 0.17.0 and "
+            "a source build of e440506be^: deepspeed/runtime/fp16/loss_scaler.py, runtime/config.py",
             "driven",
             dict(init_scale=2.0**16, scale_factor=2.0, scale_window=1000, min_scale=1,
                  delayed_shift=2, consecutive_hysteresis=False, raise_error_at_min_scale=True),
             _deepspeed_0_17, "mul_recip_fp64", "scaled",
-            "For DeepSpeed up to 0.17.0. Grows when the steps since the last overflow are a multiple "
+            "For DeepSpeed up to 0.17.0 and source builds before PR #6976. Grows when the steps since the last overflow are a multiple "
             "of the window; scale_factor is an argument; otherwise as the deepspeed profile. The engine "
             "passes these config defaults only when the fp16 config names one of its dynamic-scale keys "
             "(else see deepspeed_legacy)."),
@@ -358,13 +408,14 @@ PROFILES = {profile.name: profile for profile in [
             "source-derived", dict(init_scale=2.0**16, scale_window=2000, min_loss_scale=None,
                                    max_loss_scale=2.0**24),
             _apex, "mul_recip_fp64", "scaled",
-            "Factor fixed at 2 (its argument is ignored); hard cap max_loss_scale = 2^24; floor only "
+            "Factor fixed at 2 (its argument is ignored); hard cap max_loss_scale = 2^24 (inf: no cap, the "
+            "scale can double to inf and stays there); floor only "
             "if min_loss_scale is set (a falsy 0 is none); Python floats, so the scale halves through "
             "the subnormal doubles to exactly 0.0, and the next unscale's 1./scale raises "
             "ZeroDivisionError (training stops)."),
     Profile("fairseq", "fairseq.optim.dynamic_loss_scaler.DynamicLossScaler",
-            "facebookresearch/fairseq at 0d77035: fairseq/optim/dynamic_loss_scaler.py; "
-            "not installable here (the 0.12.2 sdist lacks a C++ source, import fails on Python 3.11)", "source-derived",
+            "fairseq v0.12.2 (the last release; main at 3d262bb has the same file): "
+            "fairseq/optim/dynamic_loss_scaler.py; not installable here (the 0.12.2 sdist lacks a C++ source, import fails on Python 3.11)", "source-derived",
             dict(init_scale=2.0**15, scale_factor=2.0, scale_window=2000, tolerance=0.0,
                  threshold=None, min_loss_scale=1e-4),
             _fairseq, "mul_recip_fp64", "grad_norm",

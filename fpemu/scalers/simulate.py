@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from fpemu.scalers.model import F32_TINY, ScalerRules
@@ -249,16 +250,26 @@ def unscale(grads, scale: float, profile="torch") -> np.ndarray:
     jmp by float32(1) / float32(scale); flax and Keras divide; Paddle's and TensorFlow's
     CPU kernels multiply by the reciprocal with subnormals flushed (``"mul_recip_ftz"``).
 
+    The result is float32, except that the PyTorch-based profiles (``"mul_recip_fp64"``) give
+    float16 and bfloat16 gradients back in their own dtype, as torch unscales them in place
+    (``_amp_foreach_non_finite_check_and_unscale_``, torch 2.13.0: the float32 product rounded
+    to the gradient's dtype; torch.amp.GradScaler.unscale_ refuses float16 gradients, its
+    kernel and ShardedGradScaler take them).  jmp, flax and Keras on JAX return float32 for
+    them as here; Paddle's and TensorFlow's kernels write the gradient's dtype, which is
+    not modelled (float32 comes back).
+
     Example:
       >>> g = np.float32(5.0)
       >>> float(unscale(g, 3 * 2**10, "torch")) == float(unscale(g, 3 * 2**10, "flax"))
       False
     """
     chosen = get_profile(profile)
-    grads = np.asarray(grads, dtype=np.float32)
+    given = np.asarray(grads)
+    grads = given.astype(np.float32, copy=False)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if chosen.unscale == "mul_recip_fp64":
-            return grads * np.float32(1.0 / np.float64(np.float32(scale)))
+            product = grads * np.float32(1.0 / np.float64(np.float32(scale)))
+            return product.astype(given.dtype) if given.dtype in _IN_PLACE_DTYPES else product
         if chosen.unscale == "mul_recip_fp32":
             return grads * (np.float32(1.0) / np.float32(scale))
         if chosen.unscale == "divide":
@@ -267,6 +278,10 @@ def unscale(grads, scale: float, profile="torch") -> np.ndarray:
             reciprocal = _flushed(1.0 / _flushed(np.float32(scale)).astype(np.float64))
             return _flushed(_flushed(grads).astype(np.float64) * reciprocal)  # the float64 product is exact
     return grads
+
+
+# 16-bit gradients that torch unscales in place, in float32 opmath, keeping their dtype.
+_IN_PLACE_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 def _flushed(exact) -> np.ndarray:

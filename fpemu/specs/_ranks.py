@@ -15,6 +15,8 @@
     step_keyed_collective = false        # optional: a collective sized by each rank's update count
     model_parallel = 2                   # optional: ranks per model replica (world = dp x mp; zero1, zero2, megatron)
     reduce_over = ["dp"]                 # optional: configure the found-inf collectives over these groups only
+    timeout_s = 900                      # optional: seconds a case may run before it counts as a hang (default
+                                         # 60 + 0.05 x steps x ranks; `fpemu run --rank-timeout` overrides both)
 
     [ranks.overflow.1]                   # rank 1's overflow source (any [overflow] source but model);
     source = "explicit"                  # ranks without one never overflow
@@ -39,7 +41,7 @@ from fpemu.specs.scenario import _ScenarioBase
 RANKS_FIELDS = ("scale", "overflow", "applied", "growth_counter")
 ENDINGS = ("completes", "abort")
 _RANKS_KEYS = {"layout", "scaler", "world_sizes", "inject", "params", "overflow", "expect_divergence",
-               "step_keyed_collective", "model_parallel", "reduce_over"}
+               "step_keyed_collective", "model_parallel", "reduce_over", "timeout_s"}
 _MAX_WORLD = 16  # forked CPU processes: more is a typo, not a test
 
 
@@ -64,6 +66,8 @@ class RanksScenario(_ScenarioBase):
       expected: injection point -> the RanksDivergence declared there.
       step_keyed_collective: each step ends with a collective sized by the rank's own update count.
       model_parallel, reduce_over: see fpemu.ranks.RanksCase.
+      timeout_s: seconds each case may run before it counts as a hang; None: the launcher's default
+        for its steps and world size (fpemu.adapters.torch_ranks.default_case_timeout).
     """
 
     layout: str
@@ -76,6 +80,7 @@ class RanksScenario(_ScenarioBase):
     step_keyed_collective: bool = False
     model_parallel: int = 1
     reduce_over: Optional[tuple] = None
+    timeout_s: Optional[float] = None
 
     @property
     def adapter(self) -> str:
@@ -202,6 +207,12 @@ def _params(check: _Checker, scaler: str, raw) -> dict:
     return dict(raw)
 
 
+def _timeout(check: _Checker, raw) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):
+        check.fail("ranks.timeout_s", f"expected seconds > 0 (a finite number), got {raw!r}")
+    return float(raw)
+
+
 def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksScenario:
     """Validate a spec with a [ranks] table (every independent mistake reported at once)."""
     for key in ("scaler", "overflow", "step", "record", "implementations"):
@@ -229,6 +240,7 @@ def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksS
                       if "model_parallel" in ranks else 1)
     reduce_over = (check.attempt(_reduce_over, check, ranks["reduce_over"], scaler, layout)
                    if "reduce_over" in ranks else None)
+    timeout_s = check.attempt(_timeout, check, ranks["timeout_s"]) if "timeout_s" in ranks else None
     keyed = ranks.get("step_keyed_collective", False)
     if not isinstance(keyed, bool):
         check.attempt(check.fail, "ranks.step_keyed_collective", f"expected true or false, got {keyed!r}")
@@ -236,5 +248,5 @@ def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksS
     return _scenario(check, RanksScenario, raw, text, path, steps=steps, implementations=(), record=RANKS_FIELDS,
                      layout=layout, scaler=scaler, params=params, world_sizes=sizes, injections=injections,
                      overflow=overflow, expected=expected, step_keyed_collective=keyed,
-                     model_parallel=model_parallel, reduce_over=reduce_over)
+                     model_parallel=model_parallel, reduce_over=reduce_over, timeout_s=timeout_s)
 
