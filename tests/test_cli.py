@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from fpemu.cli import build_parser, main
+from fpemu.figures import pyplot
 
 SPECS = pathlib.Path(__file__).resolve().parent.parent / "specs"
 
@@ -167,7 +168,7 @@ def test_plots_keep_bars_visible_series_apart_and_name_the_divergent_field():
     legend = fig.axes[0].get_legend().get_window_extent(renderer)
     bars = [patch.get_window_extent(renderer) for patch in fig.axes[0].patches]
     assert bars and not any(_overlap(legend, bar) for bar in bars)
-    plots._pyplot().close(fig)
+    pyplot().close(fig)
 
     underflow = [0.6] * 20
     overflow = [0.0] * 20
@@ -177,14 +178,14 @@ def test_plots_keep_bars_visible_series_apart_and_name_the_divergent_field():
     over = fig.axes[2]
     assert over.get_ylim()[1] < 0.2 and over.get_ylim()[1] > 0.1  # the blip fills its own panel
     assert any("0 at every step" in t.get_text() for t in fig.axes[1].texts)
-    plots._pyplot().close(fig)
+    pyplot().close(fig)
 
     fig = plots.draw_scale_trajectories("t", {"reference": [16.0] * 6, "flax@cpu": [16.0] * 3 + [32.0] * 3},
                                         [False] * 6, {"flax@cpu": (2, "growth_counter")})
     ax = fig.axes[0]
     assert any(t.get_text() == "step 2: growth_counter" for t in ax.texts)
     assert "flax@cpu (differs from step 2, growth_counter)" in [t.get_text() for t in ax.get_legend().get_texts()]
-    plots._pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def test_run_rank_timeout_is_stated_in_help_and_checked_before_anything_runs(capsys, tmp_path):

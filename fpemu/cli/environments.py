@@ -1,11 +1,54 @@
-"""The ``fpemu matrix`` and ``fpemu bisect`` subcommands (added to the parser by fpemu.cli)."""
+"""The environment commands: env (isolated environments for conflicting packages), matrix (a spec x version
+matrix in one environment per version set) and bisect (where a recorded behaviour changed)."""
 
 from __future__ import annotations
 
 import pathlib
 import sys
 
+from fpemu.cli import output
 from fpemu.errors import FpemuInputError
+
+
+def _cmd_env_build(args) -> int:
+    from fpemu.harness import environments
+    built = environments.environment_python(args.name) is not None  # an unknown name fails here, exit 2
+    if not built and not args.quiet:
+        print(f"building {args.name}: {' '.join(environments.requirements_of(args.name))} (pip, minutes)",
+              file=sys.stderr)
+    folder = environments.build_environment(args.name)
+    manifest = environments.environment_manifest(args.name)
+    line = f"{args.name} is built at {folder}"
+    if not built:
+        line += f" ({manifest['build_seconds']:.0f} s, {manifest['size_bytes'] / 2**20:.0f} MiB)"
+    output.emit(args, {"name": args.name, "folder": str(folder), "built_now": not built, "manifest": manifest}, [line])
+    return 0
+
+
+def _cmd_env_list(args) -> int:
+    from fpemu.harness import environments
+    rows = []
+    for name, requirements in environments.ENVIRONMENTS.items():
+        python = environments.environment_python(name)
+        rows.append({"name": name, "requirements": list(requirements), "python": python and str(python)})
+    output.emit(args, {"environments": rows},
+          [f"{r['name']:<12} {r['python'] or 'not built'}  ({' '.join(r['requirements'])})" for r in rows])
+    return 0
+
+
+def _add_env_commands(sub) -> None:
+    env_help = "isolated environments for packages that conflict with fpemu's own (paddle, tf_keras)"
+    env = sub.add_parser("env", help=env_help, description=env_help)
+    actions = env.add_subparsers(dest="env_command", required=True)
+    for name, help_text, handler in (("build", "build an environment (instant when built)", _cmd_env_build),
+                                     ("list", "list the environments and where they are built", _cmd_env_list)):
+        action = actions.add_parser(name, help=help_text, description=help_text)
+        action.add_argument("--json", action="store_true", help="print a JSON result on stdout (for CI)")
+        action.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        action.set_defaults(handler=handler)
+        if name == "build":
+            action.add_argument("name", help="the environment's name (see `fpemu env list`)")
+
 
 _MATRIX_HELP = ("record the specs in one isolated environment per set of package versions and write "
                 "reports/upgrades.md: a row per spec and implementation, a column per version, the change points "
@@ -52,13 +95,12 @@ def _exit_code(results) -> int:
 
 
 def _finish(args, results, extra_lines=()) -> int:
-    from fpemu.cli import _emit, _written_lines
     from fpemu.reports.upgrades import change_lines, write_results
     written = write_results(args.reports, results)
     code = _exit_code(results)
-    _emit(args, {**results, "written": [str(p) for p in written], "exit_code": code},
+    output.emit(args, {**results, "written": [str(p) for p in written], "exit_code": code},
           _column_lines(results) + list(extra_lines) + ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)]
-          + _written_lines(written))
+          + output.written_lines(written))
     return code
 
 
@@ -96,7 +138,7 @@ def _cmd_bisect(args) -> int:
                       tuple(args.impl) if args.impl else None, described)
     show = _stderr_line(args)
     first = len(dict.fromkeys(versions[::args.stride] + versions[-1:]))
-    cost = (f"one environment per version" if args.stride == 1 else
+    cost = ("one environment per version" if args.stride == 1 else
             f"{first} environments first, then about log2({args.stride}) more per change found")
     show(f"{len(versions)} versions of {args.package} ({versions[0]} to {versions[-1]}); stride {args.stride}: {cost}")
     found = bisect_package(plan, args.package, versions, args.stride, args.traces or default_traces_root(name),
@@ -107,8 +149,8 @@ def _cmd_bisect(args) -> int:
     return _finish(args, bisection_results(name, args.package, plan, found), [cost])
 
 
-def add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
-    """Add ``matrix`` and ``bisect`` through fpemu.cli's ``command(name, help, handler)`` factory."""
+def _add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
+    """Add ``matrix`` and ``bisect`` through the registry's ``command(name, help, handler)`` factory."""
     from fpemu.harness.matrix import PACKAGES
     from fpemu.reports.upgrades import REPORT
     matrix = command("matrix", _MATRIX_HELP, _cmd_matrix)
@@ -144,3 +186,9 @@ def _shared(cmd, impl_help: str, report: str) -> None:
                      help=f"folder of {report} and its results files (default reports/)")
     cmd.add_argument("--traces", type=pathlib.Path,
                      help="folder for the recorded traces, one subfolder per set (default ~/.cache/fpemu/matrix/NAME)")
+
+
+def add_commands(registry) -> None:
+    """env, matrix and bisect."""
+    _add_env_commands(registry.subparsers)
+    _add_matrix_commands(registry.command, registry.specs_help, registry.impl_help)

@@ -1,0 +1,72 @@
+"""The emulate command: a model file's training steps with every op rounded per a precision policy."""
+
+from __future__ import annotations
+
+import pathlib
+
+from fpemu.cli import output
+from fpemu.cli.questions import parse_params
+from fpemu.errors import FpemuInputError
+
+
+def _cmd_emulate(args) -> int:
+    from fpemu.emulate.run import emulate_file, write_outputs
+    overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
+                                               ("accumulation", args.accumulation)) if value is not None}
+    if args.flush_subnormals:
+        overrides["subnormals"] = False
+    if args.steps < 1:
+        raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
+    if args.threads is not None:
+        import torch
+        if args.threads < 1:
+            raise FpemuInputError(f"--threads {args.threads}: expected at least 1")
+        torch.set_num_threads(args.threads)
+    # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the emulator
+    trace = emulate_file(args.model, policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
+                         params=parse_params(args.param), seed=args.seed, semantics=args.semantics)
+    written = write_outputs(trace, args.out, plot=not args.no_plot)
+    summary = trace.summary
+    first = trace.metadata["telemetry"]["first_nonfinite"]
+    ran = f"{trace.metadata['policy']['name']} / {trace.metadata['profile']}"
+    lines = [f"{trace.spec_name} under {ran}: {summary['attempts']} steps, "
+             f"{summary['skipped_updates']} skipped, final scale {summary['final_scale']:g}"]
+    lines += [f"first inf/NaN ({d}): {e['op']} in {e['module']} at step {e['step']}" for d, e in sorted(first.items())]
+    output.emit(args, {"summary": summary, "first_nonfinite": first, "written": [str(p) for p in written]},
+          lines + output.written_lines(written))
+    return 0
+
+
+def add_commands(registry) -> None:
+    """emulate."""
+    command = registry.command
+    emulate = command("emulate", "run a model file's training steps with every op rounded per a precision policy "
+                      "(torch: fpemu.emulate_torch; JAX: fpemu.emulate_jax) under a loss-scaler profile: writes the "
+                      "trace and a report page (per-module underflow heat map, scale trajectory). A torch file defines "
+                      "build(seed) -> (model, optimizer) and step(model, optimizer, scaler, index) -> loss, the step "
+                      "using the torch.amp.GradScaler interface and no autocast of its own; a JAX file declares "
+                      "FRAMEWORK = 'jax' and defines build(seed) -> state, grads(state, scale, index) -> (loss, "
+                      "grads) and update(state, grads, index) -> state", _cmd_emulate)
+    emulate.add_argument("model", type=pathlib.Path, help="the model file (.py)")
+    emulate.add_argument("--policy", help="torch: cuda_autocast_fp16 (default), cuda_autocast_bf16, "
+                         "cpu_autocast_fp16, cpu_autocast_bf16, pure_fp16, pure_bf16, fp8; JAX: program (default)")
+    emulate.add_argument("--semantics", help="JAX: the interpreter's float32 arithmetic, a fpemu.steps.SEMANTICS "
+                         "preset (default jax_cpu_strict: XLA:CPU's; jax_cpu: with XLA's default bf16 excess "
+                         "precision; seed: IEEE, sequential sums)")
+    emulate.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    emulate.add_argument("--scaler", help="the loss-scaler profile (default torch for torch files, flax for JAX "
+                         "files; `fpemu simulate` takes the same names)")
+    emulate.add_argument("--param", action="append", metavar="NAME=VALUE", help="a parameter of the scaler profile "
+                         "(init_scale=2**16, growth_interval=100); repeat for several")
+    emulate.add_argument("--format", help="the policy's compute format: a format name (fp8_e5m2, tf32, fp6_e3m2fn, "
+                         "...; autocast policies take fp16 or bf16; custom formats: Policy(compute=make_format(...)))")
+    emulate.add_argument("--rounding", help="rounding mode (nearest_even, toward_zero, stochastic, ...)")
+    emulate.add_argument("--accumulation", choices=("fp32", "low"),
+                         help="matmul, sum and conv accumulation (default fp32; low refuses other ops that may accumulate)")
+    emulate.add_argument("--flush-subnormals", action="store_true", help="flush subnormal results to zero")
+    emulate.add_argument("--seed", type=int, default=0, help="passed to the file's build(seed)")
+    emulate.add_argument("--no-plot", action="store_true", help="write no PNG (the page still has the tables)")
+    emulate.add_argument("--threads", type=int, help="torch intra-op threads (default torch's; 1 is often fastest "
+                         "on a shared machine)")
+    emulate.add_argument("--out", type=pathlib.Path, default=output.DEFAULT_REPORTS / "emulate",
+                         help="output folder (default reports/emulate)")

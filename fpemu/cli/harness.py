@@ -1,0 +1,243 @@
+"""The harness commands: golden, record, diff, audit, compare, report and run (the main job)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from fpemu.cli import output
+from fpemu.errors import FpemuInputError
+
+
+def _ranks_left_out(args) -> None:
+    from fpemu.harness.ranks import ranks_left_out
+    left_out = ranks_left_out(args.specs, args.command)  # raises (exit 2) when only [ranks] specs were given
+    if left_out:
+        output.note(args, f"note: {left_out}")
+
+
+def _cmd_golden(args) -> int:
+    from fpemu.harness import write_golden
+    _ranks_left_out(args)
+    unmade = []
+    written = write_golden(args.specs, args.out, output.progress(args), unmade)
+    made = [path for path in written if path not in {kept for _, _, kept in unmade}]
+    lines = output.written_lines(made, "golden traces") + [
+        f"{'kept ' + str(kept) if kept else 'no golden'} for {name}: its golden needs a real run, which cannot "
+        f"run here ({why})"
+        for name, why, kept in unmade]
+    output.emit(args, {"written": [str(p) for p in made], "unmade": [[name, why, kept and str(kept)]
+                                                                for name, why, kept in unmade]}, lines)
+    return 0
+
+
+def _cmd_record(args) -> int:
+    from fpemu.compare.diff import SKIPPED
+    from fpemu.harness.jobs import record
+    _ranks_left_out(args)
+    done = record(args.specs, args.out, args.impl, output.progress(args), excluded=args.exclude)
+    lines = output.written_lines(done.written, "traces")
+    lines += [output.job_line(v) for v in done.unrecorded]
+    if done.removed:
+        lines.append(f"removed {len(done.removed)} stale trace{'s' * (len(done.removed) != 1)} from {args.out} "
+                     f"(not written by this run): {', '.join(p.name for p in done.removed)}")
+    jobs = len(done.written) + len(done.unrecorded)
+    lines.append(f"{jobs} job{'s' * (jobs != 1)}: {len(done.written)} recorded"
+                 + (f", {output.status_counts(done.unrecorded)}" if done.unrecorded else ""))
+    code = output.failure_code(done.unrecorded) or (0 if done.written else output.nothing_compared(args, done.unrecorded,
+                                                                                       "recorded"))
+    output.emit(args, {"written": [str(p) for p in done.written], "removed": [str(p) for p in done.removed],
+                 "unrecorded": [v.as_dict() for v in done.unrecorded],
+                 "skipped": [[v.spec, v.implementation, v.note] for v in done.unrecorded if v.status == SKIPPED],
+                 "exit_code": code}, lines)
+    return code
+
+
+def _cmd_diff(args) -> int:
+    from fpemu.harness import diff
+    _ranks_left_out(args)
+    verdicts = diff(args.specs, args.golden, args.impl, args.save, output.progress(args), excluded=args.exclude)
+    code = output.failure_code(verdicts) or output.nothing_compared(args, verdicts)
+    output.emit(args, {"verdicts": [v.as_dict() for v in verdicts], "exit_code": code}, output.verdict_lines(verdicts))
+    return code
+
+
+def _audit_change_lines(changes) -> list:
+    """The changes grouped by the package versions that differ (only those are printed), each with
+    its first divergence, its impact verdict, the fields that differ and the summary entries that do."""
+    groups = {}
+    for change in changes:
+        versions = ", ".join(p.describe() for p in change.impact.packages) or "no package version differs"
+        groups.setdefault(versions, []).append(change)
+    lines = []
+    for versions, members in groups.items():
+        lines.append(f"{versions}: {len(members)} change{'s' * (len(members) != 1)}")
+        for change in members:
+            impact = change.impact
+            lines.append(f"CHANGED {change.spec} / {change.implementation}: "
+                         f"{impact.divergence.describe('baseline', 'now')}")
+            lines.append(f"        impact: {impact.verdict()}")
+            lines += [f"        {row}" for row in impact.field_lines()] if impact.fields else []
+            summary = [c.describe() for c in impact.summary if c.changed]
+            lines += [f"        summary: {', '.join(summary)}"] if summary else []
+    return lines
+
+
+def _cmd_audit(args) -> int:
+    from fpemu.compare.diff import SKIPPED
+    from fpemu.harness.jobs import audit, skipped_summary
+    changes, unchanged, problems = audit(args.baseline, output.progress(args), args.impl, args.exclude)
+    skipped = [v for v in problems if v.status == SKIPPED]
+    failed = [v for v in problems if v.status != SKIPPED]
+    lines = [f"{unchanged} recorded behaviours unchanged, {len(changes)} changed, {len(skipped)} skipped"
+             + (f", {len(failed)} failed ({output.status_counts(failed)})" if failed else "")]
+    lines += _audit_change_lines(changes)
+    lines += [output.job_line(v) for v in problems]
+    code = max(output.failure_code(failed), 1 if changes else 0)
+    if skipped and not code:
+        message = (f"{len(skipped)} baseline behaviour{'s' * (len(skipped) != 1)} not audited, their "
+                   f"implementation cannot run here: {skipped_summary(skipped)}")
+        if args.allow_skips:
+            output.note(args, f"note: {message} (accepted: --allow-skips)")
+        else:
+            output.note(args, f"error: {message}; pass --allow-skips to accept an audit that leaves them out")
+            code = 1
+    payload = {"unchanged": unchanged, "exit_code": code,
+               "skipped": [[v.spec, v.implementation, v.note] for v in skipped],
+               "failed": [v.as_dict() for v in failed],
+               "changes": [{"spec": c.spec, "implementation": c.implementation, "baseline": c.baseline_path,
+                            "packages_before": c.packages_before, "packages_now": c.packages_now,
+                            "divergence": c.impact.divergence.as_dict("baseline", "now"),
+                            "impact": c.impact.as_dict("baseline", "now")} for c in changes]}
+    output.emit(args, payload, lines)
+    return code
+
+
+def _cmd_compare(args) -> int:
+    from fpemu.compare import trace_changes
+    from fpemu.traces import read_trace
+    before, after = read_trace(args.before), read_trace(args.after)
+    try:
+        changes = trace_changes(before, after)
+    except FpemuInputError as error:
+        raise FpemuInputError(f"{args.before} vs {args.after}: {error}") from None
+    code = 0 if changes.identical else 1
+    lines = changes.lines() + ["", f"before: {args.before} ({changes.before})",
+                               f"after: {args.after} ({changes.after})"]
+    output.emit(args, {**changes.as_dict(), "files": [str(args.before), str(args.after)], "exit_code": code}, lines)
+    return code
+
+
+def _cmd_report(args) -> int:
+    from fpemu.reports import write_all
+    for name, path, folder in (("--golden", args.golden, True), ("--observed", args.observed, True),
+                               ("--diff", args.diff, False)):
+        if path is not None and not (path.is_dir() if folder else path.is_file()):
+            raise FpemuInputError(f"{name} {path}: no such {'folder' if folder else 'file'}")
+    if args.golden is not None and args.diff is None and not args.quiet:
+        output.note(args, "note: no --diff: harness.md shows the golden traces but no comparisons; pass --diff with "
+                    "the JSON of `fpemu diff ... --json > diff.json` (or reports/diff.json, written by `fpemu run`), "
+                    "and --observed with the folder of `fpemu diff --save`")
+    written = write_all(args.reports, golden_dir=args.golden, observed_dir=args.observed, diff_file=args.diff)
+    output.emit(args, {"written": [str(p) for p in written]}, output.written_lines(written))
+    return 0
+
+
+def _rank_timeout(seconds):
+    if seconds is not None and not 0 < seconds < math.inf:
+        raise FpemuInputError(f"--rank-timeout {seconds:g}: expected seconds > 0 (a finite number)")
+    return seconds
+
+
+def _cmd_run(args) -> int:
+    from fpemu.compare.diff import JOB_FAILURES, SKIPPED
+    from fpemu.harness import diff, write_golden
+    from fpemu.harness.ranks import run_ranks
+    from fpemu.reports import write_all
+    from fpemu.reports.ranks import ranks_report
+    from fpemu.traces import trace_filename
+    from fpemu.fileio import atomic_write
+    rank_timeout = _rank_timeout(args.rank_timeout)
+    if not args.specs.exists():
+        where = "the current folder" if args.specs == output.DEFAULT_SPECS else str(args.specs.parent)
+        raise FpemuInputError(f"{args.specs}: no such spec file or folder in {where}; `fpemu run` reads the "
+                              "specs/ folder of an fpemu checkout: run it from the checkout's root, or pass "
+                              "--specs FOLDER (and --reports FOLDER for the output)")
+    reports = args.reports
+    golden_dir, observed_dir = reports / "golden", reports / "observed"
+    progress = output.progress(args)
+    fresh = set(write_golden([args.specs], golden_dir, progress))
+    ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
+                                     args.exclude, progress, rank_timeout)
+    verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
+                    allow_none=not args.impl or bool(ranks), excluded=args.exclude)
+    verdicts += [outcome.verdict for outcome in ranks]
+    fresh |= {observed_dir / trace_filename(v.spec, v.implementation) for v in verdicts
+              if v.status != SKIPPED and v.status not in JOB_FAILURES}
+    for folder in (golden_dir, observed_dir):  # traces of specs that no longer exist would haunt the report
+        for stale in set(folder.glob("*.json")) - fresh:
+            stale.unlink()
+    diff_file = atomic_write(reports / "diff.json",
+                             json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
+    written = ranks_report(reports, ranks) if ranks else []  # before write_all: its index lists ranks.md
+    written += write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
+    fresh |= set(ranks_written)
+    code = output.failure_code(verdicts) or output.nothing_compared(args, verdicts)
+    output.emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": sorted(map(str, fresh | set(written))),
+                 "exit_code": code},
+          output.verdict_lines(verdicts) + output.written_lines(sorted(fresh | {diff_file} | set(written))))
+    return code
+
+
+def add_commands(registry) -> None:
+    """golden, record, diff, audit, compare, report and run."""
+    command, specs_help, impl_help, selection = (registry.command, registry.specs_help, registry.impl_help,
+                                                 registry.selection)
+    golden = command("golden", "write the reference (golden) trace of each spec", _cmd_golden)
+    golden.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    golden.add_argument("--out", type=pathlib.Path, required=True, help="folder for the golden traces")
+
+    record = command("record", "record real implementations' traces (a baseline for `fpemu audit`); the folder "
+                     "ends up holding exactly this run's traces: traces in it that this run did not write are "
+                     "removed, and listed", _cmd_record)
+    record.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    record.add_argument("--out", type=pathlib.Path, required=True, help="folder for the recorded traces")
+    selection(record, impl_help, "exit 0 even when every job was skipped (nothing recorded) instead of 1")
+
+    diff = command("diff", "drive real implementations through the specs and compare with golden traces", _cmd_diff)
+    diff.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
+    diff.add_argument("--golden", type=pathlib.Path, required=True, help="folder of golden traces")
+    selection(diff, impl_help + " (default: each spec's own)")
+    diff.add_argument("--save", type=pathlib.Path, help="also write the observed traces into this folder")
+
+    audit = command("audit", "re-record a baseline's implementations here and list every behaviour change",
+                    _cmd_audit)
+    audit.add_argument("--baseline", type=pathlib.Path, required=True, help="folder written by `fpemu record`")
+    selection(audit, "audit only these implementations of the baseline (a name: every device)",
+              "exit 0 even when baseline implementations cannot run here (skipped) instead of 1")
+
+    compare = command("compare", "compare any two trace files (a reference, a recording, a rerun, an upgrade, a "
+                      "config change): the verdict, the first divergence, then what differs; exit 0 when identical, "
+                      "1 when they differ", _cmd_compare)
+    compare.add_argument("before", type=pathlib.Path, help="the first trace (e.g. the baseline)")
+    compare.add_argument("after", type=pathlib.Path, help="the second trace")
+
+    report = command("report", "write reports/ from traces, diff results and benchmark results", _cmd_report)
+    report.add_argument("--reports", type=pathlib.Path, default=output.DEFAULT_REPORTS, help="output folder")
+    report.add_argument("--golden", type=pathlib.Path, help="folder of golden traces")
+    report.add_argument("--observed", type=pathlib.Path, help="folder of observed traces (`fpemu diff --save`)")
+    report.add_argument("--diff", type=pathlib.Path, help="diff results: reports/diff.json of `fpemu run`, or the "
+                        "output of `fpemu diff --json`")
+
+    run = command("run", "the main job: golden traces, diff against every installed implementation, reports",
+                  _cmd_run)
+    run.add_argument("--specs", type=pathlib.Path, default=output.DEFAULT_SPECS,
+                     help="spec folder (default: specs/ of the current folder, i.e. run it from the checkout)")
+    run.add_argument("--reports", type=pathlib.Path, default=output.RUN_REPORTS,
+                     help="output folder (default: reports/local/, which git ignores; --reports reports rewrites the "
+                          "committed reports, from a full install: rows that cannot run here would replace measured ones)")
+    selection(run, impl_help + " (default: each spec's own)")
+    run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
+                     help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "
+                          "ranks.timeout_s, else 60 + 0.05 x steps x ranks)")

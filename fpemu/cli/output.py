@@ -1,0 +1,120 @@
+"""What every command shares: the default folders, the help formatter, progress, the result lines and
+the JSON payload, the exit code the jobs ask for."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+
+DEFAULT_SPECS = pathlib.Path("specs")
+DEFAULT_REPORTS = pathlib.Path("reports")
+# The main job writes beside the committed reports, not over them: on a machine without every framework its
+# skipped rows would replace what a full run measured.  `--reports reports` refreshes the committed ones.
+RUN_REPORTS = DEFAULT_REPORTS / "local"
+
+
+def epilog() -> str:
+    from fpemu.compare.diff import STATUSES
+    return ("exit codes:\n"
+            "  0  success: every job compared matched (or met its declared divergence); audit: nothing changed\n"
+            "  1  a divergence, a changed behaviour (audit), a failed job (api changed, cannot run), or\n"
+            "     nothing compared: every job skipped, or (audit) a baseline implementation skipped here;\n"
+            "     --allow-skips accepts skips\n"
+            "  2  bad usage or input: the message names the file, key or argument\n"
+            "  3  an internal error (a bug in fpemu; the traceback is printed); the other jobs still ran\n\n"
+            "job statuses: " + ", ".join(STATUSES) + "\n\n"
+            "spec format: one TOML scenario per file, described in README.md (\"The differential harness\")\n"
+            "and in `python -m pydoc fpemu.specs.loader`; the checkout's specs/ holds examples of every kind.")
+
+
+class Formatter(argparse.HelpFormatter):
+    """Wraps descriptions; keeps the epilog's lines (the exit-code table) as written."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def progress(args):
+    from fpemu.harness import stderr_progress
+    return (lambda *a: None) if args.quiet else stderr_progress
+
+
+def emit(args, payload: dict, lines) -> None:
+    if args.json:
+        print(json.dumps(payload, indent=1, sort_keys=True))
+    else:
+        for line in lines:
+            print(line)
+
+
+def written_lines(paths, what: str = "files") -> list:
+    """One line per file for a few, else one line per run: 'wrote N files under DIR'."""
+    paths = [pathlib.Path(p) for p in paths]
+    if len(paths) <= 3:
+        return [f"wrote {p}" for p in paths]
+    root = pathlib.Path(os.path.commonpath([str(p.parent) for p in paths]))
+    return [f"wrote {len(paths)} {what} under {root}"]
+
+
+def status_counts(verdicts) -> str:
+    from fpemu.compare.diff import STATUSES
+    counts = [(status, sum(v.status == status for v in verdicts)) for status in STATUSES]
+    return ", ".join(f"{count} {status}" for status, count in counts if count) or "none"
+
+
+def job_line(v) -> str:
+    """One result line: status, spec / implementation, and what happened."""
+    from fpemu.compare.diff import JOB_FAILURES, SKIPPED
+    line = f"{v.status:>16}  {v.spec} / {v.implementation}"
+    if v.status in JOB_FAILURES or v.status == SKIPPED:
+        if v.packages and v.status != SKIPPED:
+            line += " (" + ", ".join(f"{k} {ver}" for k, ver in sorted(v.packages.items())) + ")"
+        return line + (f": {v.note}" if v.note else "")
+    if v.divergence is not None:
+        line += f": first divergence at {v.divergence.describe()}"
+    if v.note:
+        line += f" [{v.note}]"
+    return line
+
+
+def verdict_lines(verdicts) -> list:
+    jobs = len(verdicts)
+    return [job_line(v) for v in verdicts] + [f"{jobs} job{'s' * (jobs != 1)}: {status_counts(verdicts)}"]
+
+
+def failure_code(verdicts) -> int:
+    """The exit code the jobs' statuses ask for: 3 for an internal error, 1 for any other failure."""
+    from fpemu.compare.diff import STATUSES
+    return max((STATUSES[v.status][2] for v in verdicts), default=0)
+
+
+def note(args, message: str) -> None:
+    print(f"fpemu {args.command}: {message}", file=sys.stderr)
+
+
+def nothing_compared(args, verdicts, noun: str = "compared") -> int:
+    """1 (with a message naming each skipped implementation and why) when every job was skipped,
+    unless --allow-skips; else 0."""
+    from fpemu.compare.diff import SKIPPED
+    from fpemu.harness.jobs import skipped_summary
+    if not verdicts or any(v.status != SKIPPED for v in verdicts):
+        return 0
+    message = f"nothing {noun}: every job was skipped: {skipped_summary(verdicts)}"
+    if args.allow_skips:
+        note(args, f"note: {message} (accepted: --allow-skips)")
+        return 0
+    note(args, f"error: {message}; pass --allow-skips to accept a run that compares nothing")
+    return 1
+
+
+def fail(args, message: str, code: int = 2) -> int:
+    print(f"fpemu {args.command}: error: {message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"error": message, "exit_code": code}))
+    return code
