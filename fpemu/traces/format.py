@@ -11,10 +11,11 @@ A trace is JSON::
         "implementation": "reference" | "torch@cpu" | "flax@cpu" | ...,
         "profile": "torch",                  # the profile the parameters belong to
         "params": {...},                     # every parameter, defaults included
-        "packages": {"numpy": "2.4.6", ...}, # versions of what computed it
+        "packages": {"numpy": "2.4.6", ...}, # versions of what computed it (provenance: see PROVENANCE)
         "device": "cpu",
         "host": {"platform": ..., "machine": "x86_64", "python": "3.11.7",     # recorded traces only:
-                 "cpu_features": ["avx2", "fma", ...], "flags": {"XLA_FLAGS": ...}}   # a reference has nothing of the host
+                 "cpu_features": ["avx2", "fma", ...], "flags": {"XLA_FLAGS": ...},   # a reference has nothing of the host
+                 "torch_cpu": {"aten_cpu_capability": "AVX512", "onednn_bf16": true}}  # where torch was imported
       },
       "steps": [
         {"step": 0, "scale": 16.0, "scale_hex": "0x1.0000000000000p+4", "overflow": false,
