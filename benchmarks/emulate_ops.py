@@ -18,6 +18,15 @@ from benchmarks._common import write_report
 BUCKETS = ("0", "1", "2", "3-4", "5+", "nan differs")
 
 
+def _tiers() -> str:
+    """The CPU kernel tiers the figures depend on (torch's ATen and oneDNN kernels differ per tier)."""
+    from fpemu._host import NUMERIC_CPU_FEATURES, cpu_flags, torch_cpu_tiers
+    tiers = torch_cpu_tiers()
+    features = [f for f in NUMERIC_CPU_FEATURES if f in cpu_flags() and f.startswith(("avx512", "amx"))]
+    return (f"ATen {tiers['aten_cpu_capability']} kernels, oneDNN bf16 {'on' if tiers['onednn_bf16'] else 'off'}; "
+            f"CPU {', '.join(features) or 'without AVX-512'}")
+
+
 def _ops(torch):
     f = torch.nn.functional
     return {
@@ -158,7 +167,7 @@ def main() -> dict:
                                                                            for b in BUCKETS] + [("max", "max ulp"),
                                                                            ("normwise", "max abs diff / max abs")]
     write_report("emulate_ops", "Emulated ops vs torch CPU's low-precision kernels (ulp histogram)", result, rows,
-                 columns, [f"torch {torch.__version__}, CPU, one thread; inputs: seeded normal values of the format.",
+                 columns, [f"torch {torch.__version__}, CPU, one thread ({_tiers()}); inputs: seeded normal values of the format.",
                            "The rows named by an aten op (and a policy) are every op of torch's AutocastCPU and "
                            "AutocastCUDA tables, called as fpemu/emulate/_op_samples.py says (small shapes): ops "
                            "autocast runs low or promotes under their table's policy, ops it runs in float32 under "
