@@ -16,6 +16,7 @@ import pickle
 import subprocess
 import sys
 
+from fpemu._host import xla_cpu_tier
 from fpemu.steps.semantics import XLA_CPU_TIERS
 
 STRICT_FLAG = "--xla_allow_excess_precision=false"
@@ -33,37 +34,6 @@ def host_semantics(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return mode + XLA_CPU_TIERS[xla_cpu_tier()][0]
-
-
-@functools.lru_cache(maxsize=None)
-def xla_cpu_tier() -> str:
-    """Which of ``XLA_CPU_TIERS`` this process's XLA:CPU computes in, read from two probe programs
-    rather than from /proc/cpuinfo, since caps decide it as much as the CPU does:
-    ``ONEDNN_MAX_CPU_ISA`` picks oneDNN's sgemm kernel, ``--xla_cpu_max_isa`` what LLVM emits.
-    Both modes share the answer (the worker differs in excess precision only).
-
-    Raises:
-      RuntimeError: a combination no preset models (f16 FMAs with oneDNN capped to AVX2).
-    """
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    f32 = np.float32
-    # x @ w = 4 * 1.5 * 2^125 + 4 * -2^126: AVX2's paired order rounds the second product alone
-    # (-inf); AVX-512's one FMA chain gives -2^126.
-    w = np.zeros((4, 4), f32)
-    w[0, 0], w[1, 0] = np.ldexp(f32(1.5), 125), np.ldexp(f32(-1.0), 126)
-    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-    avx512_sgemm = bool(np.isfinite(np.asarray(dot(np.full((2, 4), 4, f32), w))[0, 0]))
-    # (1 + 2^-10)^2 + 2^-11 in f16: one FMA rounds up to 1 + 3 * 2^-10, a multiply then an add to 1 + 2^-9.
-    x = jnp.asarray([1 + 2.0 ** -10], jnp.float16)
-    fused = jax.jit(lambda a, b: a * a + b)(x, jnp.asarray([2.0 ** -11], jnp.float16))
-    fp16_fma = float(fused[0]) == 1 + 3 * 2.0 ** -10
-    if fp16_fma and not avx512_sgemm:
-        raise RuntimeError("XLA fuses f16 multiply-adds here but oneDNN runs its AVX2 sgemm (ONEDNN_MAX_CPU_ISA "
-                           "capped?): no preset models that combination; cap both or neither")
-    return "avx512fp16" if fp16_fma else "avx512" if avx512_sgemm else "avx2"
 
 
 @functools.lru_cache(maxsize=None)
