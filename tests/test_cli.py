@@ -226,3 +226,25 @@ def test_golden_diff_and_record_say_that_ranks_specs_run_under_fpemu_run(capsys,
     code, out, err = cli(capsys, "diff", mixed, "--golden", tmp_path / "golden")
     assert code == 0 and "seed_example_1 / torch@cpu" in out
     assert f"note: {mixed / ranks_spec.name}: [ranks] spec, which `fpemu diff` does not run" in err
+
+
+def test_emulate_help_names_every_policy(capsys):
+    """The help is derived from the policy table: fp8_delayed was missing from a hand-written list."""
+    from fpemu.emulate.policy import POLICIES
+    with pytest.raises(SystemExit):
+        main(["emulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in POLICIES) and "jax: program (default)" in text
+
+
+def test_torchaos_cuda_extension_warnings_are_dropped_and_nothing_else():
+    import logging
+    from fpemu.cli import cuda_extension_noise
+
+    def record(message):
+        return logging.LogRecord("torchao", logging.WARNING, "torchao/__init__.py", 96, message, (), None)
+    noise = "Failed to load /site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load this library"
+    assert not cuda_extension_noise(record(noise))
+    assert cuda_extension_noise(record("Skipping import of cpp extensions due to incompatible torch version"))
+    main(["simulate", "--overflow-steps", "1", "--quiet"])
+    assert cuda_extension_noise in logging.getLogger("torchao").filters

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 import traceback
 import typing
@@ -83,7 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cuda_extension_noise(record: logging.LogRecord) -> bool:
+    """False for torchao's warning that one of its CUDA extensions (``_C*.so``) does not load: on a CPU build
+    of torch it is logged for each of them on every import, and none of fpemu's paths uses them."""
+    message = record.getMessage()
+    return not (message.startswith("Failed to load ") and "/_C" in message and ".so" in message)
+
+
 def main(argv=None) -> int:
+    logging.getLogger("torchao").addFilter(cuda_extension_noise)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

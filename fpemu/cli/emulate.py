@@ -37,6 +37,17 @@ def _cmd_emulate(args) -> int:
     return 0
 
 
+def _policy_help() -> str:
+    """Every named policy, by the framework that emulates its placement (the first is the default)."""
+    from fpemu.emulate.policy import PLACEMENT_FRAMEWORKS, POLICIES
+    parts = []
+    for framework in ("torch", "jax"):
+        default, *others = [name for name, fields in POLICIES.items()
+                            if framework in PLACEMENT_FRAMEWORKS[fields["placement"]]]
+        parts.append(f"{framework}: " + ", ".join([f"{default} (default)", *others]))
+    return "; ".join(parts)
+
+
 def add_commands(registry) -> None:
     """emulate."""
     command = registry.command
@@ -48,8 +59,7 @@ def add_commands(registry) -> None:
                       "FRAMEWORK = 'jax' and defines build(seed) -> state, grads(state, scale, index) -> (loss, "
                       "grads) and update(state, grads, index) -> state", _cmd_emulate)
     emulate.add_argument("model", type=pathlib.Path, help="the model file (.py)")
-    emulate.add_argument("--policy", help="torch: cuda_autocast_fp16 (default), cuda_autocast_bf16, "
-                         "cpu_autocast_fp16, cpu_autocast_bf16, pure_fp16, pure_bf16, fp8; JAX: program (default)")
+    emulate.add_argument("--policy", help=_policy_help())
     emulate.add_argument("--semantics", help="JAX: the interpreter's float32 arithmetic, a fpemu.steps.SEMANTICS "
                          "preset (default jax_cpu_strict: XLA:CPU's; jax_cpu: with XLA's default bf16 excess "
                          "precision; seed: IEEE, sequential sums)")
