@@ -248,3 +248,11 @@ def test_torchaos_cuda_extension_warnings_are_dropped_and_nothing_else():
     assert cuda_extension_noise(record("Skipping import of cpp extensions due to incompatible torch version"))
     main(["simulate", "--overflow-steps", "1", "--quiet"])
     assert cuda_extension_noise in logging.getLogger("torchao").filters
+
+
+def test_compare_names_a_json_result_that_is_not_a_trace(tmp_path, capsys):
+    assert main(["simulate", "--overflow-steps", "1", "--json"]) == 0
+    result = tmp_path / "simulate.json"
+    result.write_text(capsys.readouterr().out)
+    assert main(["compare", str(result), str(result)]) == 2
+    assert "not a trace file but a command's --json result" in capsys.readouterr().err
