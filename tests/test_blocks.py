@@ -76,6 +76,21 @@ def test_nvfp4_one_level_underflows_small_tensors_two_levels_keep_them():
     assert np.count_nonzero(two.values) > 0.9 * x.size and two.tensor_scale == float(np.float32(np.abs(x).max()) / np.float32(2688))
 
 
+def test_two_level_nvfp4_nan_tensor_amax_follows_torchs_thread_split():
+    """torch's max of a NaN-holding tensor is 0xFFFFFFFF (fp4 code 0xC) unless 2+ threads split it past
+    32,768 values (0x7FC00000, code 0x3): a one-value tensor's NaN comes back quieted, its sign cleared."""
+    x = np.ones((2049, 16), np.float32)
+    x[7, 7] = np.nan
+    codes = {threads: block_quantize(x, "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level",
+                                     torch_threads=threads).element_codes[0, 0] for threads in (1, 2)}
+    assert codes == {1: 0xC, 2: 0x3}
+    small = block_quantize(x[:2048], "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level", torch_threads=2)
+    assert small.element_codes[0, 0] == 0xC
+    lone = np.array([[np.array(0xFF800001, np.uint32).view(np.float32)]])
+    one = block_quantize(lone, "fp4_e2m1fn", block_size=1, scale_rule="torchao_nvfp4_2level")
+    assert np.float32(one.tensor_scale).view(np.uint32) == 0x7FC00001
+
+
 def test_every_rule_names_its_departures_and_source():
     for rule in SCALE_RULES.values():
         assert rule.source and rule.departs, rule.name
@@ -89,6 +104,7 @@ def test_every_rule_names_its_departures_and_source():
     (lambda: block_quantize(np.ones(32, np.float32), axis=1), "axis must be an int in"),
     (lambda: block_quantize(np.ones(32, np.float32), scale_format="fp8_e4m3fn"), "scale_format: rule 'ocp'"),
     (lambda: block_quantize(np.full(32, 0.1), scale_rule="torchao_floor"), "computes in float32"),
+    (lambda: block_quantize(np.ones(32, np.float32), torch_threads=0), "torch_threads must be a positive int"),
 ])
 def test_bad_input_names_the_argument(call, words):
     with pytest.raises(FpemuInputError, match=words):
