@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from fpemu.blocks.log2 import ceil_log2, floor_log2
 from fpemu.blocks.rules import SCALE_RULES, ScaleRule
 from fpemu.errors import FpemuInputError
 from fpemu.formats._compiled import KERNELS
@@ -520,7 +521,7 @@ def _exact_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
 def _microxcaling_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
     magnitude = amax.astype(_F32)
     magnitude = np.where(magnitude == 0, _F32(2.0**-126), magnitude)   # its FP32_MIN_NORMAL for zero blocks
-    exponent = np.floor(np.log2(magnitude)) - _F32(elem.emax)         # float32 log2, as torch's
+    exponent = floor_log2(magnitude) - _F32(elem.emax)                # torch's float32 log2, floored
     beyond = ~(exponent <= _E8M0_BIAS)                                  # NaN too: its NaN scale
     biased = np.clip(np.where(beyond, 0, exponent), -_E8M0_BIAS, _E8M0_BIAS).astype(np.int64) + _E8M0_BIAS
     return np.where(beyond, _E8M0_NAN, biased)
@@ -549,7 +550,7 @@ def _torchao_even(amax, elem):
 
 def _torchao_rceil(amax, elem):
     descale = amax.astype(_F32) / _F32(elem.max_finite)
-    exponent = np.ceil(np.log2(descale))                      # float32 log2, as torch's
+    exponent = ceil_log2(descale)                             # torch's float32 log2, ceiled
     biased = np.clip(np.nan_to_num(exponent, posinf=0, neginf=-_E8M0_BIAS), -_E8M0_BIAS, _E8M0_BIAS) + _E8M0_BIAS
     biased = np.where(np.isinf(descale), 254, biased)
     return np.where(np.isnan(descale), _E8M0_NAN, biased).astype(np.int64)
