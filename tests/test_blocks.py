@@ -1,12 +1,17 @@
 """fpemu.block_quantize's own rules: the exact OCP rule, microxcaling, Transformer Engine's kernel (no torch), and
 fpemu.blocks.log2 (against torch where it is installed)."""
 
+import functools
+import os
+import pathlib
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 import fpemu
 from fpemu.blocks import SCALE_RULES, block_quantize
-from fpemu.blocks.probes import probe_blocks
+from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.errors import FpemuInputError
 
 
@@ -36,6 +41,91 @@ def test_microxcaling_float32_log2_gives_the_scale_above_just_below_a_power_of_t
     assert ocp == [127 + 19 - 8, 127 + 20 - 8] and mx == [127 + 20 - 8, 127 + 20 - 8]
     zeros = block_quantize(np.zeros((1, 32), np.float32), "fp8_e4m3fn", scale_rule="microxcaling")
     assert zeros.scale_codes.tolist() == [[0]] and zeros.values.max() == 0
+
+
+MICROXCALING_COMMIT = "7bc41952de394f5cc5e782baf132e7c7542eb4e4"
+_MX_NAMES = {"fp8_e4m3fn": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp6_e2m3fn": "fp6_e2m3", "fp6_e3m2fn": "fp6_e3m2",
+             "fp4_e2m1fn": "fp4_e2m1"}
+
+
+@functools.lru_cache(maxsize=None)
+def _microxcaling_modules():
+    """microxcaling's modules on _quantize_mx's path (formats, specs, elemwise_ops, mx_ops), unchanged, from
+    FPEMU_MICROXCALING_SOURCE: a checkout, or a git mirror holding 7bc4195 (default
+    ~/.cache/fpemu/microxcaling); loaded as a package of their own, without mx/__init__.py (its nn layers)."""
+    import subprocess
+    import sys
+    import types
+    root = pathlib.Path(os.environ.get("FPEMU_MICROXCALING_SOURCE") or "~/.cache/fpemu/microxcaling").expanduser()
+    package = types.ModuleType("_microxcaling_mx")
+    package.__path__ = []
+    for name in ("formats", "specs", "elemwise_ops", "mx_ops"):
+        path = f"mx/{name}.py"
+        if (root / path).is_file():
+            text = (root / path).read_text(encoding="utf-8")
+        else:
+            run = subprocess.run(["git", "--git-dir", str(root), "show", f"{MICROXCALING_COMMIT}:{path}"],
+                                 capture_output=True, text=True)
+            if run.returncode:
+                return None
+            text = run.stdout
+        module = types.ModuleType(f"{package.__name__}.{name}")
+        module.__package__ = package.__name__
+        sys.modules[module.__name__] = module
+        exec(compile(text, f"<microxcaling {path}>", "exec"), module.__dict__)
+        setattr(package, name, module)
+    return package
+
+
+def microxcaling_quantize(x, elem: str):
+    """microxcaling's own _quantize_mx on x (torch, x's dtype), blocks of 32 along the last axis, round='nearest'."""
+    torch = pytest.importorskip("torch")
+    mx = _microxcaling_modules()
+    if mx is None:
+        pytest.skip("no microxcaling source (set FPEMU_MICROXCALING_SOURCE to a checkout or git mirror of "
+                    f"microsoft/microxcaling holding {MICROXCALING_COMMIT[:7]})")
+    bits = x.view(f"u{x.dtype.itemsize}").astype(f"i{x.dtype.itemsize}")
+    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[str(x.dtype)]
+    tensor = torch.from_numpy(bits).view(dtype)
+    out = mx.mx_ops._quantize_mx(tensor, 8, mx.formats.ElemFormat.from_str(_MX_NAMES[elem]), axes=[-1],
+                                 block_size=32, round="nearest")
+    return out.double().numpy()  # (exact from every one of those types)
+
+
+_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64, "float16": np.float16}
+
+
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("elem", list(_MX_NAMES))
+def test_microxcaling_rule_is_microxcalings_own_code(elem, dtype):
+    """Every probe kind, bit for bit (NaN-aware), in the input's own type: bf16 and float16 round every step
+    again in their type (log2 too), and zero comes out +0 where the scaled value is zero (torch.sign(-0) is +0)."""
+    for kind in PROBE_KINDS:
+        with np.errstate(over="ignore"):  # (float16: wide values become inf)
+            x = probe_blocks(kind, elem, rows=64, seed=PROBE_KINDS.index(kind)).astype(_DTYPES[dtype])
+        assert_microxcalings_values(x, elem, kind)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("elem", list(_MX_NAMES))
+def test_microxcaling_rule_is_microxcalings_own_code_on_every_16_bit_pattern(elem, dtype):
+    """All 65,536 patterns in order (neighbours share a block) and shuffled, and float64 within 16 ulps of
+    powers of two (its log2 rounds onto them there)."""
+    every = np.arange(1 << 16, dtype=np.uint16).view(_DTYPES[dtype]).reshape(-1, 32)
+    assert_microxcalings_values(every, elem, "in order")
+    assert_microxcalings_values(np.random.default_rng(5).permutation(every.reshape(-1)).reshape(-1, 32), elem, "shuffled")
+    # (values are float32: the powers of two whose blocks' values it holds exactly)
+    powers = np.ldexp(1.0, np.arange(-100, 121)).view(np.int64)
+    near = (powers[:, None] + np.arange(-16, 16)[None, :]).view(np.float64)       # a block per power of two
+    assert_microxcalings_values(near * np.where(np.arange(32) % 3, 1, -1), elem, "float64 next to powers of two")
+
+
+def assert_microxcalings_values(x, elem, what):
+    theirs = microxcaling_quantize(x, elem)
+    ours = block_quantize(x, elem, scale_rule="microxcaling").values.astype(np.float64)
+    differ = (ours.view(np.uint64) != theirs.view(np.uint64)) & ~(np.isnan(ours) & np.isnan(theirs))
+    assert np.count_nonzero(differ) == 0, (what, x[differ][:4], ours[differ][:4], theirs[differ][:4])
 
 
 def test_te_kernel_scale_rounds_amax_times_reciprocal_up_and_maps_byte_0_to_2_127():

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 from typing import Optional
 
+import ml_dtypes
 import numpy as np
 
 from fpemu.blocks.log2 import ceil_log2, floor_log2
@@ -23,6 +24,7 @@ from fpemu.formats.rounding import as_float_array, codes_of_values, decode, enco
 
 _F32 = np.float32
 _E8M0_BIAS, _E8M0_NAN = 127, 255
+_OWN_TYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))  # the 16-bit types microxcaling computes in
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -65,7 +67,8 @@ def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = N
     """Quantize ``x`` in blocks of ``block_size`` values along ``axis``, one scale per block.
 
     Args:
-      x: float array (float32 or bf16 for the float32 rules; float64 too for ``ocp``/``microxcaling``).
+      x: float array (float32 or bf16 for the float32 rules; float64 too for ``ocp``; ``microxcaling``
+        computes in x's own float32, float64, bf16 or float16, as microxcaling's torch code does).
       element_format: the elements' format, one the rule supports (``SCALE_RULES[rule].elements``).
       block_size: values per scale; defaults to the rule's (32 for MX, 16 for NVFP4).
       scale_format: the scales' format; defaults to the rule's (``"e8m0"`` or ``"fp8_e4m3fn"``),
@@ -131,9 +134,12 @@ def _operand(x, rule: ScaleRule) -> np.ndarray:
     """x in the type the rule computes in: float32 (float64 input only where it holds float32 values,
     so no rounding is hidden), or x's own float32 or float64 for the exact rules (x / 2**X is exact
     in float32 too, but where it lands among float32's subnormals, far below any element's least
-    value, so the elements are the same)."""
+    value, so the elements are the same); microxcaling computes in x's own type, bf16 and float16
+    included."""
+    if rule.application == "microxcaling" and np.asarray(x).dtype in _OWN_TYPES:
+        return np.asarray(x)
     arr = as_float_array(x)
-    if rule.application == "exact":
+    if rule.application in ("exact", "microxcaling"):
         return arr
     if arr.dtype == np.float64:
         narrow = arr.astype(_F32)
@@ -518,15 +524,6 @@ def _exact_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
     return np.where(np.isfinite(amax), biased, _E8M0_NAN)
 
 
-def _microxcaling_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
-    magnitude = amax.astype(_F32)
-    magnitude = np.where(magnitude == 0, _F32(2.0**-126), magnitude)   # its FP32_MIN_NORMAL for zero blocks
-    exponent = floor_log2(magnitude) - _F32(elem.emax)                # torch's float32 log2, floored
-    beyond = ~(exponent <= _E8M0_BIAS)                                  # NaN too: its NaN scale
-    biased = np.clip(np.where(beyond, 0, exponent), -_E8M0_BIAS, _E8M0_BIAS).astype(np.int64) + _E8M0_BIAS
-    return np.where(beyond, _E8M0_NAN, biased)
-
-
 def _field_exponent(amax: np.ndarray) -> tuple:
     bits = amax.astype(_F32).view(np.int32)
     return ((bits >> 23) & 0xFF) - 127, bits
@@ -579,7 +576,7 @@ def _te_reference_e8m0(amax, elem):
     return np.where(value == 0, 0, (exponent + up) & 0xFF)
 
 
-_EXPONENT_RULES = {"floor": _exact_floor, "microxcaling": _microxcaling_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
+_EXPONENT_RULES = {"floor": _exact_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
                    "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0,
                    "te_reference": _te_reference_e8m0}
 
@@ -737,4 +734,53 @@ def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray
     return codes
 
 
-_BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4}
+def _microxcaling(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """microxcaling's _quantize_mx (PyTorch path, shared_exp_method 'max', round 'nearest') step by step in
+    the blocks' own type, as torch computes it there (bf16 and float16: each op in float32, rounded back;
+    their log2 likewise, :mod:`fpemu.blocks.log2`): :func:`_mx`'s tuple.
+
+    X = floor(log2(amax, 0 taken as 2**-126)) - emax (above 127 NaN, below -127 -127), y = x / 2**X; then
+    _quantize_elemwise_core: e = max(floor(log2(|y|, 0 taken as 1)), emin), the element
+    sign(t) * floor(|t| + 0.5) * 2**(e - m) for t = y / 2**e * 2**m (m = mantissa bits: |t| + 0.5
+    rounds in the type, so t just under a half can round up), clamped to +-max, y's infinities kept;
+    the value, element * 2**X.  torch.sign(-0.0) is +0: a y that is zero gives +0.
+    """
+    kind = blocks.dtype
+    wide = np.float64 if kind == np.float64 else _F32   # torch's arithmetic type for the blocks' type
+
+    def rounded(result):
+        return np.asarray(result).astype(kind)
+
+    def power(exponent):  # torch.pow(2, exponent) in the type: exact powers of two, rounded into it
+        finite = np.isfinite(exponent)
+        exact = np.ldexp(np.float64(1), np.where(finite, exponent, 0).astype(np.int64))
+        return rounded(np.where(finite, exact, np.float64(np.nan)))
+
+    def floor_log2_of(magnitude, zero_as):
+        return floor_log2(np.where(magnitude == 0, rounded(zero_as), magnitude))
+
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        magnitude = np.abs(blocks)
+        amax = rounded(magnitude.astype(wide).max(axis=-1))      # (NaN propagates)
+        shared = rounded(floor_log2_of(amax, np.ldexp(1.0, -126)).astype(wide) - elem.emax)  # (FP32_MIN_NORMAL)
+        shared = np.where(shared > _E8M0_BIAS, np.nan, np.maximum(shared, -_E8M0_BIAS)).astype(kind)
+        scale = power(shared)[..., None].astype(wide)
+        y = rounded(blocks.astype(wide) / scale)
+        exponent = floor_log2_of(np.abs(y), 1.0)
+        exponent = np.where(exponent < elem.emin, rounded(elem.emin), exponent)
+        unit = power(exponent).astype(wide)
+        shift = np.ldexp(wide(1), elem.mantissa_bits)
+        t = rounded(rounded(y.astype(wide) / unit).astype(wide) * shift).astype(wide)
+        whole = np.floor(rounded(np.abs(t) + wide(0.5)).astype(wide))
+        sign = np.where(t > 0, wide(1), np.where(t < 0, wide(-1), np.where(np.isnan(t), np.nan, wide(0))))
+        element = rounded(rounded(rounded(sign * whole).astype(wide) / shift).astype(wide) * unit).astype(wide)
+        element = np.clip(element, -wide(elem.max_finite), wide(elem.max_finite))
+        element = np.where(np.isinf(y), y.astype(wide), element)
+        values[...] = rounded(element * scale)
+        codes = np.where(np.isnan(shared), _E8M0_NAN, np.nan_to_num(shared.astype(wide)) + _E8M0_BIAS).astype(np.uint8)
+        elements, _ = _element_codes(element, elem, rule)
+    return codes, _e8m0_values(codes), elements, values, None
+
+
+_BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4,
+                     "microxcaling": _microxcaling}
