@@ -736,50 +736,66 @@ def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray
 
 def _microxcaling(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
     """microxcaling's _quantize_mx (PyTorch path, shared_exp_method 'max', round 'nearest') step by step in
-    the blocks' own type, as torch computes it there (bf16 and float16: each op in float32, rounded back;
-    their log2 likewise, :mod:`fpemu.blocks.log2`): :func:`_mx`'s tuple.
+    the blocks' own type, as torch computes it there (:class:`_OwnType`): :func:`_mx`'s tuple.
 
-    X = floor(log2(amax, 0 taken as 2**-126)) - emax (above 127 NaN, below -127 -127), y = x / 2**X; then
-    _quantize_elemwise_core: e = max(floor(log2(|y|, 0 taken as 1)), emin), the element
-    sign(t) * floor(|t| + 0.5) * 2**(e - m) for t = y / 2**e * 2**m (m = mantissa bits: |t| + 0.5
-    rounds in the type, so t just under a half can round up), clamped to +-max, y's infinities kept;
-    the value, element * 2**X.  torch.sign(-0.0) is +0: a y that is zero gives +0.
+    X = floor(log2(amax, 0 taken as 2**-126)) - emax (above 127 NaN, below -127 -127), y = x / 2**X,
+    the element from y (:func:`_microxcaling_elements`), the value element * 2**X.
     """
-    kind = blocks.dtype
-    wide = np.float64 if kind == np.float64 else _F32   # torch's arithmetic type for the blocks' type
+    own = _OwnType(blocks.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        x = blocks.astype(own.wide)
+        amax = np.abs(x).max(axis=-1)                                       # (NaN propagates)
+        shared = own.rounded(own.floor_log2(amax, np.ldexp(1.0, -126)) - elem.emax)
+        shared = np.where(shared > _E8M0_BIAS, np.nan, np.maximum(shared, -_E8M0_BIAS))
+        scale = own.power(shared)[..., None]
+        element = _microxcaling_elements(own.rounded(x / scale), elem, own)
+        values[...] = own.rounded(element * scale)
+    codes = np.where(np.isnan(shared), _E8M0_NAN, np.nan_to_num(shared) + _E8M0_BIAS).astype(np.uint8)
+    elements, _ = _element_codes(element, elem, rule)
+    return codes, _e8m0_values(codes), elements, values, None
 
-    def rounded(result):
-        return np.asarray(result).astype(kind)
 
-    def power(exponent):  # torch.pow(2, exponent) in the type: exact powers of two, rounded into it
+def _microxcaling_elements(y: np.ndarray, elem: Format, own) -> np.ndarray:
+    """microxcaling's _quantize_elemwise_core on y (saturating, subnormals kept, round 'nearest') in own's
+    type: e = max(floor(log2(|y|, 0 taken as 1)), emin), t = y / 2**e * 2**m (m mantissa bits), the element
+    sign(t) * floor(|t| + 0.5) / 2**m * 2**e (|t| + 0.5 rounds in the type: t just under a half can go up;
+    torch.sign(-0.0) is +0, so a zero t gives +0), clamped to +-max, y's infinities kept."""
+    exponent = own.floor_log2(np.abs(y), 1.0)
+    unit = own.power(np.maximum(exponent, elem.emin))                      # (NaN stays)
+    shift = np.ldexp(own.wide(1), elem.mantissa_bits)
+    t = own.rounded(own.rounded(y / unit) * shift)
+    whole = np.floor(own.rounded(np.abs(t) + own.wide(0.5)))
+    sign = np.where(t > 0, 1, np.where(t < 0, -1, np.where(np.isnan(t), np.nan, 0))).astype(own.wide)
+    element = own.rounded(own.rounded(own.rounded(sign * whole) / shift) * unit)
+    element = np.clip(element, -own.wide(elem.max_finite), own.wide(elem.max_finite))
+    return np.where(np.isinf(y), y, element)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnType:
+    """torch's arithmetic in a tensor's type ``kind``: float32 and float64 ops in the type itself, bf16 and
+    float16 ops in float32, each result rounded back; their log2 likewise.  Values are held in ``wide``
+    (the arithmetic's type), each rounded to ``kind`` where torch rounds."""
+
+    kind: np.dtype
+
+    @property
+    def wide(self):
+        return np.float64 if self.kind == np.float64 else _F32
+
+    def rounded(self, result) -> np.ndarray:
+        return np.asarray(result).astype(self.kind).astype(self.wide)
+
+    def power(self, exponent: np.ndarray) -> np.ndarray:
+        """torch.pow(2, exponent) in the type: the exact power of two, rounded into it (NaN for NaN)."""
         finite = np.isfinite(exponent)
         exact = np.ldexp(np.float64(1), np.where(finite, exponent, 0).astype(np.int64))
-        return rounded(np.where(finite, exact, np.float64(np.nan)))
+        return self.rounded(np.where(finite, exact, np.nan))
 
-    def floor_log2_of(magnitude, zero_as):
-        return floor_log2(np.where(magnitude == 0, rounded(zero_as), magnitude))
-
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        magnitude = np.abs(blocks)
-        amax = rounded(magnitude.astype(wide).max(axis=-1))      # (NaN propagates)
-        shared = rounded(floor_log2_of(amax, np.ldexp(1.0, -126)).astype(wide) - elem.emax)  # (FP32_MIN_NORMAL)
-        shared = np.where(shared > _E8M0_BIAS, np.nan, np.maximum(shared, -_E8M0_BIAS)).astype(kind)
-        scale = power(shared)[..., None].astype(wide)
-        y = rounded(blocks.astype(wide) / scale)
-        exponent = floor_log2_of(np.abs(y), 1.0)
-        exponent = np.where(exponent < elem.emin, rounded(elem.emin), exponent)
-        unit = power(exponent).astype(wide)
-        shift = np.ldexp(wide(1), elem.mantissa_bits)
-        t = rounded(rounded(y.astype(wide) / unit).astype(wide) * shift).astype(wide)
-        whole = np.floor(rounded(np.abs(t) + wide(0.5)).astype(wide))
-        sign = np.where(t > 0, wide(1), np.where(t < 0, wide(-1), np.where(np.isnan(t), np.nan, wide(0))))
-        element = rounded(rounded(rounded(sign * whole).astype(wide) / shift).astype(wide) * unit).astype(wide)
-        element = np.clip(element, -wide(elem.max_finite), wide(elem.max_finite))
-        element = np.where(np.isinf(y), y.astype(wide), element)
-        values[...] = rounded(element * scale)
-        codes = np.where(np.isnan(shared), _E8M0_NAN, np.nan_to_num(shared.astype(wide)) + _E8M0_BIAS).astype(np.uint8)
-        elements, _ = _element_codes(element, elem, rule)
-    return codes, _e8m0_values(codes), elements, values, None
+    def floor_log2(self, magnitude: np.ndarray, zero_as: float) -> np.ndarray:
+        """torch.floor(torch.log2(m + zero_as * (m == 0))) in the type (zero_as rounded into it first)."""
+        taken = np.where(magnitude == 0, self.rounded(zero_as), magnitude).astype(self.kind)
+        return floor_log2(taken).astype(self.wide)
 
 
 _BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4,
