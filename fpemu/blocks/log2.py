@@ -105,37 +105,43 @@ def _tables(dtype: np.dtype) -> tuple:
                      if k > kind.lowest else 0)
         above.append(_rounds_onto(min(kind.precision - 1, k - kind.lowest), ulp(high_side), True)
                      if k < kind.beyond else 0)
-    return kind, np.array(powers, np.int64), np.array(below, np.int64), np.array(above, np.int64)
+    return kind, np.array(powers, kind.bits), np.array(below, kind.bits), np.array(above, kind.bits)
 
 
 def _parts(x):
-    """x's type tables; for its positive finite values: bits, exact floor of log2, and whether a power of two."""
+    """x, its type's tables, where x is positive and finite, and there: its bits, the exact floor of its log2
+    less the least power of two, and whether it is a power of two (elsewhere: those of 1)."""
     x = np.asarray(x)
     if x.dtype not in _TYPES:
         raise TypeError(f"x: log2 is modelled for {', '.join(str(d) for d in _TYPES)}, got dtype {x.dtype}")
-    kind, powers, below, above = _tables(x.dtype)
+    tables = _tables(x.dtype)
+    kind = tables[0]
     positive = np.isfinite(x) & (x > 0)
-    safe = np.where(positive, x, np.ones((), x.dtype))
-    mantissa, exponent = np.frexp(safe.astype(np.float64) if x.dtype.itemsize < 4 else safe)
-    bits = safe.view(kind.bits).astype(np.int64)
-    return x, positive, bits, exponent.astype(np.int64) - 1, mantissa == 0.5, (kind, powers, below, above)
+    every = positive.all()
+    safe = x if every else np.where(positive, x, np.ones((), x.dtype))
+    mantissa, exponent = np.frexp(safe.astype(np.float32) if x.dtype.itemsize < 4 else safe)
+    exponent -= 1 + kind.lowest
+    return x, (None if every else positive), safe.view(kind.bits), exponent, mantissa == 0.5, tables
 
 
 def _specials(x, positive, finite_result) -> np.ndarray:
     """log2 then floor or ceil on the rest: -inf for 0, inf for inf, NaN for negatives and NaN."""
+    result = finite_result.astype(x.dtype)
+    if positive is None:
+        return result
     special = np.where(x == 0, -np.inf, np.where(x == np.inf, np.inf, np.nan))
-    return np.where(positive, finite_result, special).astype(x.dtype)
+    return np.where(positive, result, special.astype(x.dtype))
 
 
 def floor_log2(x) -> np.ndarray:
     """floor(log2(x)) as torch computes it in x's type (float32, bf16, float16 or float64; result in that type)."""
-    x, positive, bits, exponent, _, (kind, powers, below, _) = _parts(x)
-    up = exponent + 1 - kind.lowest
-    return _specials(x, positive, exponent + (bits >= powers[up] - below[up]))
+    x, positive, bits, at, _, (kind, powers, below, _) = _parts(x)
+    rounds_up = bits >= powers[at + 1] - below[at + 1]
+    return _specials(x, positive, (at + kind.lowest) + rounds_up)
 
 
 def ceil_log2(x) -> np.ndarray:
     """ceil(log2(x)) as torch computes it in x's type (float32, bf16, float16 or float64; result in that type)."""
-    x, positive, bits, exponent, power, (kind, powers, _, above) = _parts(x)
-    at = exponent - kind.lowest
-    return _specials(x, positive, exponent + ~(power | (bits <= powers[at] + above[at])))
+    x, positive, bits, at, power, (kind, powers, _, above) = _parts(x)
+    stays = power | (bits <= powers[at] + above[at])
+    return _specials(x, positive, (at + kind.lowest) + ~stays)

@@ -765,8 +765,8 @@ def _microxcaling_elements(y: np.ndarray, elem: Format, own) -> np.ndarray:
     shift = np.ldexp(own.wide(1), elem.mantissa_bits)
     t = own.rounded(own.rounded(y / unit) * shift)
     whole = np.floor(own.rounded(np.abs(t) + own.wide(0.5)))
-    sign = np.where(t > 0, 1, np.where(t < 0, -1, np.where(np.isnan(t), np.nan, 0))).astype(own.wide)
-    element = own.rounded(own.rounded(own.rounded(sign * whole) / shift) * unit)
+    signed = np.where(t == 0, own.wide(0), np.copysign(whole, t))          # sign(t) * whole
+    element = own.rounded(own.rounded(signed / shift) * unit)
     element = np.clip(element, -own.wide(elem.max_finite), own.wide(elem.max_finite))
     return np.where(np.isinf(y), y, element)
 
@@ -784,13 +784,16 @@ class _OwnType:
         return np.float64 if self.kind == np.float64 else _F32
 
     def rounded(self, result) -> np.ndarray:
-        return np.asarray(result).astype(self.kind).astype(self.wide)
+        return np.asarray(result).astype(self.kind, copy=False).astype(self.wide, copy=False)
 
     def power(self, exponent: np.ndarray) -> np.ndarray:
-        """torch.pow(2, exponent) in the type: the exact power of two, rounded into it (NaN for NaN)."""
+        """torch.pow(2, exponent) in the type: the exact power of two (in the arithmetic's type, which holds
+        every one the exponents here reach), rounded into it."""
         finite = np.isfinite(exponent)
-        exact = np.ldexp(np.float64(1), np.where(finite, exponent, 0).astype(np.int64))
-        return self.rounded(np.where(finite, exact, np.nan))
+        exact = np.ldexp(self.wide(1), np.where(finite, exponent, 0).astype(np.int32))
+        if not finite.all():  # 2**inf = inf, 2**-inf = 0, NaN
+            exact = np.where(finite, exact, np.where(np.isnan(exponent), np.nan, np.where(exponent > 0, np.inf, 0)))
+        return self.rounded(exact)
 
     def floor_log2(self, magnitude: np.ndarray, zero_as: float) -> np.ndarray:
         """torch.floor(torch.log2(m + zero_as * (m == 0))) in the type (zero_as rounded into it first)."""
