@@ -114,7 +114,8 @@ def test_microxcaling_rule_is_microxcalings_own_code_on_every_16_bit_pattern(ele
     powers of two (its log2 rounds onto them there)."""
     every = np.arange(1 << 16, dtype=np.uint16).view(_DTYPES[dtype]).reshape(-1, 32)
     assert_microxcalings_values(every, elem, "in order")
-    assert_microxcalings_values(np.random.default_rng(5).permutation(every.reshape(-1)).reshape(-1, 32), elem, "shuffled")
+    shuffled = np.random.default_rng(5).permutation(every.reshape(-1)).reshape(-1, 32)
+    assert_microxcalings_values(shuffled, elem, "shuffled")
     # (values are float32: the powers of two whose blocks' values it holds exactly)
     powers = np.ldexp(1.0, np.arange(-100, 121)).view(np.int64)
     near = (powers[:, None] + np.arange(-16, 16)[None, :]).view(np.float64)       # a block per power of two

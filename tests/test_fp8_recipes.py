@@ -266,7 +266,8 @@ def test_torchao_power_of_2_rounding_matches_torch_next_to_every_power_of_2(torc
     import torch
     from torchao.float8.float8_utils import _round_scale_down_to_power_of_2
     k = np.arange(-149, 129)
-    powers = np.where(k == 128, 0x7F800000, np.ldexp(np.float32(1), np.minimum(k, 127)).view(np.uint32).astype(np.int64))
+    powers = np.ldexp(np.float32(1), np.minimum(k, 127)).view(np.uint32).astype(np.int64)
+    powers = np.where(k == 128, 0x7F800000, powers)                                # (2**128: inf's bits)
     near = (powers[:, None] + np.arange(-64, 65)[None, :]).ravel()
     near = np.unique(near[(near > 0) & (near < 0x7F800000)]).astype(np.uint32).view(np.float32)
     scales = np.concatenate([near, np.array([0.0, -0.0, np.inf, -np.inf, -1.0, np.nan], np.float32)])
