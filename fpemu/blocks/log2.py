@@ -7,8 +7,10 @@ log2, k - d, rounds up to k (d under half the ulp of log2's type next to k), and
 likewise for the few just above.  numpy's float32 log2 is no model of it: its SIMD tiers are
 separate code.  Here the exponent comes from frexp (exact) and those neighbours from integer bit
 patterns: how many there are is decided once per spacing and ulp in rational arithmetic
-(:func:`_rounds_onto`), with no floating-point log2.  Checked against torch 2.13 on every positive
-float32 and bf16 (tests/test_blocks.py).
+(:func:`_rounds_onto`), with no floating-point log2.  Checked against torch 2.13 (this CPU: AVX512)
+on every positive finite float32 once (2,139,095,039 patterns, its AVX512 and AVX2 tiers) and in
+tests/test_blocks.py on its three tiers: float32 next to every power of two and a sweep, every bf16
+and float16, float64 next to every power of two.
 
 Example:
   >>> x = np.float32(2.0**20) - np.float32(2.0**-4)        # 2**20 less one ulp: log2 rounds to 20
@@ -80,9 +82,9 @@ def _rounds_onto(spacing_bits: int, ulp_exponent: int, above: bool) -> int:
     return count
 
 
-def _binade(magnitude: int) -> int:
-    """floor(log2(m)) of a positive int (-1 for 0: |log2| just below 1)."""
-    return magnitude.bit_length() - 1
+def _ulp_exponent(side: int, kind: _Type) -> int:
+    """The exponent of the type's ulp in the binade of the positive int ``side`` (0: |log2| just below 1)."""
+    return side.bit_length() - 1 - (kind.precision - 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,12 +100,13 @@ def _tables(dtype: np.dtype) -> tuple:
             below.append(0)
             above.append(0)
             continue
-        # |log2| just below and just above k (k - d, k + d), whose binade sets log2's ulp there
+        # integers in the binade of |log2| just below and just above k (|k - d|, |k + d|): it sets log2's
+        # ulp there; x's spacing next to 2**k is 2**k * 2**-precision below, half that above, 2**lowest
+        # among the subnormals
         low_side, high_side = (k - 1, k) if k > 0 else (-k, -k - 1)
-        ulp = lambda side: _binade(side) - (kind.precision - 1)  # noqa: E731
-        below.append(_rounds_onto(min(kind.precision, k - kind.lowest), ulp(low_side), False)
+        below.append(_rounds_onto(min(kind.precision, k - kind.lowest), _ulp_exponent(low_side, kind), False)
                      if k > kind.lowest else 0)
-        above.append(_rounds_onto(min(kind.precision - 1, k - kind.lowest), ulp(high_side), True)
+        above.append(_rounds_onto(min(kind.precision - 1, k - kind.lowest), _ulp_exponent(high_side, kind), True)
                      if k < kind.beyond else 0)
     return kind, np.array(powers, kind.bits), np.array(below, kind.bits), np.array(above, kind.bits)
 
