@@ -1,11 +1,17 @@
-"""fpemu.block_quantize's own rules (no torch): the exact OCP rule, microxcaling, Transformer Engine's kernel."""
+"""fpemu.block_quantize's own rules: the exact OCP rule, microxcaling, Transformer Engine's kernel (no torch), and
+fpemu.blocks.log2 (against torch where it is installed)."""
 
+import functools
+import os
+import pathlib
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 import fpemu
 from fpemu.blocks import SCALE_RULES, block_quantize
-from fpemu.blocks.probes import probe_blocks
+from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.errors import FpemuInputError
 
 
@@ -35,6 +41,92 @@ def test_microxcaling_float32_log2_gives_the_scale_above_just_below_a_power_of_t
     assert ocp == [127 + 19 - 8, 127 + 20 - 8] and mx == [127 + 20 - 8, 127 + 20 - 8]
     zeros = block_quantize(np.zeros((1, 32), np.float32), "fp8_e4m3fn", scale_rule="microxcaling")
     assert zeros.scale_codes.tolist() == [[0]] and zeros.values.max() == 0
+
+
+MICROXCALING_COMMIT = "7bc41952de394f5cc5e782baf132e7c7542eb4e4"
+_MX_NAMES = {"fp8_e4m3fn": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp6_e2m3fn": "fp6_e2m3", "fp6_e3m2fn": "fp6_e3m2",
+             "fp4_e2m1fn": "fp4_e2m1"}
+
+
+@functools.lru_cache(maxsize=None)
+def _microxcaling_modules():
+    """microxcaling's modules on _quantize_mx's path (formats, specs, elemwise_ops, mx_ops), unchanged, from
+    FPEMU_MICROXCALING_SOURCE: a checkout, or a git mirror holding 7bc4195 (default
+    ~/.cache/fpemu/microxcaling); loaded as a package of their own, without mx/__init__.py (its nn layers)."""
+    import subprocess
+    import sys
+    import types
+    root = pathlib.Path(os.environ.get("FPEMU_MICROXCALING_SOURCE") or "~/.cache/fpemu/microxcaling").expanduser()
+    package = types.ModuleType("_microxcaling_mx")
+    package.__path__ = []
+    for name in ("formats", "specs", "elemwise_ops", "mx_ops"):
+        path = f"mx/{name}.py"
+        if (root / path).is_file():
+            text = (root / path).read_text(encoding="utf-8")
+        else:
+            run = subprocess.run(["git", "--git-dir", str(root), "show", f"{MICROXCALING_COMMIT}:{path}"],
+                                 capture_output=True, text=True)
+            if run.returncode:
+                return None
+            text = run.stdout
+        module = types.ModuleType(f"{package.__name__}.{name}")
+        module.__package__ = package.__name__
+        sys.modules[module.__name__] = module
+        exec(compile(text, f"<microxcaling {path}>", "exec"), module.__dict__)
+        setattr(package, name, module)
+    return package
+
+
+def microxcaling_quantize(x, elem: str):
+    """microxcaling's own _quantize_mx on x (torch, x's dtype), blocks of 32 along the last axis, round='nearest'."""
+    torch = pytest.importorskip("torch")
+    mx = _microxcaling_modules()
+    if mx is None:
+        pytest.skip("no microxcaling source (set FPEMU_MICROXCALING_SOURCE to a checkout or git mirror of "
+                    f"microsoft/microxcaling holding {MICROXCALING_COMMIT[:7]})")
+    bits = x.view(f"u{x.dtype.itemsize}").astype(f"i{x.dtype.itemsize}")
+    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[str(x.dtype)]
+    tensor = torch.from_numpy(bits).view(dtype)
+    out = mx.mx_ops._quantize_mx(tensor, 8, mx.formats.ElemFormat.from_str(_MX_NAMES[elem]), axes=[-1],
+                                 block_size=32, round="nearest")
+    return out.double().numpy()  # (exact from every one of those types)
+
+
+_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float64": np.float64, "float16": np.float16}
+
+
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("elem", list(_MX_NAMES))
+def test_microxcaling_rule_is_microxcalings_own_code(elem, dtype):
+    """Every probe kind, bit for bit (NaN-aware), in the input's own type: bf16 and float16 round every step
+    again in their type (log2 too), and zero comes out +0 where the scaled value is zero (torch.sign(-0) is +0)."""
+    for kind in PROBE_KINDS:
+        with np.errstate(over="ignore"):  # (float16: wide values become inf)
+            x = probe_blocks(kind, elem, rows=64, seed=PROBE_KINDS.index(kind)).astype(_DTYPES[dtype])
+        assert_microxcalings_values(x, elem, kind)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("elem", list(_MX_NAMES))
+def test_microxcaling_rule_is_microxcalings_own_code_on_every_16_bit_pattern(elem, dtype):
+    """All 65,536 patterns in order (neighbours share a block) and shuffled, and float64 within 16 ulps of
+    powers of two (its log2 rounds onto them there)."""
+    every = np.arange(1 << 16, dtype=np.uint16).view(_DTYPES[dtype]).reshape(-1, 32)
+    assert_microxcalings_values(every, elem, "in order")
+    shuffled = np.random.default_rng(5).permutation(every.reshape(-1)).reshape(-1, 32)
+    assert_microxcalings_values(shuffled, elem, "shuffled")
+    # (values are float32: the powers of two whose blocks' values it holds exactly)
+    powers = np.ldexp(1.0, np.arange(-100, 121)).view(np.int64)
+    near = (powers[:, None] + np.arange(-16, 16)[None, :]).view(np.float64)       # a block per power of two
+    assert_microxcalings_values(near * np.where(np.arange(32) % 3, 1, -1), elem, "float64 next to powers of two")
+
+
+def assert_microxcalings_values(x, elem, what):
+    theirs = microxcaling_quantize(x, elem)
+    ours = block_quantize(x, elem, scale_rule="microxcaling").values.astype(np.float64)
+    differ = (ours.view(np.uint64) != theirs.view(np.uint64)) & ~(np.isnan(ours) & np.isnan(theirs))
+    assert np.count_nonzero(differ) == 0, (what, x[differ][:4], ours[differ][:4], theirs[differ][:4])
 
 
 def test_te_kernel_scale_rounds_amax_times_reciprocal_up_and_maps_byte_0_to_2_127():
@@ -76,6 +168,21 @@ def test_nvfp4_one_level_underflows_small_tensors_two_levels_keep_them():
     assert np.count_nonzero(two.values) > 0.9 * x.size and two.tensor_scale == float(np.float32(np.abs(x).max()) / np.float32(2688))
 
 
+def test_two_level_nvfp4_nan_tensor_amax_follows_torchs_thread_split():
+    """torch's max of a NaN-holding tensor is 0xFFFFFFFF (fp4 code 0xC) unless 2+ threads split it past
+    32,768 values (0x7FC00000, code 0x3): a one-value tensor's NaN comes back quieted, its sign cleared."""
+    x = np.ones((2049, 16), np.float32)
+    x[7, 7] = np.nan
+    codes = {threads: block_quantize(x, "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level",
+                                     torch_threads=threads).element_codes[0, 0] for threads in (1, 2)}
+    assert codes == {1: 0xC, 2: 0x3}
+    small = block_quantize(x[:2048], "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level", torch_threads=2)
+    assert small.element_codes[0, 0] == 0xC
+    lone = np.array([[np.array(0xFF800001, np.uint32).view(np.float32)]])
+    one = block_quantize(lone, "fp4_e2m1fn", block_size=1, scale_rule="torchao_nvfp4_2level")
+    assert np.float32(one.tensor_scale).view(np.uint32) == 0x7FC00001
+
+
 def test_every_rule_names_its_departures_and_source():
     for rule in SCALE_RULES.values():
         assert rule.source and rule.departs, rule.name
@@ -89,6 +196,7 @@ def test_every_rule_names_its_departures_and_source():
     (lambda: block_quantize(np.ones(32, np.float32), axis=1), "axis must be an int in"),
     (lambda: block_quantize(np.ones(32, np.float32), scale_format="fp8_e4m3fn"), "scale_format: rule 'ocp'"),
     (lambda: block_quantize(np.full(32, 0.1), scale_rule="torchao_floor"), "computes in float32"),
+    (lambda: block_quantize(np.ones(32, np.float32), torch_threads=0), "torch_threads must be a positive int"),
 ])
 def test_bad_input_names_the_argument(call, words):
     with pytest.raises(FpemuInputError, match=words):
@@ -212,3 +320,68 @@ def test_amax_ignoring_nan_takes_the_largest_other_value_even_next_to_a_signalli
         amax = implementation._block_amax(x, implementation._block_peak(x), "ignore")
         expected = [np.abs(row[~np.isnan(row)]).max() for row in x]
     assert np.array_equal(amax, np.array(expected, np.float32))
+
+
+# --- floor and ceil of log2 as torch rounds it (fpemu.blocks.log2) --------------------------------------
+
+_TORCH_LOG2_CHECK = """
+import sys, numpy as np, torch, ml_dtypes
+from fpemu.blocks.log2 import floor_log2, ceil_log2
+torch.set_num_threads(1)
+
+def mismatches(x, tensor):
+    log2 = torch.log2(tensor)
+    got = [torch.floor(log2).double().numpy(), torch.ceil(log2).double().numpy()]
+    model = [floor_log2(x).astype(np.float64), ceil_log2(x).astype(np.float64)]
+    return sum(int(np.count_nonzero((g != m) & ~(np.isnan(g) & np.isnan(m)))) for g, m in zip(got, model))
+
+out = [torch.backends.cpu.get_cpu_capability()]
+k = np.arange(-149, 129)
+f32 = np.where(k == 128, 0x7F800000, np.ldexp(np.float32(1), np.minimum(k, 127)).view(np.uint32).astype(np.int64))
+near = (f32[:, None] + np.arange(-1024, 1025)[None, :]).ravel()
+near = np.unique(near[(near > 0) & (near < 0x7F800000)])
+sweep = np.arange(1, 0x7F800000, 16411)
+x = np.concatenate([near, sweep]).astype(np.uint32).view(np.float32)
+out.append(mismatches(x, torch.from_numpy(x)))
+every16 = np.arange(1 << 16, dtype=np.uint16)
+for dtype, tdtype in ((ml_dtypes.bfloat16, torch.bfloat16), (np.float16, torch.float16)):
+    out.append(mismatches(every16.view(dtype), torch.from_numpy(every16.view(np.int16)).view(tdtype)))
+k = np.arange(-1074, 1025)
+f64 = np.where(k == 1024, 0x7FF0000000000000, np.ldexp(1.0, np.minimum(k, 1023)).view(np.int64))
+near = (f64[:, None] + np.arange(-256, 257)[None, :]).ravel()
+x = np.unique(near[(near > 0) & (near < 0x7FF0000000000000)]).view(np.float64)
+out.append(mismatches(x, torch.from_numpy(x)))
+print(*out)
+"""
+
+
+@pytest.mark.parametrize("tier", ["", "avx2", "default"], ids=["torch_default_tier", "avx2", "no_simd"])
+def test_floor_and_ceil_log2_are_torchs_on_every_tier(tier):
+    """torch's floor/ceil of log2 against the model: float32 within 1,024 ulps of every power of two and
+    every 16,411th bit pattern (0.7M values; all 2.1G positive float32 matched once: 0 mismatches), every
+    bf16 and float16, float64 within 256 ulps of every power of two; ATEN_CPU_CAPABILITY picks the tier."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": tier} if tier else dict(os.environ)
+    run = subprocess.run([sys.executable, "-c", _TORCH_LOG2_CHECK], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    capability, *counts = run.stdout.split()
+    assert capability == {"": capability, "avx2": "AVX2", "default": "DEFAULT"}[tier]
+    assert counts == ["0", "0", "0", "0"]
+
+
+def test_floor_log2_rounds_up_just_below_powers_of_two_and_ceil_down_just_above():
+    from fpemu.blocks.log2 import ceil_log2, floor_log2
+    power = np.float32(2.0**100)
+    below = (power.view(np.uint32) - np.arange(1, 47, dtype=np.uint32)).view(np.float32)   # 44 round up to 100
+    above = (power.view(np.uint32) + np.arange(1, 25, dtype=np.uint32)).view(np.float32)   # 22 round down to 100
+    assert floor_log2(below).tolist() == [100.0] * 44 + [99.0] * 2
+    assert ceil_log2(above).tolist() == [100.0] * 22 + [101.0] * 2
+    assert floor_log2(np.float32(np.finfo(np.float32).max)) == 128                         # torch: 128, exp2: inf
+    specials = np.array([0.0, -0.0, np.inf, -1.0, np.nan, 1e-45], np.float32)
+    assert np.array_equal(floor_log2(specials), np.array([-np.inf, -np.inf, np.inf, np.nan, np.nan, -149], np.float32),
+                          equal_nan=True)
+    with pytest.raises(TypeError, match="x: log2 is modelled for"):
+        floor_log2(np.array([1], np.int32))

@@ -260,6 +260,22 @@ def test_torchao_power_of_2_rounding_matches_torch(torchao):
     assert same_floats(real, rec.torchao_round_down_to_power_of_2(scales))
 
 
+def test_torchao_power_of_2_rounding_matches_torch_next_to_every_power_of_2(torchao):
+    """64 ulps either side of every float32 power of two, 2**-149 to 2**128 (FLT_MAX's neighbours: log2 128,
+    exp2 inf), and the specials: numpy's float32 exp2 gave 2**127 + 1 ulp for every scale from 2**127 up."""
+    import torch
+    from torchao.float8.float8_utils import _round_scale_down_to_power_of_2
+    k = np.arange(-149, 129)
+    powers = np.ldexp(np.float32(1), np.minimum(k, 127)).view(np.uint32).astype(np.int64)
+    powers = np.where(k == 128, 0x7F800000, powers)                                # (2**128: inf's bits)
+    near = (powers[:, None] + np.arange(-64, 65)[None, :]).ravel()
+    near = np.unique(near[(near > 0) & (near < 0x7F800000)]).astype(np.uint32).view(np.float32)
+    scales = np.concatenate([near, np.array([0.0, -0.0, np.inf, -np.inf, -1.0, np.nan], np.float32)])
+    real = _round_scale_down_to_power_of_2(torch.from_numpy(scales)).numpy()
+    assert same_floats(real, rec.torchao_round_down_to_power_of_2(scales))
+    assert rec.torchao_round_down_to_power_of_2(np.float32(2.0**127)).view(np.uint32) == 0x7F000000
+
+
 FLOAT32_ELEMENTS = st.floats(width=32, allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 1e-45, 448.0])
 
 

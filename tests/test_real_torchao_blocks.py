@@ -2,6 +2,10 @@
 codes and dequantized values, every element format x scale mode x input kind, and NVFP4 at one and
 two levels.  (The larger sweep: benchmarks/blocks_torchao_sweep.py.)"""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,6 +52,60 @@ def test_block_quantize_matches_torchao_on_cuda(rule, elem):
         x = probe_blocks(kind, elem, rows=16, block_size=32, seed=3)
         ours, theirs = blocks.block_quantize(x, elem, scale_rule=rule), torchao_block_quantize(x, elem, rule, "cuda")
         assert mismatches(ours, theirs) == {"scale_codes": 0, "element_codes": 0, "values": 0, "scales": 0}, kind
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def torch_threads(request):
+    """torch's intra-op pool at 1 and at 2 threads (this machine's cores), restored after."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
+GRAIN = 32768  # at::internal::GRAIN_SIZE: past it, torch's max folds the threads' results with its scalar max
+
+
+@pytest.mark.parametrize("size", [GRAIN - 16, GRAIN, GRAIN + 16, 2 * GRAIN, 2 * GRAIN + 16, 3 * GRAIN])
+def test_two_level_nvfp4_with_a_nan_matches_torchao_past_the_grain_size(size, torch_threads):
+    """The tensor amax's NaN bits reach torchao's fp4 codes (0xFFFFFFFF -> 0xC, 0x7FC00000 -> 0x3): with 2
+    threads past 32,768 values torch's max gives 0x7FC00000 (every code differed from 0xC's model)."""
+    x = probe_blocks("random", "fp4_e2m1fn", rows=size // 16, block_size=16, seed=size)
+    x[3, 5], x[-1, -1] = np.nan, -np.nan
+    ours = blocks.block_quantize(x, "fp4_e2m1fn", scale_rule="torchao_nvfp4_2level", torch_threads=torch_threads)
+    theirs = torchao_block_quantize(x, "fp4_e2m1fn", "torchao_nvfp4_2level")
+    assert mismatches(ours, theirs) == {"scale_codes": 0, "element_codes": 0, "values": 0, "scales": 0}
+    assert int(ours.element_codes[0, 0]) == (0x3 if size > GRAIN and torch_threads > 1 else 0xC)
+
+
+def test_torch_max_all_nan_bits_are_torchs(torch_threads):
+    """torch.max (no dim) of a NaN-holding float32 tensor: the model's bits at every size class around
+    the grain size, the NaN first, second, in the middle and last, quiet and signalling, both signs."""
+    import torch
+    from fpemu.blocks.quantize import torch_max_all_nan_bits
+    for size in (2, 15, 16, 17, 33, GRAIN - 1, GRAIN, GRAIN + 1, 2 * GRAIN, 2 * GRAIN + 1, 3 * GRAIN + 7):
+        for at in sorted({0, 1, size // 2, size - 1}):
+            for nan in (0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFC12345):
+                x = np.ones(size, np.float32)
+                x[at] = np.array(nan, np.uint32).view(np.float32)
+                got = np.float32(torch.from_numpy(x).abs().max().item()).view(np.uint32)
+                assert int(got) == torch_max_all_nan_bits(size, torch_threads), (size, at, hex(nan))
+
+
+def test_torch_max_all_nan_bits_are_the_same_on_torchs_avx2_tier():
+    """The AVX2 kernels' maximum ORs the same all-ones mask as AVX512's (ATEN_CPU_CAPABILITY=avx2)."""
+    code = ("import numpy as np, torch\n"
+            "for threads in (1, 2):\n"
+            "    torch.set_num_threads(threads)\n"
+            "    for size in (16, 32768, 32769):\n"
+            "        x = np.ones(size, np.float32); x[size // 2] = np.nan\n"
+            "        print(torch.backends.cpu.get_cpu_capability(), threads, size,\n"
+            "              hex(np.float32(torch.from_numpy(x).abs().max().item()).view(np.uint32)))\n")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:6] == ["AVX2 1 16 0xffffffff", "AVX2 1 32768 0xffffffff", "AVX2 1 32769 0xffffffff",
+                                    "AVX2 2 16 0xffffffff", "AVX2 2 32768 0xffffffff", "AVX2 2 32769 0x7fc00000"]
 
 
 def test_fp4_codes_pack_as_torchao_stores_them():

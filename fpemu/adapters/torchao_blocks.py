@@ -24,7 +24,9 @@ def torchao_block_quantize(x, element_format: str, scale_rule: str, device: str 
     """torchao's own result for ``block_quantize(x, element_format, scale_rule=scale_rule)`` (blocks
     along the last axis, the rule's block size; x float32 with a last axis of whole blocks; NVFP4
     takes 2-D x), computed on ``device`` (``"cpu"`` or ``"cuda"``: torchao's eager code on CUDA tensors;
-    bit for bit against fpemu on the CPU only so far: no GPU has run it).
+    bit for bit against fpemu on the CPU only so far: no GPU has run it).  Two-level NVFP4 of more than
+    32,768 values holding a NaN depends on torch's thread count (the tensor amax's NaN bits): its model
+    is ``block_quantize(..., torch_threads=torch.get_num_threads())``.
 
     Example:
       >>> import numpy as np

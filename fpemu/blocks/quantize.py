@@ -11,8 +11,10 @@ import contextlib
 import dataclasses
 from typing import Optional
 
+import ml_dtypes
 import numpy as np
 
+from fpemu.blocks.log2 import ceil_log2, floor_log2
 from fpemu.blocks.rules import SCALE_RULES, ScaleRule
 from fpemu.errors import FpemuInputError
 from fpemu.formats._compiled import KERNELS
@@ -22,6 +24,7 @@ from fpemu.formats.rounding import as_float_array, codes_of_values, decode, enco
 
 _F32 = np.float32
 _E8M0_BIAS, _E8M0_NAN = 127, 255
+_OWN_TYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))  # the 16-bit types microxcaling computes in
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,11 +62,13 @@ class BlockQuantized:
 
 
 def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = None,
-                   scale_format: Optional[str] = None, scale_rule: str = "ocp", axis: int = -1) -> BlockQuantized:
+                   scale_format: Optional[str] = None, scale_rule: str = "ocp", axis: int = -1,
+                   torch_threads: int = 1) -> BlockQuantized:
     """Quantize ``x`` in blocks of ``block_size`` values along ``axis``, one scale per block.
 
     Args:
-      x: float array (float32 or bf16 for the float32 rules; float64 too for ``ocp``/``microxcaling``).
+      x: float array (float32 or bf16 for the float32 rules; float64 too for ``ocp``; ``microxcaling``
+        computes in x's own float32, float64, bf16 or float16, as microxcaling's torch code does).
       element_format: the elements' format, one the rule supports (``SCALE_RULES[rule].elements``).
       block_size: values per scale; defaults to the rule's (32 for MX, 16 for NVFP4).
       scale_format: the scales' format; defaults to the rule's (``"e8m0"`` or ``"fp8_e4m3fn"``),
@@ -71,6 +76,9 @@ def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = N
       scale_rule: a name in :data:`fpemu.blocks.SCALE_RULES` (``ocp``, ``torchao_floor``,
         ``torchao_rceil``, ``te_mxfp8``, ``microxcaling``, ``torchao_nvfp4``, ...).
       axis: the axis the blocks run along; its length must be a multiple of block_size.
+      torch_threads: torch's intra-op threads (torch.get_num_threads()) in the run modelled: two-level
+        NVFP4's tensor amax of more than 32,768 values holding a NaN has other NaN bits with more than
+        one (:func:`torch_max_all_nan_bits`), and torchao's element codes follow them.
 
     Returns:
       A :class:`BlockQuantized`.
@@ -92,6 +100,8 @@ def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = N
     block_size = rule.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
         raise FpemuInputError(f"block_size must be a positive int, got {block_size!r}")
+    if isinstance(torch_threads, bool) or not isinstance(torch_threads, (int, np.integer)) or torch_threads < 1:
+        raise FpemuInputError(f"torch_threads must be a positive int, got {torch_threads!r}")
     arr = _operand(x, rule)
     if not isinstance(axis, (int, np.integer)) or not -arr.ndim <= axis < arr.ndim:
         raise FpemuInputError(f"axis must be an int in [{-arr.ndim}, {arr.ndim - 1}] for x of shape "
@@ -102,7 +112,8 @@ def block_quantize(x, element_format="fp8_e4m3fn", block_size: Optional[int] = N
         raise FpemuInputError(f"x: axis {axis} has length {moved.shape[-1]}, not a multiple of "
                               f"block_size={block_size}")
     blocks = moved.reshape(*moved.shape[:-1], moved.shape[-1] // block_size, block_size)
-    scale_codes, scales, codes, values, tensor_scale = _in_chunks(blocks, elem, rule)
+    scale_codes, scales, codes, values, tensor_scale = _in_chunks(blocks, elem, rule,
+                                                                  torch_threads=int(torch_threads))
 
     def back(a):  # blocks back to x's layout
         return np.moveaxis(a.reshape(moved.shape), -1, axis)
@@ -123,9 +134,12 @@ def _operand(x, rule: ScaleRule) -> np.ndarray:
     """x in the type the rule computes in: float32 (float64 input only where it holds float32 values,
     so no rounding is hidden), or x's own float32 or float64 for the exact rules (x / 2**X is exact
     in float32 too, but where it lands among float32's subnormals, far below any element's least
-    value, so the elements are the same)."""
+    value, so the elements are the same); microxcaling computes in x's own type, bf16 and float16
+    included."""
+    if rule.application == "microxcaling" and np.asarray(x).dtype in _OWN_TYPES:
+        return np.asarray(x)
     arr = as_float_array(x)
-    if rule.application == "exact":
+    if rule.application in ("exact", "microxcaling"):
         return arr
     if arr.dtype == np.float64:
         narrow = arr.astype(_F32)
@@ -157,23 +171,16 @@ def _rules_own_arithmetic():
 _CHUNK_VALUES = 1 << 18
 
 
-def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool = True):
+def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool = True, torch_threads: int = 1):
     """The rule's arithmetic chunk by chunk (each block's result depends only on itself and, for
-    two-level NVFP4, the tensor's amax, taken first), or in one compiled pass where
-    :func:`_compiled_blocks` takes the rule (``compiled``)."""
+    two-level NVFP4, the tensor's amax, taken first: :func:`_tensor_amax`), or in one compiled pass
+    where :func:`_compiled_blocks` takes the rule (``compiled``)."""
     flat = blocks.reshape(-1, blocks.shape[-1])
     if compiled and _short_paths and _compiled_blocks_take(flat, rule):
         scale_codes, scales, codes, values = _compiled_blocks(np.ascontiguousarray(flat), elem, rule)
         return (scale_codes.reshape(blocks.shape[:-1]), scales.reshape(blocks.shape[:-1]), codes.reshape(blocks.shape),
                 values.reshape(blocks.shape), None)
-    tensor_amax = None
-    if rule.levels == 2:
-        with np.errstate(invalid="ignore"):
-            tensor_amax = _F32(np.abs(flat).max()) if flat.size else _F32(0)
-        if np.isnan(tensor_amax) and rule.amax_nan == "ignore":  # fmaxf from 0, as TE's amax kernel
-            tensor_amax = _F32(np.abs(flat[~np.isnan(flat)]).max(initial=0))
-        if np.isnan(tensor_amax):  # torch's whole-tensor max gives NaN as 0xFFFFFFFF, whose bits reach the codes
-            tensor_amax = np.array(0xFFFFFFFF, np.uint32).view(_F32)[()]
+    tensor_amax = _tensor_amax(flat, rule, torch_threads) if rule.levels == 2 else None
     compute = _BLOCK_ARITHMETIC.get(rule.exponent, _mx)
     step = max(1, _CHUNK_VALUES // flat.shape[1])
     scale_codes, scales = np.empty(len(flat), np.uint8), np.empty(len(flat), _F32)
@@ -188,6 +195,50 @@ def _in_chunks(blocks: np.ndarray, elem: Format, rule: ScaleRule, compiled: bool
     shape = blocks.shape[:-1]
     return (scale_codes.reshape(shape), scales.reshape(shape), codes.reshape(blocks.shape),
             values.reshape(blocks.shape), tensor_scale)
+
+
+# at::internal::GRAIN_SIZE (ATen/Parallel.h): at::parallel_reduce splits a reduction across threads only past it.
+TORCH_GRAIN_SIZE = 32768
+_QUIET_NAN, _ALL_ONES, _QUIET_BIT = 0x7FC00000, 0xFFFFFFFF, 0x00400000
+
+
+def _tensor_amax(flat: np.ndarray, rule: ScaleRule, torch_threads: int):
+    """Two-level NVFP4's float32 tensor amax, max |x| (0 for an empty tensor); a NaN in x makes it NaN, with
+    :func:`torch_max_all_nan_bits` (its bits reach torchao's element codes), unless the rule's amax ignores
+    NaN (fmaxf from 0, as TE's amax kernel)."""
+    if not flat.size:
+        return _F32(0)
+    magnitude = np.abs(flat)
+    with np.errstate(invalid="ignore"):
+        amax = _F32(magnitude.max())
+    if not np.isnan(amax):
+        return amax
+    if rule.amax_nan == "ignore":
+        return _F32(magnitude[~np.isnan(magnitude)].max(initial=0))
+    if magnitude.size == 1:  # no maximum is taken: the NaN comes back through fill_'s double Scalar, quieted
+        return (magnitude.reshape(-1).view(np.uint32) | np.uint32(_QUIET_BIT)).view(_F32)[0]
+    return np.array(torch_max_all_nan_bits(magnitude.size, torch_threads), np.uint32).view(_F32)[()]
+
+
+def torch_max_all_nan_bits(size: int, threads: int) -> int:
+    """The float32 bits of ``torch.max(t)`` (no dim: ATen's max_all kernel) for a float32 CPU tensor t of
+    ``size`` (at least 2) values holding a NaN, with torch's intra-op pool at ``threads``
+    (torch.get_num_threads()).
+
+    ATen's reduce_all_impl_vec (native/cpu/ReduceAllOpsKernel.cpp) hands at::parallel_reduce a vector
+    fold whose ``maximum`` (AVX2 and AVX512 tiers) ORs an all-ones mask into the lanes where the operands
+    are unordered: 0xFFFFFFFF, whatever the NaN's sign, payload or position.  Past GRAIN_SIZE values with
+    more than one thread, parallel_reduce folds the threads' partial results with the scalar max_impl,
+    which returns quiet_NaN: 0x7FC00000.  (Measured on torch 2.13 at 1 and 2 threads, on the AVX512 tier
+    and ATEN_CPU_CAPABILITY=avx2, sizes 2 to 2**20, the NaN first, second, in the middle and last, quiet
+    and signalling NaNs of both signs; the ``default`` tier's scalar maximum keeps a NaN's own bits
+    instead, and is not modelled.)
+
+    Example:
+      >>> [hex(torch_max_all_nan_bits(size, threads)) for size, threads in ((32768, 2), (32769, 2), (32769, 1))]
+      ['0xffffffff', '0x7fc00000', '0xffffffff']
+    """
+    return _QUIET_NAN if size > TORCH_GRAIN_SIZE and threads > 1 else _ALL_ONES
 
 
 # The exponent rules fpemu_mx_blocks computes itself, in the order of its enum (fpemu/formats/_ckernels.c);
@@ -473,15 +524,6 @@ def _exact_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
     return np.where(np.isfinite(amax), biased, _E8M0_NAN)
 
 
-def _microxcaling_floor(amax: np.ndarray, elem: Format) -> np.ndarray:
-    magnitude = amax.astype(_F32)
-    magnitude = np.where(magnitude == 0, _F32(2.0**-126), magnitude)   # its FP32_MIN_NORMAL for zero blocks
-    exponent = np.floor(np.log2(magnitude)) - _F32(elem.emax)         # float32 log2, as torch's
-    beyond = ~(exponent <= _E8M0_BIAS)                                  # NaN too: its NaN scale
-    biased = np.clip(np.where(beyond, 0, exponent), -_E8M0_BIAS, _E8M0_BIAS).astype(np.int64) + _E8M0_BIAS
-    return np.where(beyond, _E8M0_NAN, biased)
-
-
 def _field_exponent(amax: np.ndarray) -> tuple:
     bits = amax.astype(_F32).view(np.int32)
     return ((bits >> 23) & 0xFF) - 127, bits
@@ -505,7 +547,7 @@ def _torchao_even(amax, elem):
 
 def _torchao_rceil(amax, elem):
     descale = amax.astype(_F32) / _F32(elem.max_finite)
-    exponent = np.ceil(np.log2(descale))                      # float32 log2, as torch's
+    exponent = ceil_log2(descale)                             # torch's float32 log2, ceiled
     biased = np.clip(np.nan_to_num(exponent, posinf=0, neginf=-_E8M0_BIAS), -_E8M0_BIAS, _E8M0_BIAS) + _E8M0_BIAS
     biased = np.where(np.isinf(descale), 254, biased)
     return np.where(np.isnan(descale), _E8M0_NAN, biased).astype(np.int64)
@@ -534,7 +576,7 @@ def _te_reference_e8m0(amax, elem):
     return np.where(value == 0, 0, (exponent + up) & 0xFF)
 
 
-_EXPONENT_RULES = {"floor": _exact_floor, "microxcaling": _microxcaling_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
+_EXPONENT_RULES = {"floor": _exact_floor, "torchao_floor": _torchao_floor, "torchao_ceil": _torchao_ceil,
                    "torchao_even": _torchao_even, "torchao_rceil": _torchao_rceil, "te": _te_float_to_e8m0,
                    "te_reference": _te_reference_e8m0}
 
@@ -692,4 +734,72 @@ def _te_fp4_codes(data: np.ndarray, elem: Format, rule: ScaleRule) -> np.ndarray
     return codes
 
 
-_BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4}
+def _microxcaling(blocks: np.ndarray, elem: Format, rule: ScaleRule, tensor_amax, values: np.ndarray):
+    """microxcaling's _quantize_mx (PyTorch path, shared_exp_method 'max', round 'nearest') step by step in
+    the blocks' own type, as torch computes it there (:class:`_OwnType`): :func:`_mx`'s tuple.
+
+    X = floor(log2(amax, 0 taken as 2**-126)) - emax (above 127 NaN, below -127 -127), y = x / 2**X,
+    the element from y (:func:`_microxcaling_elements`), the value element * 2**X.
+    """
+    own = _OwnType(blocks.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        x = blocks.astype(own.wide)
+        amax = np.abs(x).max(axis=-1)                                       # (NaN propagates)
+        shared = own.rounded(own.floor_log2(amax, np.ldexp(1.0, -126)) - elem.emax)
+        shared = np.where(shared > _E8M0_BIAS, np.nan, np.maximum(shared, -_E8M0_BIAS))
+        scale = own.power(shared)[..., None]
+        element = _microxcaling_elements(own.rounded(x / scale), elem, own)
+        values[...] = own.rounded(element * scale)
+    codes = np.where(np.isnan(shared), _E8M0_NAN, np.nan_to_num(shared) + _E8M0_BIAS).astype(np.uint8)
+    elements, _ = _element_codes(element, elem, rule)
+    return codes, _e8m0_values(codes), elements, values, None
+
+
+def _microxcaling_elements(y: np.ndarray, elem: Format, own) -> np.ndarray:
+    """microxcaling's _quantize_elemwise_core on y (saturating, subnormals kept, round 'nearest') in own's
+    type: e = max(floor(log2(|y|, 0 taken as 1)), emin), t = y / 2**e * 2**m (m mantissa bits), the element
+    sign(t) * floor(|t| + 0.5) / 2**m * 2**e (|t| + 0.5 rounds in the type: t just under a half can go up;
+    torch.sign(-0.0) is +0, so a zero t gives +0), clamped to +-max, y's infinities kept."""
+    exponent = own.floor_log2(np.abs(y), 1.0)
+    unit = own.power(np.maximum(exponent, elem.emin))                      # (NaN stays)
+    shift = np.ldexp(own.wide(1), elem.mantissa_bits)
+    t = own.rounded(own.rounded(y / unit) * shift)
+    whole = np.floor(own.rounded(np.abs(t) + own.wide(0.5)))
+    signed = np.where(t == 0, own.wide(0), np.copysign(whole, t))          # sign(t) * whole
+    element = own.rounded(own.rounded(signed / shift) * unit)
+    element = np.clip(element, -own.wide(elem.max_finite), own.wide(elem.max_finite))
+    return np.where(np.isinf(y), y, element)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnType:
+    """torch's arithmetic in a tensor's type ``kind``: float32 and float64 ops in the type itself, bf16 and
+    float16 ops in float32, each result rounded back; their log2 likewise.  Values are held in ``wide``
+    (the arithmetic's type), each rounded to ``kind`` where torch rounds."""
+
+    kind: np.dtype
+
+    @property
+    def wide(self):
+        return np.float64 if self.kind == np.float64 else _F32
+
+    def rounded(self, result) -> np.ndarray:
+        return np.asarray(result).astype(self.kind, copy=False).astype(self.wide, copy=False)
+
+    def power(self, exponent: np.ndarray) -> np.ndarray:
+        """torch.pow(2, exponent) in the type: the exact power of two (in the arithmetic's type, which holds
+        every one the exponents here reach), rounded into it."""
+        finite = np.isfinite(exponent)
+        exact = np.ldexp(self.wide(1), np.where(finite, exponent, 0).astype(np.int32))
+        if not finite.all():  # 2**inf = inf, 2**-inf = 0, NaN
+            exact = np.where(finite, exact, np.where(np.isnan(exponent), np.nan, np.where(exponent > 0, np.inf, 0)))
+        return self.rounded(exact)
+
+    def floor_log2(self, magnitude: np.ndarray, zero_as: float) -> np.ndarray:
+        """torch.floor(torch.log2(m + zero_as * (m == 0))) in the type (zero_as rounded into it first)."""
+        taken = np.where(magnitude == 0, self.rounded(zero_as), magnitude).astype(self.kind)
+        return floor_log2(taken).astype(self.wide)
+
+
+_BLOCK_ARITHMETIC = {"nvfp4": _nvfp4, "te_nvfp4": _te_nvfp4, "te_nvfp4_reference": _te_nvfp4,
+                     "microxcaling": _microxcaling}

@@ -28,8 +28,8 @@ NAN_ELEMENTS = {
 # How the scale exponent is picked (MX rules, e8m0 scales).
 EXPONENTS = {
     "floor": "floor(log2 amax) - emax(element), on the exact amax (OCP, microxcaling)",
-    "microxcaling": "microxcaling: floor(log2(amax)) with float32 log2 (amax 0 taken as 2**-126), minus "
-                    "emax(element); above 127 NaN",
+    "microxcaling": "microxcaling: floor(log2(amax)) with torch's log2 in x's type (amax 0 taken as 2**-126), "
+                    "minus emax(element); above 127 NaN, below -127 -127",
     "torchao_floor": "torchao FLOOR: amax's float32 exponent field minus emax(element)",
     "torchao_ceil": "torchao CEIL: amax's exponent field, plus 1 when its mantissa is not zero, minus emax(element)",
     "torchao_even": "torchao EVEN: amax rounded at the element's mantissa width (half an ulp added to its bits), then FLOOR",
@@ -49,6 +49,9 @@ EXPONENTS = {
 # How the scale is applied to the elements.
 APPLICATIONS = {
     "exact": "x / 2**X exactly, then rounded once",
+    "microxcaling": "microxcaling's _quantize_elemwise_core in x's type (float32, float64, bf16, float16: every "
+                    "op rounded to it): y = x / 2**X, e = max(floor(log2 |y|), emin), element "
+                    "sign(t) * floor(|t| + 0.5) with t = y / 2**e * 2**m, clamped to +-max; times 2**X",
     "divide": "torchao FLOOR/CEIL/EVEN: fl32(x / max(2**X, 2**-126)), clamped to +-max, then cast",
     "reciprocal": "fl32(x * r), r = 2**-X as a float32 (byte 0: rcp_byte0, 254: 2**-127, 255: NaN), clamped, cast",
     "nvfp4": "fl32(x * fl32(1 / s)) (two levels: fl32(x * fl32(fl32(1 / t) / s))), clamped to +-6, cast",
@@ -146,9 +149,13 @@ SCALE_RULES = {rule.name: rule for rule in [
                       "(finite elements 0, inf NaN), where the kernel gives 254"),
     ScaleRule("microxcaling", "microsoft/microxcaling 7bc4195 mx_ops._quantize_mx, PyTorch path (round='nearest', "
               "shared_exp_method='max')", "e8m0", 32,
-              MX_ELEMENTS, "microxcaling", "exact", rounding="nearest_away", nan_element="scale",
-              departs="float32 log2 rounds up just below powers of two (amax = 2**20 * (1 - 2**-24) gets the "
-                      "scale of 2**20: one too large); elements rounded half away from zero ('nearest')"),
+              MX_ELEMENTS, "microxcaling", "microxcaling", rounding="nearest_away", nan_element="scale",
+              departs="it computes in the input's type: log2 rounds up just below powers of two (float32: "
+                      "amax = 2**20 * (1 - 2**-24) gets the scale of 2**20, one too large; bf16 rounds it to 8 "
+                      "bits, so far more amaxes and elements do), and on bf16 or float16 every step rounds again "
+                      "(|t| + 0.5 too: ties away from zero, and values just under a tie go up); elements rounded "
+                      "half away from zero ('nearest'); a scaled value that is zero (-0.0 in x, or x / 2**X "
+                      "underflowing) gives +0, torch.sign(-0.0) being +0"),
     ScaleRule("torchao_nvfp4", "torchao 0.18.0 nvfp4_quantize, one level", "fp8_e4m3fn", 16, ("fp4_e2m1fn",),
               "nvfp4", "nvfp4", nan_element="torchao",
               departs="block scales clamped to >= 2**-6 (e4m3's min normal): small tensors underflow "

@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from fpemu.blocks.log2 import floor_log2
 from fpemu.formats import encode, get_format, quantize
 
 F32 = np.float32
@@ -419,21 +420,25 @@ GRANULARITIES = ("tensorwise", "rowwise")
 
 
 def torchao_round_down_to_power_of_2(scale) -> np.ndarray:
-    """torchao's ``_round_scale_down_to_power_of_2``: exp2(floor(log2(s))) in float32.
+    """torchao's ``_round_scale_down_to_power_of_2``: ``torch.exp2(torch.floor(torch.log2(s)))`` in float32.
 
-    The float32 log2 is modelled as the correctly rounded one; it rounds to the integer k for s a
-    few ulp below 2^k, so the result is 2^k where the exact floor is 2^(k-1) (see
-    :func:`power_of_2_departures`).  torch 2.13's CPU log2 gave the same floors on every input tested.
+    torch's float32 log2 rounds to the integer k for s a few ulp below 2^k, so the result is 2^k where
+    the exact floor is 2^(k-1) (see :func:`power_of_2_departures`); the floor is
+    :func:`fpemu.blocks.log2.floor_log2`, torch's own on every positive float32 (its 44 largest: 128,
+    so exp2 gives inf).  torch's exp2 of an integer k is 2^k exactly (-149..127, on its AVX512, AVX2 and
+    default tiers), so 2^k is built with ldexp here: numpy's float32 exp2(127) is 2^127 plus one ulp on
+    its AVX512 tier.  0 gives 0, inf inf, negatives and NaN NaN.
 
     Example:
       >>> s = np.float32(9.536738e-07)  # a few ulp below 2^-20
       >>> float(torchao_round_down_to_power_of_2(s)), float(mask_to_power_of_2(s))
       (9.5367431640625e-07, 4.76837158203125e-07)
     """
-    scale = np.asarray(scale, dtype=np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log2 = np.log2(scale.astype(np.float64)).astype(np.float32)
-        return np.exp2(np.floor(log2)).astype(np.float32)
+    exponent = floor_log2(np.asarray(scale, dtype=np.float32))
+    finite = np.isfinite(exponent)
+    with np.errstate(over="ignore"):
+        power = np.ldexp(np.float32(1), np.where(finite, exponent, 0).astype(np.int32))
+    return np.where(finite, power, np.where(exponent == -np.inf, np.float32(0), exponent)).astype(np.float32)
 
 
 def scales_near_powers_of_2(low: int = -40, high: int = 40, ulps: int = 3) -> np.ndarray:
@@ -444,7 +449,7 @@ def scales_near_powers_of_2(low: int = -40, high: int = 40, ulps: int = 3) -> np
       >>> [float(s) for s in scales_near_powers_of_2(0, 0, 1)]
       [0.9999999403953552, 1.0, 1.0000001192092896]
     """
-    powers = (2.0 ** np.arange(low, high + 1, dtype=np.float64)).astype(np.float32).view(np.int32)
+    powers = np.ldexp(np.float32(1), np.arange(low, high + 1)).view(np.int32)
     return np.concatenate([(powers + d).view(np.float32) for d in range(-ulps, ulps + 1)])
 
 
