@@ -51,12 +51,13 @@ _MX_NAMES = {"fp8_e4m3fn": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp6_e2m3fn": "fp
 @functools.lru_cache(maxsize=None)
 def _microxcaling_modules():
     """microxcaling's modules on _quantize_mx's path (formats, specs, elemwise_ops, mx_ops), unchanged, from
-    FPEMU_MICROXCALING_SOURCE: a checkout, or a git mirror holding 7bc4195 (default
-    ~/.cache/fpemu/microxcaling); loaded as a package of their own, without mx/__init__.py (its nn layers)."""
+    FPEMU_MICROXCALING_SOURCE: a checkout, or a git mirror holding 7bc4195 (default tests/data/microxcaling,
+    their copies at that commit); loaded as a package of their own, without mx/__init__.py (its nn layers)."""
     import subprocess
     import sys
     import types
-    root = pathlib.Path(os.environ.get("FPEMU_MICROXCALING_SOURCE") or "~/.cache/fpemu/microxcaling").expanduser()
+    root = pathlib.Path(os.environ.get("FPEMU_MICROXCALING_SOURCE") or pathlib.Path(__file__).parent / "data"
+                        / "microxcaling").expanduser()
     package = types.ModuleType("_microxcaling_mx")
     package.__path__ = []
     for name in ("formats", "specs", "elemwise_ops", "mx_ops"):
