@@ -506,3 +506,18 @@ def test_advice_bad_input(steps, kwargs, error, words):
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_torchs_warnings_name_the_users_line_not_the_audit():
+    """torch warns of lr_scheduler.step() before optimizer.step() at its caller's line (stacklevel=2): under the
+    audit that caller is the audit's wrapper, whose line the user cannot act on."""
+    import warnings
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with warnings.catch_warnings(record=True) as caught, audit_torch(scaler, optimizer, scheduler):
+        warnings.simplefilter("always")
+        scheduler.step(); line = sys._getframe().f_lineno  # noqa: E702 -- the warning names this line
+    (warning,) = [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line)

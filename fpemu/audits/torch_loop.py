@@ -36,6 +36,7 @@ import functools
 import inspect
 import math
 import sys
+import warnings
 from typing import Optional
 
 from fpemu.audits.distributed import rank_check
@@ -604,12 +605,12 @@ class TorchLoopAudit:
         return real(outputs)
 
     def _updated(self, real, *args, **kwargs):
-        result = real(*args, **kwargs)
+        result = _at_callers_line(real, *args, **kwargs)
         self._notify("updated")
         return result
 
     def _scheduler_step(self, real, index: int, *args, **kwargs):
-        result = real(*args, **kwargs)
+        result = _at_callers_line(real, *args, **kwargs)
         self._scheduler_steps[index] += 1
         scheduler = self._schedulers[index]
         log = self._log_for(getattr(scheduler, "optimizer", None))
@@ -708,6 +709,24 @@ class TorchLoopAudit:
                        f"{fmt} would round {stats.underflow_share:.1%} more to zero and "
                        f"{stats.subnormal_share:.1%} to subnormals")
         return make_finding(kind, self._autocast[dtype], call, effect, detail)
+
+
+def _at_callers_line(real, *args, **kwargs):
+    """``real(*args, **kwargs)`` as the loop called it: a warning ``real`` attributes to its caller
+    (``stacklevel=2``, torch's "lr_scheduler.step() before optimizer.step()") names the user's line, not the
+    audit's wrapper; every other warning is issued as it was, through the user's warning filters."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = real(*args, **kwargs)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    for caught_warning in caught:
+        filename, lineno = caught_warning.filename, caught_warning.lineno
+        if filename == __file__ and frame is not None:
+            filename, lineno = frame.f_code.co_filename, frame.f_lineno
+        warnings.warn_explicit(caught_warning.message, caught_warning.category, filename, lineno)
+    return result
 
 
 def audit_torch(scaler, optimizers, scheduler=None, *, batch_size: Optional[int] = None) -> TorchLoopAudit:
