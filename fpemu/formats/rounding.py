@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from fpemu.formats._shortcuts import shortcut
-from fpemu.formats.format import Format, get_format
+from fpemu.formats.format import Format, get_format, max_ends_binade
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 OVERFLOW_MODES = ("inf", "saturate")
@@ -257,9 +257,24 @@ def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even"
 def _round_array(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, seed,
                  flags: bool) -> Rounded:
     """:func:`round_to_format`; with flags False the overflow flags may be left out (None)."""
+    if arr.dtype == np.float32 and _rounds_in_float64(fmt):
+        with np.errstate(invalid="ignore"):  # (a signalling NaN's widening flags invalid: it stays NaN)
+            widened = arr.astype(np.float64)
+        wide = _round_array(widened, fmt, rounding, overflow, subnormals, seed, flags)
+        with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
+            return Rounded(wide.values.astype(np.float32), wide.overflowed)
     if not (fmt.signed and fmt.has_zero):
         return _round_onto_positive(arr, fmt, rounding, overflow, subnormals, seed, flags)
     return _round_signed(arr, fmt, rounding, overflow, subnormals, seed, flags)
+
+
+def _rounds_in_float64(fmt: Format) -> bool:
+    """Formats float32 inputs are rounded onto in float64 (which holds every float32 exactly): those
+    reaching below float32's normal range or keeping all its bits, and those whose min normal is
+    beyond float32's range (float32 arithmetic would take their values, all inf in float32, for one)."""
+    source = _SOURCES[np.dtype(np.float32)]
+    return (fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits
+            or fmt.emin > source.bias)
 
 
 def _round_onto_positive(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, seed,
@@ -290,15 +305,7 @@ def _round_signed(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, 
     """The kernel proper, on formats with a sign bit and a zero (and on magnitudes for others)."""
     if not (fmt.has_inf or fmt.has_nan):
         overflow = "saturate"  # max finite is the only result beyond it (and ml_dtypes' choice)
-    source = _SOURCES[arr.dtype]
-    if fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits:
-        if arr.dtype == np.float64:
-            raise ValueError(f"fmt: {fmt.name} is not narrower than float64")
-        # The format reaches below float32's normal range or keeps all its bits: round from float64,
-        # which holds every float32 input exactly.
-        wide = _round_signed(arr.astype(np.float64), fmt, rounding, overflow, subnormals, seed, flags)
-        with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
-            return Rounded(wide.values.astype(np.float32), wide.overflowed)
+    source = _SOURCES[arr.dtype]  # (float32 only for formats inside its range: _round_array)
     flat = arr.reshape(-1)
     if _max_finite_fits(arr.dtype, fmt):  # else the general kernel, _round_bits
         # Draws made block by block: the same stream as _random_draws, never all in memory.
@@ -396,6 +403,7 @@ class _Plan(NamedTuple):
     ne_bias: object
     half_step: object
     scales: tuple                 # 1/q = 2**(m - emin) in factors the source type can hold
+    least: object                 # where 1/q < 1: the source's least value, for what it takes to 0
     clamp: object                 # by_addition: 2**(emax + 1), a magnitude that overflows anyway
     exponent_field: object
     to_quantum: object            # by_addition: 2**drop
@@ -439,7 +447,8 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
     elif rounding in ("nearest_even", "nearest_away", "stochastic"):
         if not fmt.has_inf:
             overflow_fix = "nan"
-        elif max_exponent - fmt.emax <= max_exponent:
+        elif max_exponent - fmt.emax <= max_exponent and max_ends_binade(fmt):
+            # (the scaling overflows from 2**(emax + 1) on: right only where max finite ends its binade)
             overflow_fix = "scale"
             scale_up = ftype(2.0 ** (max_exponent - fmt.emax))
             scale_down = ftype(2.0 ** (fmt.emax - max_exponent))
@@ -459,6 +468,7 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
         min_normal=min_normal, min_normal_bits=min_normal_bits,
         max_finite=ftype(fmt.max_finite), q=ftype(_subnormal_quantum(fmt)),
         ne_bias=uint((1 << (drop - 1)) - 1), half_step=uint(1 << (drop - 1)), scales=tuple(scales),
+        least=ftype(np.finfo(dtype).smallest_subnormal) if m < fmt.emin else None,
         clamp=clamp,
         exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(2.0 ** drop),
         to_fixed=ftype(2.0 ** _RANDOM_BITS), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
@@ -603,6 +613,12 @@ def _round_block_bits(plan: _Plan, block: _Block, has_nan: bool) -> bool:
             np.minimum(a, plan.min_normal_row[:k], out=y)
         for scale in plan.scales:
             y *= scale                                       # exact: powers of two, |y| <= 2**m
+        if plan.least is not None:
+            # (or 0 for inputs below 2**(emin - m) times the source's least value, far below half a
+            # unit, where every mode rounds as on that least value, which stands in, with their sign)
+            np.equal(y, 0, out=g)
+            g &= a != 0
+            y[g] = np.copysign(plan.least, y[g])
         plan.integer_round(y, out=t)
         if rounding == "nearest_away":
             np.subtract(y, t, out=y)                         # the fraction, exact
