@@ -50,7 +50,8 @@ _SOURCES = {
 # against the bit kernel on all 2**32 float32 inputs by the exhaustive sweep)
 # and measured faster than the kernel (reports/bench_quantize.md).  numpy's
 # float32 -> float16 cast is ~20x slower than the kernel here, and ml_dtypes
-# rounds float64 -> bf16/fp8 twice (through float32), so neither is used.
+# before 0.7.0 rounds float64 -> bf16/fp8 twice (through float32; 0.7.0 rounds
+# once), so neither is used.
 _FAST_NATIVE_CASTS = {
     (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)),
     (np.dtype(np.float64), np.dtype(np.float32)),
@@ -892,8 +893,8 @@ def codes_of_values(values: np.ndarray, fmt: Format) -> np.ndarray:
             and fmt.emin - fmt.mantissa_bits >= -126 and fmt.emax <= 127):
         return _codes_from_float32(values, fmt, code)
     if fmt.dtype is not None:
-        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which
-        # rounds through float32), and several times faster than taking them apart.
+        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which before
+        # 0.7.0 rounds through float32), and several times faster than taking them apart.
         with np.errstate(invalid="ignore", over="ignore"):
             return values.astype(fmt.dtype).view(code)
     return _encode_fields(values, fmt)
