@@ -187,12 +187,12 @@ def _powers(exponent: int) -> tuple:
     down: >= 2**-149, a subnormal factor rounds the product once)."""
     factors = []
     while exponent > 127:
-        factors.append(np.float32(2.0**127))
+        factors.append(np.float32(math.ldexp(1.0, 127)))
         exponent -= 127
     while exponent < -149:
-        factors.append(np.float32(2.0**-149))
+        factors.append(np.float32(math.ldexp(1.0, -149)))
         exponent += 149
-    return tuple(factors) + ((np.float32(2.0**exponent),) if exponent else ())
+    return tuple(factors) + ((np.float32(math.ldexp(1.0, exponent)),) if exponent else ())
 
 
 def _saturates(fmt: Format, overflow: str) -> bool:
@@ -219,9 +219,9 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
     k1 = 126 + emin                                        # y = x * 2**-k1: min normal -> 2**-126
     k2 = 149 + emin - m                                    # fmt's least subnormal -> 2**-149
     drop = 23 - m
-    to_t = _powers(k1) + (np.float32(2.0 ** (drop + 1) - 2),)
+    to_t = _powers(k1) + (np.float32(math.ldexp(1.0, drop + 1) - 2),)
     if len(to_t) == 2 and k1 + drop + 1 <= 127:            # one factor where it is a float32
-        to_t = (np.float32((2.0 ** (drop + 1) - 2) * 2.0**k1),)
+        to_t = (np.float32(math.ldexp(math.ldexp(1.0, drop + 1) - 2, k1)),)
     saturate = _saturates(fmt, overflow)
     threshold = max_row = min_row = None
     if fmt.has_inf and not saturate and max_ends_binade(fmt):
@@ -240,7 +240,7 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
     if not fmt.has_negative_zero:
         finish += "+0"
     mask = np.uint32(0x80000000 | (((1 << _field_bits(fmt)) - 1) << 23))
-    return _Split(np.float32(2.0**-k1), mask, to_t, chain, finish, threshold, max_row, min_row)
+    return _Split(np.float32(math.ldexp(1.0, -k1)), mask, to_t, chain, finish, threshold, max_row, min_row)
 
 
 def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:

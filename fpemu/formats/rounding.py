@@ -13,6 +13,7 @@ checks the kernel against the native casts on all 2**32 float32 inputs.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import queue
 import threading
@@ -437,9 +438,9 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
     max_exponent = int(np.finfo(dtype).maxexp) - 1
     scales, exponent = [], m - fmt.emin
     while exponent > max_exponent:
-        scales.append(ftype(2.0 ** max_exponent))
+        scales.append(ftype(math.ldexp(1.0, max_exponent)))
         exponent -= max_exponent
-    scales.append(ftype(2.0 ** exponent))
+    scales.append(ftype(math.ldexp(1.0, exponent)))
     overflow_fix, scale_up, scale_down = None, None, None
     if overflow == "saturate":
         overflow_fix = "clip"
@@ -451,11 +452,11 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
         elif max_exponent - fmt.emax <= max_exponent and max_ends_binade(fmt):
             # (the scaling overflows from 2**(emax + 1) on: right only where max finite ends its binade)
             overflow_fix = "scale"
-            scale_up = ftype(2.0 ** (max_exponent - fmt.emax))
-            scale_down = ftype(2.0 ** (fmt.emax - max_exponent))
+            scale_up = ftype(math.ldexp(1.0, max_exponent - fmt.emax))
+            scale_down = ftype(math.ldexp(1.0, fmt.emax - max_exponent))
     # C = 2**(E + drop) in _round_block_by_addition must stay finite up to the clamp at 2**(emax + 1).
     by_addition = rounding == "nearest_even" and fmt.emax + 1 + drop <= max_exponent
-    clamp = ftype(2.0 ** (fmt.emax + 1)) if by_addition else None
+    clamp = ftype(math.ldexp(1.0, fmt.emax + 1)) if by_addition else None
     min_normal, min_normal_bits = ftype(fmt.min_normal), uint(_bits_of(fmt.min_normal, dtype))
     return _Plan(
         ftype=ftype, uint=uint, sint=np.dtype(f"int{width}").type, width=width, m=m, drop=drop,
@@ -471,8 +472,8 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
         ne_bias=uint((1 << (drop - 1)) - 1), half_step=uint(1 << (drop - 1)), scales=tuple(scales),
         least=ftype(np.finfo(dtype).smallest_subnormal) if m < fmt.emin else None,
         clamp=clamp,
-        exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(2.0 ** drop),
-        to_fixed=ftype(2.0 ** _RANDOM_BITS), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
+        exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(math.ldexp(1.0, drop)),
+        to_fixed=ftype(math.ldexp(1.0, _RANDOM_BITS)), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
         shift_right=uint(max(drop - _RANDOM_BITS, 0)),
         overflow_fix=overflow_fix, scale_up=scale_up, scale_down=scale_down,
         min_normal_row=_constant_row(min_normal), neg_min_normal_row=_constant_row(-min_normal),
