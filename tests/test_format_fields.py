@@ -1,4 +1,5 @@
-"""Formats on orthogonal fields: e8m0, unsigned and zero-less formats, NaN-code policies, fp4 packing."""
+"""Formats on orthogonal fields: e8m0, unsigned and zero-less formats, NaN-code policies, fp4 packing; every
+quantize path against the rational oracle for every combination of the fields."""
 
 import functools
 import itertools
@@ -186,14 +187,14 @@ def _field_id(fmt) -> str:
     return f"e{fmt.exponent_bits}m{fmt.mantissa_bits}b{fmt.bias}-{fmt.special or 'no specials'}".replace(", ", "-")
 
 
-def _field_probes(fmt) -> tuple:
+def _field_probes(fmt, codes=None) -> tuple:
     """float64 inputs: NaN, then those float32 holds, then the rest (and how many come before the rest).
 
-    Every value of fmt, the midpoints between neighbouring values and their float32 and float64
-    neighbours, past max finite (the midpoint above it, 2**(emax + 1), float32's largest, 1e300),
-    below the least value, zeros and infinities, both signs."""
+    Every value of fmt (of ``codes``, default all), the midpoints between neighbouring values and their
+    float32 and float64 neighbours, past max finite (the midpoint above it, 2**(emax + 1), float32's
+    largest, 1e300), below the least value, zeros and infinities, both signs."""
     with np.errstate(invalid="ignore"):
-        values = fpemu.decode(np.arange(1 << fmt.bits, dtype=np.uint64), fmt)
+        values = fpemu.decode(np.arange(1 << fmt.bits, dtype=np.uint64) if codes is None else codes, fmt)
     grid = np.unique(np.abs(values[np.isfinite(values)]))
     above = past_max(fmt)  # the value the code after max finite's would have
     grid = np.append(grid, above)
@@ -212,14 +213,20 @@ def _field_probes(fmt) -> tuple:
     return np.concatenate([[math.nan], probes[in_float32], probes[~in_float32]]), held
 
 
-def _oracle(fmt, probes: np.ndarray, rounding: str, overflow: str, subnormals: bool) -> np.ndarray:
+def _oracle(fmt, probes: np.ndarray, rounding: str, overflow: str, subnormals: bool, draws: str = "kernel"):
     """The rational oracle's results; stochastic rounding takes the draws fpemu makes for an array of
-    probes' length with STOCHASTIC_SEED (32 bits per element, in order)."""
+    probes' length with STOCHASTIC_SEED: the kernel's 32 bits per element, or (``draws="bf16"``) the
+    float32 -> bf16 path's 16, which it adds below bf16's last bit (up when r >= 2**16 - the dropped
+    bits, so u = (2**16 - 1 - r) / 2**16)."""
     if rounding != "stochastic":
         return np.array([round_exact(float(x), fmt, rounding, overflow, subnormals) for x in probes])
-    draws = _random_draws(probes.size, STOCHASTIC_SEED)
-    return np.array([round_exact(float(x), fmt, rounding, overflow, subnormals, u=Fraction(int(d), 1 << 32),
-                                 resolution=32) for x, d in zip(probes, draws)])
+    if draws == "bf16":
+        raw = np.random.SFC64(STOCHASTIC_SEED).random_raw((probes.size + 3) // 4).view(np.uint16)[:probes.size]
+        us = [Fraction(0xFFFF - int(r), 1 << 16) for r in raw]
+    else:
+        us = [Fraction(int(d), 1 << 32) for d in _random_draws(probes.size, STOCHASTIC_SEED)]
+    return np.array([round_exact(float(x), fmt, rounding, overflow, subnormals, u=u, resolution=32)
+                     for x, u in zip(probes, us)])
 
 
 def _quantize_paths(fmt, rounding: str, subnormals: bool, dtype) -> list:
@@ -231,7 +238,7 @@ def _quantize_paths(fmt, rounding: str, subnormals: bool, dtype) -> list:
         ("round_to_format", lambda x, ov: round_to_format(x, fmt, rounding, ov, subnormals, seed).values),
     ]
     short = paths(fmt, rounding, subnormals) if dtype == np.float32 else []
-    if short:  # quantize takes the first of them: the kernel it would take without them (flags left out)
+    if short or fmt.dtype is not None:  # quantize takes another path first: the kernel it would take without
         found.append(("kernel",
                       lambda x, ov: _round_array(x, fmt, rounding, ov, subnormals, seed, flags=False).values))
     source = _SOURCES[np.dtype(dtype)]
@@ -247,27 +254,26 @@ def _quantize_paths(fmt, rounding: str, subnormals: bool, dtype) -> list:
     return found
 
 
-@pytest.mark.parametrize("fmt", FIELD_FORMATS, ids=_field_id)
-def test_every_quantize_path_matches_the_oracle_for_every_field_combination(fmt):
-    """Each path on the probes as float64 and, those float32 holds, as float32; bits compared, NaN equal
-    to NaN.  quantize's paths also without the NaN: a block without NaN takes the fast kernel's bulk
-    overflow fixes (round_to_format and the bit kernel treat every element alike)."""
-    probes, held = _field_probes(fmt)
+def _sweep(fmt, probes: np.ndarray, held: int) -> list:
+    """Each path on the probes as float64 and, those float32 holds, as float32, every mode; bits compared,
+    NaN equal to NaN.  quantize's paths also without the NaN: a block without NaN takes the fast
+    kernel's bulk overflow fixes (round_to_format and the bit kernel treat every element alike)."""
     mismatches = []
     with np.errstate(all="ignore"):
         for rounding, overflow, subnormals in itertools.product(fpemu.ROUNDING_MODES, fpemu.OVERFLOW_MODES,
                                                                 (True, False)):
-            expected = _oracle(fmt, probes, rounding, overflow, subnormals)
-            clean = expected[1:]
+            expected = {"kernel": _oracle(fmt, probes, rounding, overflow, subnormals)}
             if rounding == "stochastic" and subnormals:  # (the draws go by position)
-                clean = _oracle(fmt, probes[1:], rounding, overflow, subnormals)
-            for dtype, x, want in ((np.float64, probes, expected), (np.float64, probes[1:], clean),
-                                   (np.float32, probes[:held], expected[:held]),
-                                   (np.float32, probes[1:held], clean[:held - 1])):
-                x, want = x.astype(dtype), want.astype(dtype)
+                expected["kernel", "clean"] = _oracle(fmt, probes[1:], rounding, overflow, subnormals)
+            for dtype, clean in itertools.product((np.float64, np.float32), (False, True)):
+                x = probes[int(clean):held if dtype == np.float32 else probes.size].astype(dtype)
                 for name, run in _quantize_paths(fmt, rounding, subnormals, dtype):
-                    if not np.isnan(x[0]) and (name in ("round_to_format", "bit kernel") or not subnormals):
+                    if clean and (name in ("round_to_format", "bit kernel") or not subnormals):
                         continue  # (the bulk overflow fixes come after the flush)
+                    draws = "bf16" if name == "quantize" and _takes_stochastic_bf16(fmt, rounding, overflow,
+                                                                                    subnormals, dtype) else "kernel"
+                    want = _expected(expected, fmt, probes, draws, clean, rounding, overflow, subnormals)
+                    want = want[:x.size].astype(dtype)
                     got = run(x, overflow)
                     wrong = ~((got.view(f"u{got.itemsize}") == want.view(f"u{got.itemsize}"))
                               | (np.isnan(got) & np.isnan(want)))
@@ -275,6 +281,47 @@ def test_every_quantize_path_matches_the_oracle_for_every_field_combination(fmt)
                         mismatches.append((name, np.dtype(dtype).name, x.size, rounding, overflow, subnormals,
                                            int(wrong.sum()), x[wrong][:3].tolist(), got[wrong][:3].tolist(),
                                            want[wrong][:3].tolist()))
+    return mismatches
+
+
+def _takes_stochastic_bf16(fmt, rounding, overflow, subnormals, dtype) -> bool:
+    """Whether quantize takes its float32 -> bf16 stochastic path (16 random bits of its own stream)."""
+    return (fmt.dtype == np.dtype(ml_dtypes.bfloat16) and rounding == "stochastic" and overflow == "inf"
+            and subnormals and dtype == np.float32)
+
+
+def _expected(cache: dict, fmt, probes, draws: str, clean: bool, rounding, overflow, subnormals) -> np.ndarray:
+    """The oracle's results for the probes (without the leading NaN where clean) and that stream of draws."""
+    key = (draws, "clean") if clean else draws
+    if key not in cache:
+        if rounding != "stochastic" or (clean and not subnormals):
+            return cache["kernel"][int(clean):]
+        cache[key] = _oracle(fmt, probes[int(clean):], rounding, overflow, subnormals, draws)
+    return cache[key]
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS, ids=_field_id)
+def test_every_quantize_path_matches_the_oracle_for_every_field_combination(fmt):
+    probes, held = _field_probes(fmt)
+    mismatches = _sweep(fmt, probes, held)
+    assert not mismatches, mismatches
+
+
+def _code_sample(fmt) -> np.ndarray:
+    """Runs of 48 neighbouring codes: from zero, around 1.0, around min normal, and up to max finite."""
+    one = int(fpemu.encode(1.0, fmt))
+    starts = [0, one - 24, (1 << fmt.mantissa_bits) - 24, fmt.max_finite_code - 47]
+    return np.unique(np.concatenate([np.arange(max(start, 0), max(start, 0) + 48) for start in starts])
+                     ).astype(np.uint64)
+
+
+@pytest.mark.parametrize("name", ["fp32", "tf32", "bf16", "fp16", "fp8_e4m3fn", "e8m0"])
+def test_every_quantize_path_of_the_named_layouts_matches_the_oracle(name):
+    """The paths only these layouts take (fp32's identity, tf32's leading bits, bf16's native cast and
+    stochastic path, e8m0's, the compiled and numpy paths at fp16's and fp8's sizes), on runs of codes."""
+    fmt = fpemu.get_format(name)
+    probes, held = _field_probes(fmt, _code_sample(fmt))
+    mismatches = _sweep(fmt, probes, held)
     assert not mismatches, mismatches
 
 
