@@ -237,8 +237,6 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
             finish, threshold = ("inf" if fmt.has_inf else "nan"), _overflow_threshold(fmt)
     if not fmt.has_negative_zero:
         finish += "+0"
-    if not fmt.has_negative_zero:
-        finish += "+0"
     mask = np.uint32(0x80000000 | (((1 << _field_bits(fmt)) - 1) << 23))
     return _Split(np.float32(math.ldexp(1.0, -k1)), mask, to_t, chain, finish, threshold, max_row, min_row)
 
