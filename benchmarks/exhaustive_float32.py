@@ -15,9 +15,9 @@ why, and the sweep counts them apart from the mismatches, whose goal stays 0.
 
 The 2**32 inputs are split into 256 slices of 2**24; ``--shard K/N`` runs
 every N-th slice starting at K, so N processes (or machines) share the sweep.
-Each shard writes reports/exhaustive/shard-K-of-N.json; ``--merge`` folds the
-shards into reports/exhaustive_float32.md (a format swept later on its own, with ``--formats``
-and another N, is taken from its own shard set).
+Each shard writes reports/exhaustive/shard-K-of-N.json, with the peers' package versions; ``--merge``
+folds the shards into reports/exhaustive_float32.md (a format swept later on its own, with
+``--formats`` and another N, is taken from its own shard set).
 
 Run: python -m benchmarks.exhaustive_float32 --shard 0/2 & python -m benchmarks.exhaustive_float32 --shard 1/2
      python -m benchmarks.exhaustive_float32 --merge
@@ -30,7 +30,9 @@ import argparse
 import json
 import time
 
+import ml_dtypes
 import numpy as np
+from packaging.version import Version
 
 import fpemu
 from benchmarks._common import REPORTS, atomic_write, write_report
@@ -59,12 +61,20 @@ def _e8m0_subnormals_up(x):
     return (x > 2.0**-127) & (x < 1.5 * 2.0**-127)
 
 
+def _none(x):
+    return np.zeros(x.shape, bool)
+
+
+# ml_dtypes 0.7.0 rounds these subnormals to nearest, as fpemu; earlier releases send them up.
+_ML_DTYPES_E8M0_UP = _e8m0_subnormals_up if Version(ml_dtypes.__version__) < Version("0.7.0") else _none
+
+
 # Peers per format: label, the peer's rounding of a float32 array to float32 values.
 PEERS = {"e8m0": (("ml_dtypes", _native_cast), ("torch", _torch_e8m0_cast))}
 # Inputs a peer computes differently by design: (format, peer) -> (inputs, why).
 DEPARTURES = {
-    ("e8m0", "ml_dtypes"): (_e8m0_subnormals_up, "float32 subnormals in (2^-127, 1.5 * 2^-127) go up to 2^-126, not to the "
-                            "nearer 2^-127"),
+    ("e8m0", "ml_dtypes"): (_ML_DTYPES_E8M0_UP, "before ml_dtypes 0.7.0, float32 subnormals in (2^-127, 1.5 * 2^-127) go "
+                            "up to 2^-126, not to the nearer 2^-127 (0.7.0 rounds them to nearest, as fpemu: none)"),
     ("e8m0", "torch"): (lambda x: _e8m0_subnormals_up(np.abs(x)) | (x <= 0),
                         "the same subnormals go up to 2^-126; 0 and -0 become code 0 (2^-127) and x < 0 "
                         "the code of |x|, where e8m0 has no code (fpemu: NaN)"),
@@ -99,7 +109,7 @@ def sweep_slice(index: int, names) -> dict:
             theirs = cast(x, fmt)
             t3 = time.perf_counter()
             differ = _differ(ours, theirs) | _differ(flagged, theirs)
-            known, _ = DEPARTURES.get((name, label), (lambda v: np.zeros(v.shape, bool), ""))
+            known, _ = DEPARTURES.get((name, label), (_none, ""))
             departs = known(x)
             unexplained = differ & ~departs
             peers[label] = {"mismatches": int(np.count_nonzero(unexplained)),
@@ -123,8 +133,32 @@ def run_shard(shard: int, shards: int, names) -> None:
                     into[key] += peer[key]
                 into["examples"] = (into["examples"] + peer["examples"])[:5]
         print(f"shard {shard}/{shards}: slice {done}/{len(slices)}", flush=True)
-    result = {"shard": shard, "shards": shards, "slices": slices, "formats": totals}
+    result = {"shard": shard, "shards": shards, "slices": slices, "formats": totals, "versions": _versions()}
     atomic_write(SHARD_DIR / f"shard-{shard}-of-{shards}.json", json.dumps(result, indent=2) + "\n")
+
+
+def _versions() -> dict:
+    """The versions of the packages the peers' casts come from (torch where it is installed)."""
+    versions = {"numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__}
+    try:
+        import torch
+    except ImportError:
+        return versions
+    return versions | {"torch": torch.__version__}
+
+
+def _versions_note(parts_by_format: dict) -> str:
+    """Which package versions each format's shards were measured with (shards written before the
+    sweep recorded them: not recorded)."""
+    measured = {}
+    for name, parts in parts_by_format.items():
+        for part in parts:
+            found = part.get("versions")
+            key = (", ".join(f"{k} {v}" for k, v in sorted(found.items())) if found
+                   else "not recorded (shards written before the sweep recorded them)")
+            measured.setdefault(key, []).append(name)
+    return "Peers' package versions, from the shards: " + "; ".join(
+        f"{', '.join(dict.fromkeys(names))}: {key}" for key, names in measured.items())
 
 
 def _peers(entry: dict) -> dict:
@@ -154,8 +188,8 @@ def merge() -> dict:
     rows = []
     names = list(dict.fromkeys(name for _, parts in sorted(sets.items()) for p in parts for name in p["formats"]))
     names.sort(key=lambda name: FORMATS.index(name) if name in FORMATS else len(FORMATS))
-    for name in names:
-        parts = _covering(sets, name)
+    covering = {name: _covering(sets, name) for name in names}
+    for name, parts in covering.items():
         labels = list(dict.fromkeys(label for p in parts for label in _peers(p["formats"][name])))
         fpemu_s = sum(p["formats"][name]["fpemu_s"] for p in parts)
         for label in labels:
@@ -180,7 +214,7 @@ def merge() -> dict:
              *(f"{name} vs {label}: {why}" for (name, label), (_, why) in DEPARTURES.items()),
              "'native' is the numpy/ml_dtypes cast in sweeps run before the peers were named, and before "
              "quantize had short paths (their 'fpemu' is the kernel alone).",
-             "Times are summed over the shards (CPU seconds of each process)."]
+             "Times are summed over the shards (CPU seconds of each process).", _versions_note(covering)]
     write_report("exhaustive_float32", "Exhaustive float32 sweep", result, rows, columns, notes)
     return result
 

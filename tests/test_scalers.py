@@ -485,3 +485,11 @@ def test_a_profile_with_an_unknown_word_or_an_unkinded_parameter_is_refused():
         dataclasses.replace(torch, unscale="mul_recip")
     with pytest.raises(ValueError, match="parameters colour have no kind"):
         dataclasses.replace(torch, defaults={**torch.defaults, "colour": 1})
+
+
+def test_deepspeed_engine_config_takes_exact_powers_of_two_only():
+    from fpemu.adapters.deepspeed_scaler import _engine_config
+    assert _engine_config("deepspeed", {"init_scale": 2.0**16})["initial_scale_power"] == 16
+    assert _engine_config("deepspeed", {"init_scale": 2.0**-3})["initial_scale_power"] == -3
+    with pytest.raises(ValueError, match="init_scale must be a power of two, got 1048576.0000000002"):
+        _engine_config("deepspeed", {"init_scale": 2.0**20 * (1 + 2.0**-52)})  # log2 gives 20.0

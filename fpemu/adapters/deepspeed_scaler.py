@@ -556,11 +556,12 @@ def _engine_config(profile: str, params: dict) -> dict:
     (``deepspeed_fp16_optimizer``: no hysteresis, a floor without raising); ZeRO-1/2 DynamicLossScaler's."""
     merged = {**get_profile(profile).defaults, **params}
     get_profile(profile).rules(**params)
-    power = math.log2(merged["init_scale"])
-    if power != int(power):
+    # (frexp, exact: log2 rounds 2**20 * (1 + 2**-52) to 20.0)
+    significand, exponent = math.frexp(merged["init_scale"])
+    if significand != 0.5:
         raise ValueError(f"init_scale: the engine's fp16 config takes initial_scale_power, so init_scale must "
-                         f"be a power of two, got {merged['init_scale']}")
-    config = {"initial_scale_power": int(power), "loss_scale_window": merged["scale_window"]}
+                         f"be a power of two, got {merged['init_scale']!r}")
+    config = {"initial_scale_power": exponent - 1, "loss_scale_window": merged["scale_window"]}
     if profile == "deepspeed_fp16_optimizer":
         return {**config, "min_loss_scale": merged["min_loss_scale"]}
     if merged["raise_error_at_min_scale"] is not True:

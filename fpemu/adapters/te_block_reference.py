@@ -206,6 +206,6 @@ def te_mxfp8_reference(x, device: str = "cpu") -> BlockQuantized:
     scale_codes = row_scales.cpu().numpy()[::block].copy()
     with np.errstate(invalid="ignore", over="ignore"):
         scales = np.where(scale_codes == 255, np.float32(np.nan),
-                          np.exp2(scale_codes.astype(np.float64) - 127).astype(np.float32))
+                          np.ldexp(np.float32(1), scale_codes.astype(np.int32) - 127))
         values = decode(element_codes, elem, dtype=np.float32) * np.repeat(scales, block, axis=-1)
     return BlockQuantized(rule.name, elem, get_format("e8m0"), block, 1, scale_codes, scales, element_codes, values)

@@ -20,6 +20,7 @@ are a small share of all elements, they do not decide the advice.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Callable, Optional
 
@@ -120,7 +121,7 @@ class LossScaleAdvice:
         lines += [self._misfit_line(layer) for layer in self.layers if layer.name in self.misfits]
         noisy = [layer for layer in self.layers if layer.noise]
         if noisy:
-            lines.append(f"Noise-level gradients (below 2^{int(np.log2(NOISE_LEVEL))} of their group's largest, "
+            lines.append(f"Noise-level gradients (below {_pow2(NOISE_LEVEL)} of their group's largest, "
                          "float32 rounding noise: a mathematically zero gradient such as an attention key "
                          "bias looks like this; they are too few to decide the advice):")
             lines += [f"  {layer.name}: {layer.noise} of {layer.elements} elements, {layer.noise_underflow} of "
@@ -137,7 +138,8 @@ class LossScaleAdvice:
 
 
 def _pow2(scale: float) -> str:
-    return f"2^{int(np.log2(scale))}"
+    """A power of two as 2^k (its exponent from frexp: exact, where log2 goes through a libm)."""
+    return f"2^{math.frexp(scale)[1] - 1}"
 
 
 def _first_true(predicate: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:

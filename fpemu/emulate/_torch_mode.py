@@ -339,8 +339,8 @@ class _Runtime:
             out, amax, scale = self._fp8_delayed(value, key, op, direction, fmt)
         else:
             amax = float(value.detach().abs().max()) if value.numel() else 0.0
-            exponent = 0 if not (amax > 0 and math.isfinite(amax)) else math.floor(math.log2(fmt.max_finite / amax))
-            scale = 2.0 ** exponent
+            exponent = 0 if not (amax > 0 and math.isfinite(amax)) else _scale_exponent(fmt.max_finite, amax)
+            scale = math.ldexp(1.0, exponent)
             out = self.round(value * scale, op, direction, fmt=fmt) / scale
         self.telemetry.record_fp8(name, amax, scale)
         return out
@@ -537,3 +537,10 @@ def emulate_torch(policy="cuda_autocast_fp16", *, model=None, telemetry: Telemet
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _scale_exponent(limit: float, amax: float) -> int:
+    """The largest k with amax * 2**k <= limit (both positive and finite), from their frexp
+    significands and exponents: exact, where floor(log2(limit / amax)) rounds twice."""
+    (limit_significand, limit_exponent), (amax_significand, amax_exponent) = math.frexp(limit), math.frexp(amax)
+    return limit_exponent - amax_exponent - (amax_significand > limit_significand)

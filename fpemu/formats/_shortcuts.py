@@ -28,12 +28,13 @@ path gives the kernel's 0x7FC00000, the e8m0 path all ones for negative inputs).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
 from fpemu.formats._compiled import KERNELS
-from fpemu.formats.format import Format
+from fpemu.formats.format import Format, max_ends_binade, past_max
 
 _F32 = np.dtype(np.float32)
 _U32, _I32 = np.uint32, np.int32
@@ -155,8 +156,9 @@ class _Split(NamedTuple):
     field_mask: np.uint32            # sign and the low exponent-field bits of y
     to_t: tuple                      # factors taking y's masked value to the magic t
     chain: tuple                     # multipliers after the rounding (grid, overflow, back)
-    finish: str                      # "none", "clip", "nan" (fn/fnuz overflow), and "+0" (no -0)
-    threshold: Optional[np.float32]  # "nan": |r| * threshold overflows exactly past max finite
+    finish: str                      # "none", "clip", "nan" (fn/fnuz overflow), "inf" (an inf code
+                                     # below the binade's top), and "+0" (no -0)
+    threshold: Optional[np.float32]  # "nan", "inf": |r| * threshold overflows exactly past max finite
     max_row: Optional[np.ndarray]    # "clip": a block of max finite, and of its negative
     min_row: Optional[np.ndarray]
 
@@ -174,6 +176,9 @@ def _split_admits(fmt: Format) -> bool:
     if not (fmt.signed and fmt.has_zero and fmt.mantissa_bits <= 21 and fmt.emin >= -126
             and fmt.emin - fmt.mantissa_bits >= -149):
         return False
+    if fmt.has_nan or (fmt.has_inf and not max_ends_binade(fmt)):  # step 5 needs its threshold
+        if _overflow_threshold(fmt) is None:
+            return False
     return (1 << _field_bits(fmt)) - 1 + fmt.emin + 23 - fmt.mantissa_bits <= 127
 
 
@@ -182,17 +187,30 @@ def _powers(exponent: int) -> tuple:
     down: >= 2**-149, a subnormal factor rounds the product once)."""
     factors = []
     while exponent > 127:
-        factors.append(np.float32(2.0**127))
+        factors.append(np.float32(math.ldexp(1.0, 127)))
         exponent -= 127
     while exponent < -149:
-        factors.append(np.float32(2.0**-149))
+        factors.append(np.float32(math.ldexp(1.0, -149)))
         exponent += 149
-    return tuple(factors) + ((np.float32(2.0**exponent),) if exponent else ())
+    return tuple(factors) + ((np.float32(math.ldexp(1.0, exponent)),) if exponent else ())
 
 
 def _saturates(fmt: Format, overflow: str) -> bool:
     """Whether values past max finite become it: asked for, or the format has neither inf nor NaN."""
     return overflow == "saturate" or not (fmt.has_inf or fmt.has_nan)
+
+
+def _overflow_threshold(fmt: Format) -> Optional[np.float32]:
+    """A float32 t with |r| * t finite for r up to max finite and infinite from the next value up
+    (2**128 over their midpoint), for the formats whose overflow needs one (a NaN past max, or an inf
+    code below the top of the binade); None where no float32 does it (max finite near float32's least
+    values)."""
+    above = past_max(fmt)
+    with np.errstate(over="ignore"):
+        threshold = np.float32(math.ldexp(1.0, 128) / ((fmt.max_finite + above) / 2))
+        exact = (np.isfinite(threshold) and np.isfinite(np.float32(fmt.max_finite) * threshold)
+                 and np.isinf(np.float32(above) * threshold))
+    return threshold if exact else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -201,12 +219,12 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
     k1 = 126 + emin                                        # y = x * 2**-k1: min normal -> 2**-126
     k2 = 149 + emin - m                                    # fmt's least subnormal -> 2**-149
     drop = 23 - m
-    to_t = _powers(k1) + (np.float32(2.0 ** (drop + 1) - 2),)
+    to_t = _powers(k1) + (np.float32(math.ldexp(1.0, drop + 1) - 2),)
     if len(to_t) == 2 and k1 + drop + 1 <= 127:            # one factor where it is a float32
-        to_t = (np.float32((2.0 ** (drop + 1) - 2) * 2.0**k1),)
+        to_t = (np.float32(math.ldexp(math.ldexp(1.0, drop + 1) - 2, k1)),)
     saturate = _saturates(fmt, overflow)
     threshold = max_row = min_row = None
-    if fmt.has_inf and not saturate:
+    if fmt.has_inf and not saturate and max_ends_binade(fmt):
         # up to 2**(127 - emax) times x: 2**(emax + 1), the least overflowing result, to 2**128
         chain, finish = _powers(-k2) + _powers(k2 + 127 - emax) + _powers(emax - 127), "none"
     else:
@@ -216,17 +234,11 @@ def _split_plan(fmt: Format, overflow: str) -> _Split:
             max_row = np.full(_BLOCK, fmt.max_finite, np.float32)
             min_row = -max_row
         else:
-            finish = "nan"
-            above = float(np.ldexp(1.0 + (((fmt.max_finite_code + 1) & ((1 << m) - 1)) / (1 << m)),
-                                   (fmt.max_finite_code + 1 >> m) - fmt.bias))  # the next value up
-            threshold = np.float32(2.0**128 / ((fmt.max_finite + above) / 2))
-            with np.errstate(over="ignore"):
-                assert np.isfinite(np.float32(fmt.max_finite) * threshold)
-                assert np.isinf(np.float32(above) * threshold)
+            finish, threshold = ("inf" if fmt.has_inf else "nan"), _overflow_threshold(fmt)
     if not fmt.has_negative_zero:
         finish += "+0"
     mask = np.uint32(0x80000000 | (((1 << _field_bits(fmt)) - 1) << 23))
-    return _Split(np.float32(2.0**-k1), mask, to_t, chain, finish, threshold, max_row, min_row)
+    return _Split(np.float32(math.ldexp(1.0, -k1)), mask, to_t, chain, finish, threshold, max_row, min_row)
 
 
 def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool) -> np.ndarray:
@@ -244,8 +256,10 @@ def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
     4. r * 2**-k2 rounds what is below min normal onto fmt's subnormals in float32's own subnormal
        arithmetic (fmt's quantum there is float32's 2**-149) and leaves the rest exact; then back,
        and for IEEE formats through 2**(127 - emax) times r, where 2**(emax + 1) and above overflow.
-    5. Formats without inf: a clip (saturation, finite formats), or NaN past max finite (fn, fnuz:
-       r - (p - p) with p = r * threshold, inf past max); +0 for -0 where -0 is no value (fnuz).
+    5. The rest: a clip (saturation, finite formats), NaN past max finite (fn, fnuz: r - (p - p)
+       with p = r * threshold, inf past max), or inf past max finite where an inf code sits below
+       the top of max finite's binade (P3109's layouts: p where it is inf); +0 for -0 where -0 is
+       no value (fnuz).
 
     Step 4 computes with float32 subnormals, which cost nothing extra on the AMD EPYC this was
     measured on; a CPU that takes a slow assist for them (many Intel cores, flush-to-zero off, as
@@ -267,6 +281,9 @@ def _nearest_even(arr: np.ndarray, fmt: Format, overflow: str, subnormals: bool)
             if plan.finish.startswith("clip"):
                 np.minimum(r, plan.max_row[:len(x)], out=r)
                 np.maximum(r, plan.min_row[:len(x)], out=r)
+            elif plan.finish.startswith("inf"):
+                np.multiply(r, plan.threshold, out=t)          # +-inf exactly past max finite
+                np.copyto(r, t, where=np.isinf(t))
             elif plan.finish.startswith("nan"):
                 np.multiply(r, plan.threshold, out=t)
                 np.subtract(t, t, out=t)                       # 0, or NaN past max finite

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import ml_dtypes
@@ -190,6 +191,21 @@ class Format:
 
     def __str__(self) -> str:
         return self.name
+
+
+def past_max(fmt: Format) -> float:
+    """The least magnitude on fmt's grid above max finite, with the exponent range unbounded (the
+    value the code after max finite's would have): rounding overflows where the result reaches it.
+    2**(emax + 1) where max finite ends its binade (:func:`max_ends_binade`), else max finite plus
+    its ulp."""
+    return fmt.max_finite + math.ldexp(1.0, fmt.emax - fmt.mantissa_bits)
+
+
+def max_ends_binade(fmt: Format) -> bool:
+    """Whether max finite is the last value of its binade, so that overflow starts at 2**(emax + 1):
+    true of IEEE, fn, fnuz and finite layouts, false where an infinity or NaN codes take the top of
+    the binade (P3109's layouts: inf on the top code, no NaN code above it)."""
+    return (fmt.max_finite_code + 1) % (1 << fmt.mantissa_bits) == 0
 
 
 def _convention_fields(convention: tuple, mantissa_bits: int) -> tuple:

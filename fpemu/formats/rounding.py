@@ -13,6 +13,7 @@ checks the kernel against the native casts on all 2**32 float32 inputs.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import queue
 import threading
@@ -23,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from fpemu.formats._shortcuts import shortcut
-from fpemu.formats.format import Format, get_format
+from fpemu.formats.format import Format, get_format, max_ends_binade
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 OVERFLOW_MODES = ("inf", "saturate")
@@ -50,7 +51,8 @@ _SOURCES = {
 # against the bit kernel on all 2**32 float32 inputs by the exhaustive sweep)
 # and measured faster than the kernel (reports/bench_quantize.md).  numpy's
 # float32 -> float16 cast is ~20x slower than the kernel here, and ml_dtypes
-# rounds float64 -> bf16/fp8 twice (through float32), so neither is used.
+# before 0.7.0 rounds float64 -> bf16/fp8 twice (through float32; 0.7.0 rounds
+# once), so neither is used.
 _FAST_NATIVE_CASTS = {
     (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)),
     (np.dtype(np.float64), np.dtype(np.float32)),
@@ -257,9 +259,24 @@ def round_to_format(arr: np.ndarray, fmt: Format, rounding: str = "nearest_even"
 def _round_array(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, seed,
                  flags: bool) -> Rounded:
     """:func:`round_to_format`; with flags False the overflow flags may be left out (None)."""
+    if arr.dtype == np.float32 and _rounds_in_float64(fmt):
+        with np.errstate(invalid="ignore"):  # (a signalling NaN's widening flags invalid: it stays NaN)
+            widened = arr.astype(np.float64)
+        wide = _round_array(widened, fmt, rounding, overflow, subnormals, seed, flags)
+        with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
+            return Rounded(wide.values.astype(np.float32), wide.overflowed)
     if not (fmt.signed and fmt.has_zero):
         return _round_onto_positive(arr, fmt, rounding, overflow, subnormals, seed, flags)
     return _round_signed(arr, fmt, rounding, overflow, subnormals, seed, flags)
+
+
+def _rounds_in_float64(fmt: Format) -> bool:
+    """Formats float32 inputs are rounded onto in float64 (which holds every float32 exactly): those
+    reaching below float32's normal range or keeping all its bits, and those whose min normal is
+    beyond float32's range (float32 arithmetic would take their values, all inf in float32, for one)."""
+    source = _SOURCES[np.dtype(np.float32)]
+    return (fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits
+            or fmt.emin > source.bias)
 
 
 def _round_onto_positive(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, seed,
@@ -290,15 +307,7 @@ def _round_signed(arr: np.ndarray, fmt: Format, rounding, overflow, subnormals, 
     """The kernel proper, on formats with a sign bit and a zero (and on magnitudes for others)."""
     if not (fmt.has_inf or fmt.has_nan):
         overflow = "saturate"  # max finite is the only result beyond it (and ml_dtypes' choice)
-    source = _SOURCES[arr.dtype]
-    if fmt.emin + source.bias < 1 or fmt.mantissa_bits >= source.mantissa_bits:
-        if arr.dtype == np.float64:
-            raise ValueError(f"fmt: {fmt.name} is not narrower than float64")
-        # The format reaches below float32's normal range or keeps all its bits: round from float64,
-        # which holds every float32 input exactly.
-        wide = _round_signed(arr.astype(np.float64), fmt, rounding, overflow, subnormals, seed, flags)
-        with np.errstate(over="ignore"):  # a value of fmt beyond float32's range is inf in the float32 result
-            return Rounded(wide.values.astype(np.float32), wide.overflowed)
+    source = _SOURCES[arr.dtype]  # (float32 only for formats inside its range: _round_array)
     flat = arr.reshape(-1)
     if _max_finite_fits(arr.dtype, fmt):  # else the general kernel, _round_bits
         # Draws made block by block: the same stream as _random_draws, never all in memory.
@@ -396,6 +405,7 @@ class _Plan(NamedTuple):
     ne_bias: object
     half_step: object
     scales: tuple                 # 1/q = 2**(m - emin) in factors the source type can hold
+    least: object                 # where 1/q < 1: the source's least value, for what it takes to 0
     clamp: object                 # by_addition: 2**(emax + 1), a magnitude that overflows anyway
     exponent_field: object
     to_quantum: object            # by_addition: 2**drop
@@ -428,9 +438,9 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
     max_exponent = int(np.finfo(dtype).maxexp) - 1
     scales, exponent = [], m - fmt.emin
     while exponent > max_exponent:
-        scales.append(ftype(2.0 ** max_exponent))
+        scales.append(ftype(math.ldexp(1.0, max_exponent)))
         exponent -= max_exponent
-    scales.append(ftype(2.0 ** exponent))
+    scales.append(ftype(math.ldexp(1.0, exponent)))
     overflow_fix, scale_up, scale_down = None, None, None
     if overflow == "saturate":
         overflow_fix = "clip"
@@ -439,13 +449,14 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
     elif rounding in ("nearest_even", "nearest_away", "stochastic"):
         if not fmt.has_inf:
             overflow_fix = "nan"
-        elif max_exponent - fmt.emax <= max_exponent:
+        elif max_exponent - fmt.emax <= max_exponent and max_ends_binade(fmt):
+            # (the scaling overflows from 2**(emax + 1) on: right only where max finite ends its binade)
             overflow_fix = "scale"
-            scale_up = ftype(2.0 ** (max_exponent - fmt.emax))
-            scale_down = ftype(2.0 ** (fmt.emax - max_exponent))
+            scale_up = ftype(math.ldexp(1.0, max_exponent - fmt.emax))
+            scale_down = ftype(math.ldexp(1.0, fmt.emax - max_exponent))
     # C = 2**(E + drop) in _round_block_by_addition must stay finite up to the clamp at 2**(emax + 1).
     by_addition = rounding == "nearest_even" and fmt.emax + 1 + drop <= max_exponent
-    clamp = ftype(2.0 ** (fmt.emax + 1)) if by_addition else None
+    clamp = ftype(math.ldexp(1.0, fmt.emax + 1)) if by_addition else None
     min_normal, min_normal_bits = ftype(fmt.min_normal), uint(_bits_of(fmt.min_normal, dtype))
     return _Plan(
         ftype=ftype, uint=uint, sint=np.dtype(f"int{width}").type, width=width, m=m, drop=drop,
@@ -459,9 +470,10 @@ def _plan(dtype: np.dtype, fmt: Format, rounding: str, overflow: str) -> _Plan:
         min_normal=min_normal, min_normal_bits=min_normal_bits,
         max_finite=ftype(fmt.max_finite), q=ftype(_subnormal_quantum(fmt)),
         ne_bias=uint((1 << (drop - 1)) - 1), half_step=uint(1 << (drop - 1)), scales=tuple(scales),
+        least=ftype(np.finfo(dtype).smallest_subnormal) if m < fmt.emin else None,
         clamp=clamp,
-        exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(2.0 ** drop),
-        to_fixed=ftype(2.0 ** _RANDOM_BITS), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
+        exponent_field=uint(source.exponent_mask << source.mantissa_bits), to_quantum=ftype(math.ldexp(1.0, drop)),
+        to_fixed=ftype(math.ldexp(1.0, _RANDOM_BITS)), shift_left=uint(max(_RANDOM_BITS - drop, 0)),
         shift_right=uint(max(drop - _RANDOM_BITS, 0)),
         overflow_fix=overflow_fix, scale_up=scale_up, scale_down=scale_down,
         min_normal_row=_constant_row(min_normal), neg_min_normal_row=_constant_row(-min_normal),
@@ -603,6 +615,12 @@ def _round_block_bits(plan: _Plan, block: _Block, has_nan: bool) -> bool:
             np.minimum(a, plan.min_normal_row[:k], out=y)
         for scale in plan.scales:
             y *= scale                                       # exact: powers of two, |y| <= 2**m
+        if plan.least is not None:
+            # (or 0 for inputs below 2**(emin - m) times the source's least value, far below half a
+            # unit, where every mode rounds as on that least value, which stands in, with their sign)
+            np.equal(y, 0, out=g)
+            g &= a != 0
+            y[g] = np.copysign(plan.least, y[g])
         plan.integer_round(y, out=t)
         if rounding == "nearest_away":
             np.subtract(y, t, out=y)                         # the fraction, exact
@@ -876,8 +894,8 @@ def codes_of_values(values: np.ndarray, fmt: Format) -> np.ndarray:
             and fmt.emin - fmt.mantissa_bits >= -126 and fmt.emax <= 127):
         return _codes_from_float32(values, fmt, code)
     if fmt.dtype is not None:
-        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which
-        # rounds through float32), and several times faster than taking them apart.
+        # The values are fmt's own, so the native cast is exact (even ml_dtypes' float64 one, which before
+        # 0.7.0 rounds through float32), and several times faster than taking them apart.
         with np.errstate(invalid="ignore", over="ignore"):
             return values.astype(fmt.dtype).view(code)
     return _encode_fields(values, fmt)

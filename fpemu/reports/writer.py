@@ -34,7 +34,7 @@ def formats_report() -> str:
     for name in ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3fn"):
         for scale in (1.0, 2.0**8, 2.0**16, 2.0**24):
             s = range_stats(grads, name, scale)
-            stat_rows.append((name, f"2^{int(np.log2(scale))}", f"{s.underflow_share:.2%}",
+            stat_rows.append((name, f"2^{math.frexp(scale)[1] - 1}", f"{s.underflow_share:.2%}",
                               f"{s.subnormal_share:.2%}", f"{s.overflow_share:.2%}"))
     stats = markdown_table(["format", "loss scale", "underflow to 0", "subnormal", "overflow"], stat_rows)
     return ("# Number formats\n\n" + table + "\n\n## What a gradient tensor loses\n\n"

@@ -8,6 +8,8 @@ differential tests and ``benchmarks/jax_step_diff.py``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 F32 = np.float32
@@ -52,6 +54,6 @@ def edge_cases(shape, count: int, seed: int) -> list:
     for index in range(count):
         case = _probe_case(rng, shape) if index % 3 == 0 else _random_case(rng, shape, *RANGES[index % len(RANGES)])
         interval = int(rng.integers(1, 4))
-        drawn.append(dict(case, loss_scale=float(2.0 ** rng.integers(-10, 100)),
+        drawn.append(dict(case, loss_scale=math.ldexp(1.0, int(rng.integers(-10, 100))),
                           good_steps=int(rng.integers(0, interval)), growth_interval=interval))
     return drawn
