@@ -235,6 +235,7 @@ def test_an_installed_fpemu_without_a_checkout_can_still_look_environments_up(mo
         raise environments.EnvironmentBuildError("fpemu at /site-packages is not a source checkout")
 
     monkeypatch.setattr(environments, "_checkout_root", no_checkout)
-    assert environments.core_requirements()[:2] == ("numpy>=1.26", "ml_dtypes>=0.5")
+    # the installed distribution's metadata, whose bounds are those of the last install (docs/versions.md)
+    assert [r.split(">=")[0] for r in environments.core_requirements()[:2]] == ["numpy", "ml_dtypes"]
     reason = unavailable_reason("paddle_cpu")
     assert reason is None or "fpemu env build paddle" in reason

@@ -267,8 +267,7 @@ def test_optax_apply_if_finite_loop():
         grads = jax.grad(lambda p: _mlp_loss(p, x, y, jnp.float16) * scale)(params)
         stats = grad_stats(grads, "fp16")
         updates, opt_state = optimizer.update(jax.tree_util.tree_map(lambda g: g / scale, grads), opt_state)
-        return optax.apply_updates(params, updates), opt_state, stats, optax.tree_utils.tree_get(
-            opt_state, "last_finite")
+        return optax.apply_updates(params, updates), opt_state, stats, opt_state.last_finite
 
     params = _mlp_params(3)
     opt_state = optimizer.init(params)
