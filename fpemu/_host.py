@@ -1,6 +1,7 @@
-"""What a recorded run's numerics depend on besides package versions: the CPU, Python and flags.
+"""What a run's numerics depend on: the installed packages' versions, and for recorded runs the host (the
+CPU, Python, the numerics-changing flags and the kernel tiers XLA and torch run in).
 
-Only traces of real implementations carry this; reference traces carry nothing of the host.
+Only traces of real implementations carry the host; reference traces carry nothing of it.
 """
 
 from __future__ import annotations
