@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from fpemu._host import host_provenance
 from fpemu.emulate.telemetry import COUNTERS, TelemetrySummary
 from fpemu.scalers import get_profile, simulate_scaler
 from fpemu.traces import Trace
@@ -65,7 +66,9 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
     ``emulate_torch@cpu`` by default).
 
     The scaler columns come from ``simulate_scaler`` over the steps' overflow flags: the same rules
-    the run's scaler followed, so the trace reads like every other model trace.
+    the run's scaler followed, so the trace reads like every other model trace.  Its float32 arithmetic is
+    the framework's on this host (XLA's dots and convolutions, torch's kernels), so it keeps the host as a
+    recorded trace does.
     """
     chosen = get_profile(profile)
     simulated = simulate_scaler([r.overflow for r in records], chosen.name, **params)
@@ -82,6 +85,6 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
                 "spec": {"name": model_name, "path": f"{model_name}.py",
                          "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
                 "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},
-                "packages": packages, "device": "cpu", "verified": chosen.verified,
+                "packages": packages, "device": "cpu", "host": host_provenance(), "verified": chosen.verified,
                 "policy": policy, "op_table": op_table, "telemetry": run_telemetry.as_dict()}
     return Trace(metadata, steps, trace_summary(simulated))
