@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 from fpemu.figures import log_scale, pyplot, save_png
 
