@@ -238,7 +238,7 @@ MODELS_VERSIONS = "numpy and ml_dtypes, any release pyproject.toml supports"
 
 
 def _versions(te_reason, torchao_reason) -> list:
-    from fpemu.harness.run import package_versions
+    from fpemu.adapters import package_versions
     lines = [f"- fpemu's models: {MODELS_VERSIONS}"]
     for name, source in rec.RECIPES.items():
         lines.append(f"- `{name}`: {source.source.package} {source.source.version}, {source.source.files} "

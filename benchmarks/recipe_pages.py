@@ -35,7 +35,7 @@ from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.fileio import atomic_write
 from fpemu.formats import encode
 from fpemu.formats.rounding import codes_of_values, quantize
-from fpemu.harness.run import adapter_versions
+from fpemu.adapters import adapter_versions
 from fpemu.scalers import fp8_recipes as rec
 
 PAGES_DIR = REPORTS / "recipes"

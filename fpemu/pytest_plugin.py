@@ -86,6 +86,7 @@ def _obtained_path(golden: pathlib.Path) -> pathlib.Path:
 def assert_trace_matches(request):
     """Compare a trace with its golden file (see the module docstring for the modes)."""
     from fpemu.compare import compare_traces
+    from fpemu.kinds import explain
     from fpemu.traces.replay import replayed_file_changed
     from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
     folder = _golden_dir(request.config)
@@ -118,7 +119,7 @@ def assert_trace_matches(request):
         problem = replayed_file_changed(golden.metadata, trace.metadata, path)
         if problem:
             fail(f"{problem}; rewrite the golden with --fpemu-update-golden to accept it")
-        verdict = compare_traces(golden, trace, expect_divergence)
+        verdict = compare_traces(golden, trace, expect_divergence, explain)
         if verdict.failed:
             fail(f"{trace.implementation} diverges from {path.name}: {verdict.divergence.describe()}")
         obtained.unlink(missing_ok=True)

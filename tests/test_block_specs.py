@@ -16,7 +16,7 @@ from fpemu.blocks import block_quantize
 from fpemu.blocks.probes import PROBE_KINDS
 from fpemu.cli import main
 from fpemu.harness import write_golden
-from fpemu.harness._blocks import block_record, probe_inputs
+from fpemu.kinds.blocks.trace import block_record, probe_inputs
 from fpemu.specs import BlocksScenario, SpecError, load_spec, parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

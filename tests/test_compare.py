@@ -128,7 +128,7 @@ def test_real_torch_against_another_semantics_is_numerics_only_and_timing_is_not
 @pytest.mark.fpemu_torch
 def test_audit_groups_changes_by_the_package_whose_version_changed(capsys, tmp_path, monkeypatch):
     import torch
-    import fpemu.harness.run
+    import fpemu.adapters
     baseline = tmp_path / "baseline"
     assert cli(capsys, "record", SPECS / "timing_torch.toml", "--out", baseline, "--impl", "torch", "--quiet")[0] == 0
 
@@ -141,8 +141,8 @@ def test_audit_groups_changes_by_the_package_whose_version_changed(capsys, tmp_p
             if self._scale.item() > before:
                 self._scale.mul_(2.0)
 
-    real_versions = fpemu.harness.run.package_versions
-    monkeypatch.setattr(fpemu.harness.run, "package_versions",
+    real_versions = fpemu.adapters.package_versions
+    monkeypatch.setattr(fpemu.adapters, "package_versions",
                         lambda packages, environment=None: {**real_versions(packages, environment), "torch": "9.9.9"})
     monkeypatch.setattr(torch.amp, "GradScaler", EagerGradScaler)
     code, out, _ = cli(capsys, "audit", "--baseline", baseline, "--quiet")
@@ -193,7 +193,7 @@ def test_bad_input_exits_2_naming_the_file_and_internal_errors_exit_3(settle, tm
     assert code == 2 and f"{good} vs {bare}: the traces share no step field to compare" in err
     with pytest.raises(FpemuInputError, match="records no field"):
         trace_changes(settle[0], Trace(settle[0].metadata, tuple({"step": 0} for _ in range(3)), settle[0].summary))
-    monkeypatch.setattr("fpemu.compare.trace_changes", lambda a, b: 1 / 0)
+    monkeypatch.setattr("fpemu.compare.trace_changes", lambda a, b, explain=None: 1 / 0)
     code, _, err = cli(capsys, "compare", good, good)
     assert code == 3 and "unexpected ZeroDivisionError" in err
 

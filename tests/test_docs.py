@@ -13,12 +13,11 @@ import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
 import fpemu.formats.stats
-import fpemu.harness._blocks
-import fpemu.harness._fp8_training
+import fpemu.kinds.blocks.trace
+import fpemu.kinds.recipe.spec
 import fpemu.traces.layout
 import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
-import fpemu.specs.recipes
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -36,8 +35,8 @@ def test_guide_examples(guide):
 
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
-                                    fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
-                                    fpemu.traces.layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
+                                    fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.kinds.recipe.spec,
+                                    fpemu.traces.layout, fpemu.kinds.blocks.trace,
                                     fpemu.compare.diff])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -72,7 +72,7 @@ def test_committed_goldens_are_current_and_hold_nothing_of_the_host():
 
 
 def _same_versions_as_golden(spec):
-    from fpemu.harness.run import package_versions
+    from fpemu.adapters import package_versions
     held = read_trace(GOLDEN / f"{spec.stem}.json").metadata["packages"]
     here = package_versions(held)
     if here != held:

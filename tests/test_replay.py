@@ -18,7 +18,7 @@ from fpemu.compare import compare_traces, trace_changes  # noqa: E402
 from fpemu.compare.diff import likely_cause  # noqa: E402
 from fpemu.traces.replay import replay  # noqa: E402
 from fpemu.specs import load_spec  # noqa: E402
-from fpemu.specs.loader import SpecError  # noqa: E402
+from fpemu.specs import SpecError  # noqa: E402
 from fpemu.traces import Trace, read_trace  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))

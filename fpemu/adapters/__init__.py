@@ -18,6 +18,7 @@ import importlib.util
 import os
 from typing import Optional
 
+from fpemu._host import installed_versions
 from fpemu.ranks import LAYOUTS
 from fpemu.traces.format import OBSERVED_FIELDS
 
@@ -41,7 +42,7 @@ class Adapter:
         ``"ranks"`` (a data-parallel layout run on several ranks, fpemu.ranks) or
         ``"blocks"`` (a block quantizer taking ``(x, element_format, scale_rule)``, compared with
         :func:`fpemu.block_quantize`; no scenario drives it) or ``"fp8_training"`` (a model trained
-        for real under an fp8 recipe, an [fp8_training] scenario: fpemu.specs.fp8_training).
+        for real under an fp8 recipe, an [fp8_training] scenario: fpemu.kinds.fp8_training).
       entry: ``"module:function"``.  Scaler entries take ``(overflows, params, device)`` and
         return a :class:`~fpemu.scalers.ScalerTrace`; step entries take ``(compute, device,
         params)`` and return a function of one step's arguments; recipe entries take ``(amaxes,
@@ -283,6 +284,21 @@ def unavailable_reason(name: str, device: str = "cpu"):
 
 def available(name: str, device: str = "cpu") -> bool:
     return unavailable_reason(name, device) is None
+
+
+def package_versions(packages, environment=None) -> dict:
+    """Each package's installed version, here or in an isolated environment (from its build manifest)."""
+    if environment is not None:
+        from fpemu.harness.environments import environment_manifest
+        installed = (environment_manifest(environment) or {}).get("packages", {})
+        return {package: installed.get(package, "not installed") for package in packages}
+    return installed_versions(packages)
+
+
+def adapter_versions(adapter: Adapter) -> dict:
+    """The versions of everything ``adapter`` runs: its packages (in its environment, if it has one)
+    and what its ``versions`` hook reports (a DeepSpeed tree outside site-packages)."""
+    return {**package_versions(adapter.packages, adapter.isolated_in), **adapter.extra_versions()}
 
 
 def _runnable(name: str, kind: str, device: str) -> Adapter:

@@ -6,6 +6,7 @@ import os
 import tempfile
 
 from fpemu.adapters._trace import observed_trace
+from fpemu.recorders.grad_scaler import grad_scaler_params
 
 
 def _drive(scaler, torch, overflows, device):
@@ -29,16 +30,11 @@ def _drive(scaler, torch, overflows, device):
     return scales, applied, counters, scaler._scale.item()
 
 
-def _read_back(scaler) -> dict:
-    return {"init_scale": scaler._init_scale, "growth_factor": scaler._growth_factor,
-            "backoff_factor": scaler._backoff_factor, "growth_interval": scaler._growth_interval}
-
-
 def record_torch(overflows, params, device):
     import torch
     scaler = torch.amp.GradScaler(device, **params)
     return observed_trace("torch", params, overflows, *_drive(scaler, torch, overflows, device),
-                          read_back=_read_back(scaler))
+                          read_back=grad_scaler_params(scaler))
 
 
 def _ensure_process_group(dist) -> None:
@@ -56,4 +52,4 @@ def record_torch_sharded(overflows, params, device):
     _ensure_process_group(dist)
     scaler = ShardedGradScaler(device, **params)
     return observed_trace("torch_sharded", params, overflows, *_drive(scaler, torch, overflows, device),
-                          read_back=_read_back(scaler))
+                          read_back=grad_scaler_params(scaler))

@@ -186,8 +186,8 @@ class _TorchRig:
         self.optimizer.step = lambda *args, **kwargs: (self.calls.append(True), real_step(*args, **kwargs))[1]
         self.scaler = _scaler(torch, case["scaler"], case["params"], device)
         self.data = torch.Generator().manual_seed(1000 + rank)
-        from fpemu.adapters.torch_amp import _read_back
-        self.read_back = _read_back(self.scaler)
+        from fpemu.recorders.grad_scaler import grad_scaler_params
+        self.read_back = grad_scaler_params(self.scaler)
 
     def running(self):
         """The context the case's steps run in: fpemu.record_torch or fpemu.audit_torch when the case asks."""

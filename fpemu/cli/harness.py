@@ -116,10 +116,11 @@ def _cmd_audit(args) -> int:
 
 def _cmd_compare(args) -> int:
     from fpemu.compare import trace_changes
+    from fpemu.kinds import explain
     from fpemu.traces import read_trace
     before, after = read_trace(args.before), read_trace(args.after)
     try:
-        changes = trace_changes(before, after)
+        changes = trace_changes(before, after, explain)
     except FpemuInputError as error:
         raise FpemuInputError(f"{args.before} vs {args.after}: {error}") from None
     code = 0 if changes.identical else 1

@@ -27,8 +27,9 @@ def epilog() -> str:
             "  2  bad usage or input: the message names the file, key or argument\n"
             "  3  an internal error (a bug in fpemu; the traceback is printed); the other jobs still ran\n\n"
             "job statuses: " + ", ".join(STATUSES) + "\n\n"
-            "spec format: one TOML scenario per file, described in README.md (\"The differential harness\")\n"
-            "and in `python -m pydoc fpemu.specs.loader`; the checkout's specs/ holds examples of every kind.")
+            "spec format: one TOML scenario per file, described in docs/specs.md and, per kind, in\n"
+            "`python -m pydoc fpemu.kinds.<kind>.spec` (scaler, step, recipe, fp8_training, blocks, ranks);\n"
+            "the checkout's specs/ holds examples of every kind.")
 
 
 class Formatter(argparse.HelpFormatter):

@@ -424,7 +424,7 @@ def _flat(table: dict, prefix: str = "") -> dict:
     return out
 
 
-def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges) -> str:
+def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges, explain=None) -> str:
     """The likely cause of the first difference, from what else differs: another scenario (of two
     spec-made traces), then changed parameters or recorder settings (never implementation timing), then a changed spec
     (naming its keys that differ); package upgrades are named in front of the step-level reading
@@ -452,11 +452,11 @@ def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges) -> str:
     elif field.startswith("summary."):
         reading = "the steps agree but the summaries do not: the state after the last step (or the count) differs"
     else:
-        reading = likely_cause(field, step, a, b)
+        reading = likely_cause(field, step, a, b, explain)
     return f"{_describe_all(meta.packages)}: {reading}" if meta.packages else reading
 
 
-def divergence_cause(before: Trace, after: Trace, step: int, field: str) -> str:
+def divergence_cause(before: Trace, after: Trace, step: int, field: str, explain=None) -> str:
     """The likely cause of a first divergence at ``step``, ``field`` between any two traces, read
     from both traces' metadata first (as :func:`trace_changes` reads it): a parameter, recorder
     setting, replayed file or spec key that differs is named, never blamed on implementation timing.
@@ -464,15 +464,16 @@ def divergence_cause(before: Trace, after: Trace, step: int, field: str) -> str:
     Example: ``divergence_cause(golden, observed, 3, "growth_counter")`` gives
     ``'parameters differ: growth_interval 4 -> 5'`` where the real scaler holds another interval.
     """
-    return _cause((step, field), before, after, _metadata_changes(before, after))
+    return _cause((step, field), before, after, _metadata_changes(before, after), explain)
 
 
-def trace_changes(before: Trace, after: Trace) -> TraceChanges:
+def trace_changes(before: Trace, after: Trace, explain=None) -> TraceChanges:
     """Compare any two traces step by step, field by field, and their summaries and metadata.
 
     Args:
       before: the first trace (a golden or reference trace, a baseline, a run before a change).
       after: the second trace (a recording, the run after the change).
+      explain: the scenario kinds' reading of a divergence (:func:`fpemu.kinds.explain`), asked first.
 
     Returns:
       A :class:`TraceChanges`: ``identical`` when every shared step field and the summaries agree
@@ -504,7 +505,7 @@ def trace_changes(before: Trace, after: Trace) -> TraceChanges:
         step, field, expected, got = first
         element, expected, got = (first_element(field, before.steps[step], expected, got)
                                   if step < len(before.steps) else ("", expected, got))
-        divergence = Divergence(step, field, expected, got, _cause(first, before, after, meta), element)
+        divergence = Divergence(step, field, expected, got, _cause(first, before, after, meta, explain), element)
     return TraceChanges(before=_label(before), after=_label(after),
                         steps_compared=min(len(before.steps), len(after.steps)), steps_differ=steps_differ,
                         fields_compared=tuple(common), fields=fields, summary=summary, divergence=divergence,

@@ -15,7 +15,6 @@ from typing import Optional
 
 import numpy as np
 
-from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
 from fpemu.traces.format import EXACT_FIELDS, FIELDS, ULP_FIELDS
 
@@ -142,8 +141,12 @@ def ulp_distance_f32(a: float, b: float) -> int:
     return abs(ordered(a) - ordered(b))
 
 
-def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
-    """A heuristic reading of the first divergence."""
+def likely_cause(field: str, step: int, golden: Trace, observed: Trace, explain=None) -> str:
+    """A heuristic reading of the first divergence; ``explain`` (the scenario kinds' own reading,
+    :func:`fpemu.kinds.explain`) is asked first."""
+    explained = explain(field, step, golden, observed) if explain is not None else None
+    if explained:
+        return explained
     expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
     before = step - 1
     if field == "overflow":
@@ -159,9 +162,6 @@ def likely_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
         return f"{field} bookkeeping differs (reset rule)"
     if field in FIELDS and FIELDS[field].labels == "fp8_casts":
         return fp8_cast_cause(observed)
-    if field in FIELDS and "blocks" in FIELDS[field].recorded_by:
-        from fpemu.harness._blocks import block_cause  # a blocks trace's kind, counts and rules
-        return block_cause(step, golden, observed)
     if field in ("amax", "amax_used", "scale_inv") or (field == "scale" and "amax" in golden.steps[step]):
         return ("fp8 recipe: the amax history, its NaN handling or the scale's float32 arithmetic differ "
                 "(see docs/fp8_recipes.md)")
@@ -238,55 +238,3 @@ def shared_fields(a: Trace, b: Trace) -> list:
         return set().union(*(record.keys() for record in trace.steps)) if trace.steps else set()
     in_a, in_b = recorded(a), recorded(b)
     return [f for f in EXACT_FIELDS + ULP_FIELDS if f in in_a and f in in_b]
-
-
-def compare_traces(golden: Trace, observed: Trace, expect_divergence=None) -> Verdict:
-    """Compare ``observed`` with ``golden`` on every field both record, at every step.
-
-    The first divergence's likely cause reads both traces' metadata first
-    (:func:`fpemu.compare.changes.divergence_cause`): parameters, recorder settings or a spec that
-    differ are named rather than blamed on the implementation.
-
-    Args:
-      expect_divergence: an :class:`fpemu.specs.ExpectedDivergence`; a first divergence at
-        exactly its step and field is reported as known.
-
-    Raises:
-      FpemuInputError: the traces share no field, so nothing could be compared.
-    """
-    common = shared_fields(golden, observed)
-    if not common and (golden.steps or observed.steps):
-        raise FpemuInputError(f"{golden.spec_name}: the golden trace and {observed.implementation}'s share no field "
-                         "to compare (see the spec's [record] fields)")
-    from fpemu.compare.changes import divergence_cause  # it builds on this module
-    max_ulp = {f: 0 for f in common if f in ULP_FIELDS}
-    divergence = None
-    length = min(len(golden.steps), len(observed.steps))
-    for step in range(length):
-        for field in common:
-            expected, got = decode_value(golden.steps[step], field), decode_value(observed.steps[step], field)
-            if field in ULP_FIELDS and expected is not None and got is not None:
-                max_ulp[field] = max(max_ulp[field], ulp_distance(expected, got))
-            if divergence is None and not bit_equal(expected, got):
-                element, expected, got = first_element(field, golden.steps[step], expected, got)
-                divergence = Divergence(step, field, expected, got, divergence_cause(golden, observed, step, field),
-                                        element)
-    if divergence is None and len(golden.steps) != len(observed.steps):
-        divergence = Divergence(length, "steps", len(golden.steps), len(observed.steps),
-                                divergence_cause(golden, observed, length, "steps"))
-    status, note = MATCH, ""
-    if divergence is not None:
-        status = DIVERGED
-        if expect_divergence is not None:
-            declared = (expect_divergence.step, expect_divergence.field)
-            if declared == (divergence.step, divergence.field):
-                status, note = KNOWN, expect_divergence.reason
-            else:
-                note = (f"declared divergence at step {declared[0]}, {declared[1]} "
-                        f"({expect_divergence.reason}); found this one instead")
-    elif expect_divergence is not None:
-        status, note = DIVERGED, (f"declared divergence at step {expect_divergence.step}, "
-                                  f"{expect_divergence.field} did not happen: the traces match")
-    return Verdict(spec=golden.spec_name, implementation=observed.implementation, status=status,
-                   divergence=divergence, note=note, steps_compared=length, max_ulp=max_ulp,
-                   packages=observed.metadata.get("packages", {}))

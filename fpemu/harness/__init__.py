@@ -2,8 +2,8 @@
 
 from fpemu.harness.jobs import (AuditChange, audit, diff, implementations_for, record, stderr_progress,
                                 write_golden)
-from fpemu.harness.run import record_trace, reference_trace
-from fpemu.harness._fp8_training import float8_training_traces
+from fpemu.kinds import record_trace, reference_trace
+from fpemu.kinds.fp8_training import float8_training_traces
 
 __all__ = ["AuditChange", "audit", "diff", "implementations_for", "record", "stderr_progress",
            "write_golden", "record_trace", "reference_trace", "float8_training_traces"]

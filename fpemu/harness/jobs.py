@@ -14,14 +14,15 @@ import traceback
 from typing import Callable, Optional
 
 from fpemu.compare.changes import TraceChanges, trace_changes
-from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
+from fpemu.compare import compare_traces
+from fpemu.compare.diff import API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict
 from fpemu.errors import FpemuInputError
-from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
-                               skip_reason)
-from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs,
-                         parse_spec)
-from fpemu.specs.scenario import Implementation
-from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
+from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
+from fpemu.kinds import explain, kind_of, record_trace, reference_trace
+from fpemu.kinds.scenario import Implementation, ScenarioBase
+from fpemu.specs import RanksScenario, load_specs, parse_spec
+from fpemu.traces import Trace, read_trace, trace_filename, write_golden_trace, write_trace
+from fpemu.traces.layout import REFERENCE
 
 Progress = Callable[[int, int, str], None]
 
@@ -69,26 +70,25 @@ def _check_names(names, option: str) -> None:
             raise FpemuInputError(str(error).replace("--impl", option, 1)) from None
 
 
-def _scenario_kind(scenario) -> str:
-    if isinstance(scenario, RecipeScenario):
-        return "recipe"
-    if isinstance(scenario, Fp8TrainingScenario):
-        return "fp8_training"
-    return "step" if isinstance(scenario, StepScenario) else "scaler"
+def skip_reason(impl: Implementation):
+    """None if ``impl`` can run here, else why not."""
+    return unavailable_reason(impl.name, impl.device)
 
 
-def _drives(scenario, adapter) -> bool:
-    """Whether the scenario runs an undeclared ``adapter`` when asked by name: a scaler scenario its
-    profile's own adapter; a step scenario any step adapter, unless it declares which it runs (a
-    torch-only step spec was fitted to torch, and running JAX on it would report a false divergence)."""
-    if adapter.kind != _scenario_kind(scenario):
+def _drives(scenario: ScenarioBase, adapter) -> bool:
+    """Whether the scenario runs an undeclared ``adapter`` of its kind when asked by name: one of its
+    profile's adapters; for a kind that runs only what a spec declares (step specs), any adapter of the
+    kind where the spec declares none (a torch-only step spec was fitted to torch, and running JAX on it
+    would report a false divergence)."""
+    kind = kind_of(scenario)
+    if adapter.kind != kind.name:
         return False
-    if adapter.kind == "step":
+    if kind.runs_by_default == "declared":
         return not scenario.implementations
     return adapter.profile == scenario.profile
 
 
-def implementations_for(scenario: ScalerScenario | StepScenario, requested: Optional[list]) -> list:
+def implementations_for(scenario: ScenarioBase, requested: Optional[list]) -> list:
     """The implementations to drive: those named (``torch``, ``torch@cuda``) that the scenario can
     run, else the spec's own, else the real implementation of the scenario's profile when fpemu
     has an adapter for it."""
@@ -105,8 +105,9 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
         return chosen
     if scenario.implementations:
         return list(scenario.implementations)
-    if not isinstance(scenario, StepScenario):  # scaler and recipe scenarios: their profile's (recipe's) adapters
-        own = [name for name, adapter in adapters_of_kind(_scenario_kind(scenario)).items()
+    kind = kind_of(scenario)
+    if kind.runs_by_default == "profile":  # scaler and recipe scenarios: their profile's (recipe's) adapters
+        own = [name for name, adapter in adapters_of_kind(kind.name).items()
                if adapter.profile == scenario.profile and adapter.by_default]
         return [scenario.implementation(name) for name in own]
     return []
@@ -149,7 +150,7 @@ def _is_current_golden(path: pathlib.Path, scenario) -> bool:
         return False
 
 
-def _golden_for(scenario: ScalerScenario | StepScenario, golden_dir) -> "Trace":
+def _golden_for(scenario: ScenarioBase, golden_dir) -> Trace:
     path = pathlib.Path(golden_dir) / trace_filename(scenario.name, REFERENCE)
     if not path.exists():
         raise FpemuInputError(f"{path}: no golden trace for spec {scenario.name!r}; run `fpemu golden` first")
@@ -250,14 +251,14 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     if status == INTERNAL_ERROR:
         note += "; this is a bug in fpemu, please report it with the traceback above"
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
-    return Verdict(scenario.name, implementation_key(impl), status, note=note, packages=packages)
+    return Verdict(scenario.name, impl.key, status, note=note, packages=packages)
 
 
 def _skipped(scenario, impl, reason: str) -> Verdict:
     from fpemu.adapters import ADAPTERS
     adapter = ADAPTERS.get(impl.name)
     packages = adapter_versions(adapter) if adapter is not None else {}
-    return Verdict(scenario.name, implementation_key(impl), SKIPPED, note=reason, packages=packages)
+    return Verdict(scenario.name, impl.key, SKIPPED, note=reason, packages=packages)
 
 
 def run_job(scenario, impl):
@@ -303,14 +304,14 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
                if not _golden_unmade(scenario)}  # (one that cannot be made here: its job is skipped too)
     verdicts = []
     for index, (scenario, impl) in enumerate(jobs, 1):
-        key = implementation_key(impl)
+        key = impl.key
         observed, failure = run_job(scenario, impl)
         if failure is not None:
             verdicts.append(failure)
         else:
             if save_dir is not None:
                 write_trace(observed, pathlib.Path(save_dir) / trace_filename(scenario.name, key))
-            verdict = compare_traces(goldens[scenario.name], observed, impl.expect_divergence)
+            verdict = compare_traces(goldens[scenario.name], observed, impl.expect_divergence, explain)
             verdicts.append(_with_unverified_versions(verdict, impl, observed))
         progress(index, len(jobs), f"{scenario.name} / {key}")
     return verdicts
@@ -343,7 +344,7 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     ``allow_none``."""
     _check_names(excluded, "--exclude")
     jobs = [(scenario, impl) for scenario in scenarios if not isinstance(scenario, RanksScenario)  # harness.ranks
-            for impl in implementations_for(scenario, requested) if not matches(implementation_key(impl), excluded)]
+            for impl in implementations_for(scenario, requested) if not matches(impl.key, excluded)]
     if not jobs and not allow_none:
         named = f"--impl {' '.join(requested)}" if requested else "any implementation"
         if excluded:
@@ -391,7 +392,7 @@ def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet, exc
                               f"{', ...' if len(golden) > 3 else ''}); record a baseline into a folder of its own")
     written, unrecorded = [], []
     for index, (scenario, impl) in enumerate(jobs, 1):
-        key = implementation_key(impl)
+        key = impl.key
         trace, failure = run_job(scenario, impl)
         if failure is not None:
             unrecorded.append(failure)
@@ -457,7 +458,7 @@ def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=No
             problems.append(dataclasses.replace(failure, note=f"{failure.note} (the baseline {path.name} "
                                                               f"was recorded with {recorded or 'no packages'})"))
         else:
-            impact = trace_changes(before, now)
+            impact = trace_changes(before, now, explain)
             if impact.identical:
                 unchanged += 1
             else:

@@ -410,9 +410,8 @@ def row_keys(columns, planned=()) -> list:
 def planned_keys(plan: MatrixPlan) -> list:
     """The (spec, implementation) jobs the plan runs in every set, as ``fpemu record`` chooses them."""
     from fpemu.harness.jobs import implementations_for
-    from fpemu.harness.run import implementation_key
     from fpemu.specs import load_specs
-    return [(scenario.name, implementation_key(impl)) for scenario in load_specs(plan.specs)
+    return [(scenario.name, impl.key) for scenario in load_specs(plan.specs)
             for impl in implementations_for(scenario, list(plan.implementations or ()) or None)]
 
 
@@ -424,10 +423,11 @@ RESULTS_FORMAT = "fpemu-matrix"
 def _model_verdict(reference: Optional[Trace], cell: Cell) -> Optional[str]:
     """``match`` or ``diverged`` of the cell's trace against fpemu's reference model, None without one."""
     from fpemu.compare import compare_traces
+    from fpemu.kinds import explain
     if reference is None or cell.trace is None:
         return None
     try:
-        return compare_traces(reference, cell.trace).status
+        return compare_traces(reference, cell.trace, explain=explain).status
     except FpemuInputError:  # the trace records no field the reference has
         return None
 
@@ -436,8 +436,9 @@ def change_between(before: Cell, after: Cell) -> str:
     """One line saying how ``after`` differs from ``before`` (two cells of one row that behave differently):
     the verdict of :func:`fpemu.compare.trace_changes` for two traces, else the two statuses."""
     from fpemu.compare import trace_changes
+    from fpemu.kinds import explain
     if before.trace is not None and after.trace is not None:
-        impact = trace_changes(before.trace, after.trace)
+        impact = trace_changes(before.trace, after.trace, explain)
         verdict, context = impact.verdict(), impact.context()
         return verdict[: -len(f" [{context}]")] if context else verdict  # the columns name the versions
     return f"{before.status} -> {after.status}" + (f": {after.note or before.note}" if after.note or before.note else "")
@@ -495,7 +496,7 @@ def matrix_results(name: str, columns, references: dict, description: str = "", 
 
 def reference_traces(spec_paths) -> dict:
     """spec name -> fpemu's reference trace of it (computed here: the core alone, no framework)."""
-    from fpemu.harness.run import reference_trace
+    from fpemu.kinds import reference_trace
     from fpemu.specs import load_specs
     return {scenario.name: reference_trace(scenario) for scenario in load_specs(spec_paths)}
 

@@ -28,11 +28,13 @@ import numpy as np
 from fpemu.adapters._trace import observed_trace
 # These import no torch (a GPU count is asked for on cuda only).
 from fpemu.adapters.torch_ranks import default_case_timeout, unavailable
-from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict, compare_traces
+from fpemu.compare import compare_traces
+from fpemu.compare.diff import CANNOT_RUN, DIVERGED, KNOWN, MATCH, SKIPPED, Divergence, Verdict
 from fpemu.errors import FpemuInputError
-from fpemu.harness.jobs import job_failure, matches, parse_implementation
+from fpemu.harness.jobs import job_failure, matches, parse_implementation, skip_reason
+from fpemu.adapters import adapter_versions, package_versions
+from fpemu.kinds import explain
 from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
-from fpemu.harness.run import adapter_versions, implementation_key, package_versions, skip_reason
 from fpemu.ranks import LAYOUTS, SCALERS, cross_rank_verdict, group_members, predict
 from fpemu.ranks.model import DP
 from fpemu.scalers.profiles import get_profile
@@ -101,7 +103,7 @@ def _implementation(scenario: RanksScenario, requested, excluded) -> Optional[Im
             return None
         device = devices[0]
     impl = Implementation(scenario.adapter, dict(scenario.params), device)
-    return None if excluded and matches(implementation_key(impl), excluded) else impl
+    return None if excluded and matches(impl.key, excluded) else impl
 
 
 def _case_trace(scenario, name: str, rank: int, implementation: str, scaler_trace, versions, device,
@@ -134,7 +136,7 @@ def _observed_traces(scenario, name, case, impl, result) -> tuple:
     for record in result.ranks:
         trace = observed_trace(profile, scenario.params, record.found_inf, record.scales, record.applied,
                                record.growth_tracker, record.final_scale, read_back=record.scaler_params or None)
-        out.append(_case_trace(scenario, name, record.rank, implementation_key(impl), trace, versions, impl.device,
+        out.append(_case_trace(scenario, name, record.rank, impl.key, trace, versions, impl.device,
                                case.world_size, case.inject, record.overrides))
     return tuple(out)
 
@@ -195,7 +197,7 @@ def ending(error: str) -> str:
 
 def _judge(name, impl, declared, prediction, result, reference, observed, drift, case) -> Verdict:
     """The case's Verdict (see the module doc)."""
-    key = implementation_key(impl)
+    key = impl.key
     if result.error is not None:
         if declared is not None and declared.ends == "abort" and not prediction.verdict.agree \
                 and prediction.verdict.step == declared.step:
@@ -206,7 +208,7 @@ def _judge(name, impl, declared, prediction, result, reference, observed, drift,
         return Verdict(name, key, DIVERGED, note=f"declared an abort at step {declared.step} ({declared.reason}); "
                                                  "the run completed")
     for rank, (ref, obs) in enumerate(zip(reference, observed)):
-        against_model = compare_traces(ref, obs)
+        against_model = compare_traces(ref, obs, explain=explain)
         if against_model.status != MATCH:
             return dataclasses.replace(against_model, spec=name, note=f"rank {rank} differs from fpemu's model of "
                                                                        f"the found-inf reduction")
@@ -295,7 +297,7 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
         result = results[name]
         observed, drift, seconds = (), None, 0.0
         if isinstance(result, str):
-            verdict = Verdict(name, implementation_key(impl), SKIPPED, note=result)
+            verdict = Verdict(name, impl.key, SKIPPED, note=result)
         elif isinstance(result, Exception):
             verdict = dataclasses.replace(job_failure(scenario, impl, result), spec=name)
         else:

@@ -397,10 +397,10 @@ class TorchRecorder:
         self._open = None
 
     def _build_trace(self, clean: bool):
-        from fpemu.adapters.torch_amp import _read_back
+        from fpemu.recorders.grad_scaler import grad_scaler_params
         scaler = self._scaler
         scaling = self.audit._scaling
-        params = _read_back(scaler) if scaling else {}
+        params = grad_scaler_params(scaler) if scaling else {}
         device = next((p.device.type for _, members in self._groups for p in members), "cpu")
         settings = RecorderSettings(self._grouping, self._shadow_every, self._format(), self._statistics)
         metadata = recorded_metadata(

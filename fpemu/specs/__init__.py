@@ -1,13 +1,16 @@
-"""Scenario specs (TOML files in specs/) and the scenarios they describe."""
+"""Scenario specs (TOML files in specs/): loading and validating them into scenarios of their kind."""
 
-from fpemu.specs.loader import SpecError, find_specs, load_spec, load_specs, parse_spec
-from fpemu.specs.scenario import Implementation, OverflowSource, ScalerScenario, StepScenario, StepSource
-from fpemu.specs.recipes import AmaxSource, RecipeScenario
-from fpemu.specs._ranks import RanksDivergence, RanksScenario
-from fpemu.specs.fp8_training import Fp8TrainingScenario
-from fpemu.specs.blocks import BlocksScenario
+from fpemu.kinds.blocks import BlocksScenario
+from fpemu.kinds.fp8_training import Fp8TrainingScenario
+from fpemu.kinds.ranks import RanksDivergence, RanksScenario
+from fpemu.kinds.recipe import AmaxSource, RecipeScenario
+from fpemu.kinds.scaler import OverflowSource, ScalerScenario
+from fpemu.kinds.scenario import ExpectedDivergence, Implementation
+from fpemu.kinds.schema import SpecError
+from fpemu.kinds.step import StepScenario, StepSource
+from fpemu.specs.loader import find_specs, load_spec, load_specs, parse_spec
 
-__all__ = ["SpecError", "find_specs", "load_spec", "load_specs", "parse_spec", "Implementation",
-           "OverflowSource", "ScalerScenario", "StepScenario", "StepSource",
+__all__ = ["SpecError", "find_specs", "load_spec", "load_specs", "parse_spec", "ExpectedDivergence",
+           "Implementation", "OverflowSource", "ScalerScenario", "StepScenario", "StepSource",
            "AmaxSource", "RecipeScenario", "RanksScenario", "RanksDivergence", "Fp8TrainingScenario",
            "BlocksScenario"]

@@ -60,9 +60,9 @@ class TraceField:
       recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
         through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
         ``recipe`` (an fp8 scaling recipe over amaxes), ``fp8_training`` (a real fp8 training run
-        against the recipe's model on the same tensors, fpemu.specs.fp8_training), ``emulated`` (an
+        against the recipe's model on the same tensors, fpemu.kinds.fp8_training), ``emulated`` (an
         fpemu.emulate run with an fp8 placement), ``blocks`` (a block scale rule on probe blocks,
-        fpemu.specs.blocks) and ``recorded`` (a user's own run, see fpemu.traces.recorded).
+        fpemu.kinds.blocks) and ``recorded`` (a user's own run, see fpemu.traces.recorded).
       observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
         DeepSpeed engine rows have no growth counter); the others only where a row lists them.
       by_default: a spec without ``[record] fields`` records it.
@@ -95,18 +95,18 @@ FIELDS = {field.name: field for field in [
     TraceField("underflow_share", True, ("model",), trajectory=False),
     TraceField("subnormal_share", True, ("model",), trajectory=False),
     TraceField("overflow_share", True, ("model",), trajectory=False),
-    # fp8 recipes (fpemu.specs.recipes): the step's amax, the amax its scale came from, and 1/scale
+    # fp8 recipes (fpemu.kinds.recipe): the step's amax, the amax its scale came from, and 1/scale
     TraceField("amax", False, ("recipe",)),
     TraceField("amax_used", False, ("recipe",)),
     TraceField("scale_inv", False, ("recipe",)),
-    # fp8 training (fpemu.specs.fp8_training) and emulated fp8 (fpemu.emulate): per step, the name of every
+    # fp8 training (fpemu.kinds.fp8_training) and emulated fp8 (fpemu.emulate): per step, the name of every
     # fp8 cast in call order, its amaxes and scales (a list per cast: one per tensor, or one per row) and a
     # digest of its fp8 codes (fpemu.traces.layout.fp8_cast_fields writes them)
     TraceField("fp8_casts", False, ("fp8_training", "emulated")),
     TraceField("tensor_amax", False, ("fp8_training", "emulated"), labels="fp8_casts"),
     TraceField("tensor_scale", False, ("fp8_training", "emulated"), labels="fp8_casts"),
     TraceField("fp8_codes", False, ("fp8_training",), labels="fp8_casts"),
-    # block quantization (fpemu.specs.blocks, fpemu.harness._blocks): per input kind of probe blocks, the kind,
+    # block quantization (fpemu.kinds.blocks): per input kind of probe blocks, the kind,
     # the counts of blocks and elements, the two-level NVFP4 tensor scale and the sha256 of the scale codes (any
     # NaN code alike), of the element codes and of the values' float32 bits (every NaN alike)
     TraceField("block_input", False, ("blocks",), trajectory=False),

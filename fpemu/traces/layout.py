@@ -1,16 +1,19 @@
 """The layout of a trace's metadata, step records and summary, shared by every trace builder.
 
-fpemu.harness.run (reference and recorded traces), fpemu.harness.ranks (per-rank traces) and
-fpemu.emulate.trace (emulated runs) all write model and scaler traces through these functions, so
-the three cannot drift apart; fp8 training traces (fpemu.harness._fp8_training) and emulated fp8
-runs write each cast's amax and scale through :func:`fp8_cast_fields`.
+The scenario kinds (fpemu.kinds: reference and recorded traces), fpemu.harness.ranks (per-rank traces)
+and fpemu.emulate.trace (emulated runs) all write model and scaler traces through these functions, so
+they cannot drift apart; fp8 training traces (fpemu.kinds.fp8_training) and emulated fp8 runs write each
+cast's amax and scale through :func:`fp8_cast_fields`, and fp8 codes are digested by :func:`codes_digest`.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from fpemu._host import host_provenance
+from fpemu.formats import decode
 from fpemu.traces.format import encode_float, float_fields
 from fpemu.traces.replay import replayed_metadata
 from fpemu.version import __version__
@@ -93,3 +96,15 @@ def fp8_cast_fields(casts) -> dict:
     if casts and len(casts[0]) > 3:
         record["fp8_codes"] = [cast[3] for cast in casts]
     return record
+
+
+def codes_digest(codes, fp8_format: str) -> str:
+    """sha256 of one cast's fp8 codes, NaN codes written as 0xFF (their sign is unspecified).
+
+    Example:
+      >>> codes_digest(np.array([0x7F, 0xFF, 0x38], np.uint8), "fp8_e4m3fn") == codes_digest(
+      ...     np.array([0xFF, 0x7F, 0x38], np.uint8), "fp8_e4m3fn")
+      True
+    """
+    codes = np.asarray(codes, dtype=np.uint8).ravel()
+    return hashlib.sha256(np.where(np.isnan(decode(codes, fp8_format)), np.uint8(0xFF), codes).tobytes()).hexdigest()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from fpemu.specs.scenario import Implementation, _ScenarioBase
+from fpemu.adapters import FP8_TRAINING
+from fpemu.kinds.scenario import Implementation, ScenarioBase
+from fpemu.kinds.schema import build_scenario, record_fields
 
 FP8_TRAINING_ADAPTER = "torchao_float8_linear"  # fpemu.adapters: the real run every such spec drives
 
@@ -54,7 +56,7 @@ _KEYS = {"model", "recipe", "seed"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Fp8TrainingScenario(_ScenarioBase):
+class Fp8TrainingScenario(ScenarioBase):
     """A model trained ``steps`` steps under a torchao fp8 recipe (see :func:`fpemu.specs.load_spec`).
 
     Attributes:
@@ -84,7 +86,6 @@ class Fp8TrainingScenario(_ScenarioBase):
 
 def parse_fp8_training_spec(check, raw: dict, text: str, path: str) -> Fp8TrainingScenario:
     """Validate a spec with an [fp8_training] table (``check``: the loader's checker, which names the file)."""
-    from fpemu.specs.loader import _record_fields, _scenario
     for key in ("scaler", "overflow", "step", "amax", "implementations"):
         if key in raw:
             check.attempt(check.fail, key, "an [fp8_training] scenario trains its own model under its recipe "
@@ -95,7 +96,7 @@ def parse_fp8_training_spec(check, raw: dict, text: str, path: str) -> Fp8Traini
     model = check.attempt(check.choice, table.get("model", "mlp"), "fp8_training.model", tuple(MODELS))
     recipe = check.attempt(check.choice, table.get("recipe"), "fp8_training.recipe", RECIPES)
     seed = check.attempt(check.integer, table.get("seed", 0), "fp8_training.seed", 0)
-    record = check.attempt(_record_fields, check, raw, "fp8_training")
+    record = check.attempt(record_fields, check, raw, FP8_TRAINING)
     check.raise_errors()
-    return _scenario(check, Fp8TrainingScenario, raw, text, path, steps=steps, model=model, recipe=recipe, seed=seed,
+    return build_scenario(check, Fp8TrainingScenario, raw, text, path, steps=steps, model=model, recipe=recipe, seed=seed,
                      implementations=(Implementation(FP8_TRAINING_ADAPTER, {}),), record=record)

@@ -35,8 +35,9 @@ from typing import Optional
 
 from fpemu.ranks import FOUND_INF_REDUCTIONS, GROUPS, INJECTIONS, LAYOUTS, SCALERS, RanksCase, found_inf_reduction
 from fpemu.scalers.profiles import get_profile
-from fpemu.specs.loader import _Checker, _overflow_source, _scenario
-from fpemu.specs.scenario import _ScenarioBase
+from fpemu.kinds.scaler.spec import overflow_source
+from fpemu.kinds.scenario import ScenarioBase
+from fpemu.kinds.schema import Checker, build_scenario
 
 RANKS_FIELDS = ("scale", "overflow", "applied", "growth_counter")
 ENDINGS = ("completes", "abort")
@@ -55,7 +56,7 @@ class RanksDivergence:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RanksScenario(_ScenarioBase):
+class RanksScenario(ScenarioBase):
     """A multi-rank spec: one layout and scaler, run at each world size and injection point.
 
     Attributes:
@@ -103,13 +104,13 @@ class RanksScenario(_ScenarioBase):
         return out
 
 
-def _strings(check: _Checker, raw, key: str, options) -> tuple:
+def _strings(check: Checker, raw, key: str, options) -> tuple:
     if not isinstance(raw, list) or not raw:
         check.fail(key, f"expected a non-empty list of {', '.join(options)}")
     return tuple(check.choice(value, f"{key}[{i}]", tuple(options)) for i, value in enumerate(raw))
 
 
-def _world_sizes(check: _Checker, raw) -> tuple:
+def _world_sizes(check: Checker, raw) -> tuple:
     if not isinstance(raw, list) or not raw:
         check.fail("ranks.world_sizes", "expected a non-empty list of integers >= 2")
     sizes = tuple(check.integer(v, f"ranks.world_sizes[{i}]", 2) for i, v in enumerate(raw))
@@ -118,7 +119,7 @@ def _world_sizes(check: _Checker, raw) -> tuple:
     return sizes
 
 
-def _rank_overflows(check: _Checker, raw, steps: Optional[int], smallest_world: int) -> dict:
+def _rank_overflows(check: Checker, raw, steps: Optional[int], smallest_world: int) -> dict:
     if not isinstance(raw, dict):
         check.fail("ranks.overflow", f"expected a table of rank tables ([ranks.overflow.1]), got {raw!r}")
     out = {}
@@ -126,7 +127,7 @@ def _rank_overflows(check: _Checker, raw, steps: Optional[int], smallest_world: 
         where = f"ranks.overflow.{key}"
         if not key.isdigit() or int(key) >= smallest_world:
             check.fail(where, f"expected a rank 0..{smallest_world - 1} (below the smallest world size), got {key!r}")
-        source = _overflow_source(check, body)
+        source = overflow_source(check, body)
         if source.kind == "model":
             check.fail(f"{where}.source", "a multi-rank spec takes explicit, bernoulli, bursts or periodic")
         if source.kind == "explicit" and steps is not None and len(source.sequence) != steps:
@@ -137,7 +138,7 @@ def _rank_overflows(check: _Checker, raw, steps: Optional[int], smallest_world: 
     return out
 
 
-def _expected(check: _Checker, raw, injections: tuple) -> dict:
+def _expected(check: Checker, raw, injections: tuple) -> dict:
     table = check.table(raw, "ranks.expect_divergence", set(injections))
     out = {}
     for inject, body in table.items():
@@ -153,7 +154,7 @@ def _expected(check: _Checker, raw, injections: tuple) -> dict:
     return out
 
 
-def _checked_injections(check: _Checker, raw, layout: Optional[str]) -> tuple:
+def _checked_injections(check: Checker, raw, layout: Optional[str]) -> tuple:
     injections = _strings(check, raw, "ranks.inject", INJECTIONS)
     for inject in injections:
         if layout is not None and INJECTIONS[inject].needs_shards and not LAYOUTS[layout].probe_per_rank:
@@ -163,7 +164,7 @@ def _checked_injections(check: _Checker, raw, layout: Optional[str]) -> tuple:
     return injections
 
 
-def _reduction_known(check: _Checker, scaler: str, layout: str) -> None:
+def _reduction_known(check: Checker, scaler: str, layout: str) -> None:
     try:
         found_inf_reduction(scaler, layout)
     except ValueError:
@@ -172,7 +173,7 @@ def _reduction_known(check: _Checker, scaler: str, layout: str) -> None:
         check.fail("ranks.scaler", f"{scaler!r} does not run on layout {layout!r}; expected one of {usable}")
 
 
-def _model_parallel(check: _Checker, raw, layout: Optional[str], sizes: Optional[tuple]) -> int:
+def _model_parallel(check: Checker, raw, layout: Optional[str], sizes: Optional[tuple]) -> int:
     size = check.integer(raw, "ranks.model_parallel", 1)
     if size > 1 and layout is not None and not LAYOUTS[layout].groups:
         able = ", ".join(name for name, row in LAYOUTS.items() if row.groups)
@@ -185,7 +186,7 @@ def _model_parallel(check: _Checker, raw, layout: Optional[str], sizes: Optional
     return size
 
 
-def _reduce_over(check: _Checker, raw, scaler: Optional[str], layout: Optional[str]) -> tuple:
+def _reduce_over(check: Checker, raw, scaler: Optional[str], layout: Optional[str]) -> tuple:
     groups = _strings(check, raw, "ranks.reduce_over", GROUPS)
     if scaler and layout:
         if not LAYOUTS[layout].groups:
@@ -197,7 +198,7 @@ def _reduce_over(check: _Checker, raw, scaler: Optional[str], layout: Optional[s
     return groups
 
 
-def _params(check: _Checker, scaler: str, raw) -> dict:
+def _params(check: Checker, scaler: str, raw) -> dict:
     if not isinstance(raw, dict):
         check.fail("ranks.params", f"expected a table, got {type(raw).__name__}")
     try:
@@ -207,13 +208,13 @@ def _params(check: _Checker, scaler: str, raw) -> dict:
     return dict(raw)
 
 
-def _timeout(check: _Checker, raw) -> float:
+def _timeout(check: Checker, raw) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):
         check.fail("ranks.timeout_s", f"expected seconds > 0 (a finite number), got {raw!r}")
     return float(raw)
 
 
-def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksScenario:
+def parse_ranks_spec(check: Checker, raw: dict, text: str, path: str) -> RanksScenario:
     """Validate a spec with a [ranks] table (every independent mistake reported at once)."""
     for key in ("scaler", "overflow", "step", "record", "implementations"):
         if key in raw:
@@ -245,7 +246,7 @@ def parse_ranks_spec(check: _Checker, raw: dict, text: str, path: str) -> RanksS
     if not isinstance(keyed, bool):
         check.attempt(check.fail, "ranks.step_keyed_collective", f"expected true or false, got {keyed!r}")
     check.raise_errors()
-    return _scenario(check, RanksScenario, raw, text, path, steps=steps, implementations=(), record=RANKS_FIELDS,
+    return build_scenario(check, RanksScenario, raw, text, path, steps=steps, implementations=(), record=RANKS_FIELDS,
                      layout=layout, scaler=scaler, params=params, world_sizes=sizes, injections=injections,
                      overflow=overflow, expected=expected, step_keyed_collective=keyed,
                      model_parallel=model_parallel, reduce_over=reduce_over, timeout_s=timeout_s)

@@ -1,6 +1,6 @@
 """Traces of block quantization: per input kind, digests of a rule's scale codes, element codes and values.
 
-A run of a [blocks] scenario (fpemu.specs.blocks) quantizes one set of seeded probe blocks per input
+A run of a [blocks] scenario (fpemu.kinds.blocks.spec) quantizes one set of seeded probe blocks per input
 kind (:func:`fpemu.blocks.probes.probe_blocks`) and writes one step record per kind: the kind, the
 counts of blocks and elements, the two-level NVFP4 tensor scale (hex float) and the sha256 of the
 scale codes, of the element codes and of the values' float32 bits (fields of
@@ -27,8 +27,9 @@ import numpy as np
 from fpemu.blocks import SCALE_RULES, block_quantize
 from fpemu.blocks.probes import PROBE_KINDS, probe_blocks
 from fpemu.formats import decode
-from fpemu.harness._fp8_training import codes_digest
-from fpemu.traces.layout import REFERENCE, trace_metadata
+from fpemu.adapters import (BLOCKS, adapter_versions, adapters_of_kind, driven_rules, get_adapter, package_versions,
+                            quantize_blocks)
+from fpemu.traces.layout import REFERENCE, codes_digest, trace_metadata
 from fpemu.traces import Trace, float_fields
 
 _CANONICAL_NAN = np.uint32(0x7FC00000)
@@ -95,8 +96,6 @@ def _summary(steps: int) -> dict:
 
 def reference_blocks_trace(scenario) -> Trace:
     """The golden trace of a BlocksScenario: fpemu's model of its rule on every kind's probe blocks."""
-    from fpemu.adapters import BLOCKS, adapters_of_kind, driven_rules
-    from fpemu.harness.run import package_versions
     driven = any(scenario.rule in driven_rules(name) for name in adapters_of_kind(BLOCKS))
     metadata = trace_metadata(scenario, REFERENCE, scenario.rule, scenario.params,
                               package_versions(["numpy", "ml_dtypes"]), "cpu",
@@ -109,20 +108,18 @@ def reference_blocks_trace(scenario) -> Trace:
 def recorded_blocks_trace(scenario, impl) -> Trace:
     """The blocks adapter ``impl`` run on the scenario's probe blocks under its rule (``params.rule``, else
     the spec's); its metadata's ``model_differences`` counts, per kind, where it differs from fpemu's model."""
-    from fpemu.adapters import get_adapter, quantize_blocks
-    from fpemu.harness.run import adapter_versions, implementation_key
     rule = scenario.rule_of(impl)
     steps, counted = [], {}
     for step, (kind, x) in enumerate(probe_inputs(scenario)):
         real = quantize_blocks(impl.name, x, scenario.element, rule, impl.device)
         steps.append(block_record(step, kind, real, scenario.record))
         counted[kind] = differences(_model(scenario, x), real)
-    metadata = trace_metadata(scenario, implementation_key(impl), rule, {**scenario.params, "rule": rule},
+    metadata = trace_metadata(scenario, impl.key, rule, {**scenario.params, "rule": rule},
                               adapter_versions(get_adapter(impl.name)), impl.device, model_differences=counted)
     return Trace(metadata, tuple(steps), _summary(len(steps)))
 
 
-def block_cause(step: int, golden: Trace, observed: Trace) -> str:
+def block_cause(field: str, step: int, golden: Trace, observed: Trace) -> str:
     """Why a blocks trace's step differs from the golden's: its input kind, how many codes and values differ
     (``model_differences``, where the observed trace counted them), and the rules' own account of their
     arithmetic (``source`` and ``departs``, fpemu.blocks.SCALE_RULES)."""

@@ -26,7 +26,9 @@ import dataclasses
 
 import numpy as np
 
-from fpemu.specs.scenario import Implementation, _ScenarioBase
+from fpemu.adapters import RECIPE, get_adapter
+from fpemu.kinds.scenario import Implementation, ScenarioBase
+from fpemu.kinds.schema import build_scenario, implementation_tables, record_fields
 
 AMAX_SOURCES = ("explicit", "generated")
 _SOURCE_KEYS = {"explicit": {"sequence"},
@@ -73,7 +75,7 @@ class AmaxSource:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RecipeScenario(_ScenarioBase):
+class RecipeScenario(ScenarioBase):
     """An fp8 scaling recipe driven through one amax per step (see :func:`fpemu.specs.load_spec`)."""
 
     recipe: str
@@ -128,10 +130,8 @@ def _recipe_params(check, recipe: str, params, key: str) -> dict:
 
 
 def _implementations(check, raw, params: dict) -> tuple:
-    from fpemu.adapters import get_adapter
-    from fpemu.specs.loader import _implementation_tables
     out = []
-    for key, adapter, device, body, reason in _implementation_tables(check, raw, "recipe"):
+    for key, adapter, device, body, reason in implementation_tables(check, raw, RECIPE):
         own = _recipe_params(check, get_adapter(adapter).profile, body.get("params", params), f"{key}.params")
         out.append(Implementation(adapter, own, device, reason))
     return tuple(out)
@@ -139,7 +139,6 @@ def _implementations(check, raw, params: dict) -> tuple:
 
 def parse_recipe_spec(check, raw: dict, text: str, path: str) -> RecipeScenario:
     """Validate a spec with a [recipe] table (``check``: the loader's checker, which names the file)."""
-    from fpemu.specs.loader import _record_fields, _scenario
     for key in ("scaler", "overflow", "step"):
         if key in raw:
             check.attempt(check.fail, key, "a [recipe] scenario takes its amaxes from [amax]; remove this table")
@@ -151,9 +150,9 @@ def parse_recipe_spec(check, raw: dict, text: str, path: str) -> RecipeScenario:
     amax = check.attempt(_amax_source, check, raw["amax"]) if "amax" in raw else None
     if amax is not None and amax.kind == "explicit" and steps is not None and len(amax.sequence) != steps:
         check.attempt(check.fail, "amax.sequence", f"expected steps={steps} amaxes, got {len(amax.sequence)}")
-    record = check.attempt(_record_fields, check, raw, "recipe")
+    record = check.attempt(record_fields, check, raw, RECIPE)
     implementations = None if params is None else check.attempt(_implementations, check,
                                                                 raw.get("implementations", {}), params)
     check.raise_errors()
-    return _scenario(check, RecipeScenario, raw, text, path, steps=steps, recipe=recipe, params=params, amax=amax,
+    return build_scenario(check, RecipeScenario, raw, text, path, steps=steps, recipe=recipe, params=params, amax=amax,
                      implementations=implementations, record=record)

@@ -18,7 +18,7 @@ A blocks spec::
 ``block_size`` (default: the rule's) may differ from the rule's own only in a spec without real
 implementations: the blocks adapters run each rule at its own block size.  The golden trace is
 fpemu's model (numpy only); a recorded trace is the adapter run on the very same probe blocks
-(fpemu.harness._blocks).
+(fpemu.kinds.blocks.trace).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ import dataclasses
 
 from fpemu.blocks import SCALE_RULES
 from fpemu.blocks.probes import PROBE_KINDS
-from fpemu.specs.scenario import Implementation, _ScenarioBase
+from fpemu.adapters import BLOCKS, adapters_of_kind, driven_rules
+from fpemu.kinds.scenario import Implementation, ScenarioBase
+from fpemu.kinds.schema import build_scenario, implementation_tables, record_fields
 
 _KEYS = {"rule", "element", "block_size", "kinds", "rows", "seed"}
 _IMPLEMENTATION_PARAMS = {"rule"}
@@ -36,7 +38,7 @@ MAX_ROWS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BlocksScenario(_ScenarioBase):
+class BlocksScenario(ScenarioBase):
     """A scale rule of :data:`fpemu.blocks.SCALE_RULES` run on probe blocks (see :func:`fpemu.specs.load_spec`).
 
     Attributes:
@@ -102,7 +104,6 @@ def _rows(check, rows) -> int:
 
 def _driving(check, key: str, adapter: str, rule: str, element: str, block_size: int) -> None:
     """``adapter`` can run ``rule`` on ``element`` at ``block_size``, or the failure names ``key``."""
-    from fpemu.adapters import driven_rules
     driven = driven_rules(adapter)
     if rule not in driven:
         check.fail(key, f"{adapter} does not drive rule {rule!r}; it drives {', '.join(driven)}")
@@ -115,14 +116,12 @@ def _driving(check, key: str, adapter: str, rule: str, element: str, block_size:
 
 def _implementations(check, raw, rule: str, element: str, block_size: int) -> tuple:
     """The spec's [implementations] (each a blocks adapter driving its rule), else every adapter driving ``rule``."""
-    from fpemu.adapters import BLOCKS, adapters_of_kind, driven_rules
-    from fpemu.specs.loader import _implementation_tables
     if not raw:
         own = SCALE_RULES[rule].block_size == block_size
         return tuple(Implementation(name, {}) for name in adapters_of_kind(BLOCKS)
                      if own and rule in driven_rules(name))
     out = []
-    for key, adapter, device, body, reason in _implementation_tables(check, raw, BLOCKS):
+    for key, adapter, device, body, reason in implementation_tables(check, raw, BLOCKS):
         params = check.table(body.get("params", {}), f"{key}.params", _IMPLEMENTATION_PARAMS)
         own_rule = check.choice(params.get("rule", rule), f"{key}.params.rule", tuple(SCALE_RULES))
         _driving(check, f"{key}.params.rule" if "rule" in params else key, adapter, own_rule, element, block_size)
@@ -132,8 +131,6 @@ def _implementations(check, raw, rule: str, element: str, block_size: int) -> tu
 
 def parse_blocks_spec(check, raw: dict, text: str, path: str) -> BlocksScenario:
     """Validate a spec with a [blocks] table (``check``: the loader's checker, which names the file)."""
-    from fpemu.adapters import BLOCKS
-    from fpemu.specs.loader import _record_fields, _scenario
     for key in ("scaler", "overflow", "step", "amax", "recipe", "steps"):
         if key in raw:
             check.attempt(check.fail, key, "a [blocks] scenario has one step per input kind of [blocks] kinds, "
@@ -148,9 +145,9 @@ def parse_blocks_spec(check, raw: dict, text: str, path: str) -> BlocksScenario:
     seed = check.attempt(check.integer, table.get("seed", 0), "blocks.seed", 0)
     implementations = (check.attempt(_implementations, check, raw.get("implementations", {}), rule, element,
                                      block_size) if None not in (element, block_size) else None)
-    record = check.attempt(_record_fields, check, raw, BLOCKS)
+    record = check.attempt(record_fields, check, raw, BLOCKS)
     check.raise_errors()
-    return _scenario(check, BlocksScenario, raw, text, path, steps=len(kinds), rule=rule, element=element,
+    return build_scenario(check, BlocksScenario, raw, text, path, steps=len(kinds), rule=rule, element=element,
                      block_size=block_size, kinds=kinds, rows=rows, seed=seed, implementations=implementations,
                      record=record)
 

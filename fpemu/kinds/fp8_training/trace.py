@@ -1,6 +1,6 @@
 """Traces of fp8 training: a real fp8 run's casts, and fpemu's model of its recipe on the same tensors.
 
-A run of an [fp8_training] scenario (fpemu.specs.fp8_training) trains its model for real (torchao's
+A run of an [fp8_training] scenario (fpemu.kinds.fp8_training.spec) trains its model for real (torchao's
 Float8Linear on the CPU) and keeps every cast's high-precision input.  Its recorded trace holds what
 torchao computed (each cast's amaxes, scales and a digest of its fp8 codes); its reference trace holds
 what :class:`~fpemu.scalers.fp8_recipes.TorchaoScaling` computes on those very tensors.  The reference
@@ -10,29 +10,16 @@ in its metadata, and nothing of the host goes into it.
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
-
-from fpemu.traces.layout import REFERENCE, fp8_cast_fields, trace_metadata
-from fpemu.specs.fp8_training import FP8_TRAINING_ADAPTER, MODELS, Fp8TrainingScenario
+from fpemu.adapters import adapter_versions, get_adapter, package_versions, train_fp8
+from fpemu.compare import compare_traces
+from fpemu.kinds.fp8_training.spec import FP8_TRAINING_ADAPTER, MODELS, Fp8TrainingScenario, parse_fp8_training_spec
+from fpemu.kinds.scenario import Implementation
+from fpemu.kinds.schema import Checker, parse_toml
 from fpemu.traces import Trace
+from fpemu.traces.layout import REFERENCE, codes_digest, fp8_cast_fields, trace_metadata
 
 # what computed a golden's numbers: fpemu's model, and the run whose tensors it cast
 _GOLDEN_PACKAGES = ("numpy", "ml_dtypes", "torch", "torchao")
-
-
-def codes_digest(codes, fp8_format: str) -> str:
-    """sha256 of one cast's fp8 codes, NaN codes written as 0xFF (their sign is unspecified).
-
-    Example:
-      >>> codes_digest(np.array([0x7F, 0xFF, 0x38], np.uint8), "fp8_e4m3fn") == codes_digest(
-      ...     np.array([0xFF, 0x7F, 0x38], np.uint8), "fp8_e4m3fn")
-      True
-    """
-    from fpemu.formats import decode
-    codes = np.asarray(codes, dtype=np.uint8).ravel()
-    return hashlib.sha256(np.where(np.isnan(decode(codes, fp8_format)), np.uint8(0xFF), codes).tobytes()).hexdigest()
 
 
 def _modelled(cast):
@@ -62,7 +49,6 @@ def _summary(per_step) -> dict:
 
 
 def _train(scenario: Fp8TrainingScenario, device: str = "cpu") -> list:
-    from fpemu.adapters import train_fp8
     model = MODELS[scenario.model]
     return train_fp8(FP8_TRAINING_ADAPTER, scenario.recipe, device, steps=scenario.steps, seed=scenario.seed,
                      sizes=model.sizes, batch=model.batch, lr=model.lr)
@@ -74,7 +60,6 @@ def _model_values(cast) -> tuple:
 
 
 def _reference(scenario: Fp8TrainingScenario, per_step) -> Trace:
-    from fpemu.harness.run import package_versions
     metadata = trace_metadata(scenario, REFERENCE, scenario.profile, scenario.params,
                               package_versions(_GOLDEN_PACKAGES), "cpu", verified="driven",
                               tensors_from=f"{FP8_TRAINING_ADAPTER}@cpu")
@@ -82,10 +67,7 @@ def _reference(scenario: Fp8TrainingScenario, per_step) -> Trace:
 
 
 def _recorded(scenario: Fp8TrainingScenario, impl, per_step, reference: Trace) -> Trace:
-    from fpemu.adapters import get_adapter
-    from fpemu.compare import compare_traces
-    from fpemu.harness.run import adapter_versions, implementation_key
-    metadata = trace_metadata(scenario, implementation_key(impl), scenario.profile, scenario.params,
+    metadata = trace_metadata(scenario, impl.key, scenario.profile, scenario.params,
                               adapter_versions(get_adapter(impl.name)), impl.device)
     observed = Trace(metadata, _cast_records(per_step, lambda cast: (cast.amax, cast.scale, cast.codes)),
                      _summary(per_step))
@@ -110,7 +92,7 @@ def recorded_fp8_training_trace(scenario: Fp8TrainingScenario, impl) -> Trace:
 
 def float8_training_traces(recipe: str = "tensorwise", steps: int = 20, seed: int = 0, model: str = "mlp") -> tuple:
     """(torchao's trace, fpemu's trace) of one real Float8Linear training run of ``model`` (a key of
-    fpemu.specs.fp8_training.MODELS) under torchao's ``recipe``: per step, every cast's name, amaxes,
+    fpemu.kinds.fp8_training.spec.MODELS) under torchao's ``recipe``: per step, every cast's name, amaxes,
     scales and codes digest, torchao's and fpemu's model's on the same tensors.  Needs torch and torchao.
 
     Example::
@@ -118,10 +100,9 @@ def float8_training_traces(recipe: str = "tensorwise", steps: int = 20, seed: in
         observed, model = float8_training_traces("rowwise", steps=4)
         assert fpemu.compare.compare_traces(model, observed).status == "match"
     """
-    from fpemu.specs import parse_spec
-    from fpemu.specs.scenario import Implementation
     text = f'steps = {steps}\n\n[fp8_training]\nmodel = "{model}"\nrecipe = "{recipe}"\nseed = {seed}\n'
-    scenario = parse_spec(text, f"float8_linear_{recipe}.toml")
+    path = f"float8_linear_{recipe}.toml"
+    scenario = parse_fp8_training_spec(Checker(path), parse_toml(text, path), text, path)
     per_step = _train(scenario)
     reference = _reference(scenario, per_step)
     return _recorded(scenario, Implementation(FP8_TRAINING_ADAPTER, {}), per_step, reference), reference

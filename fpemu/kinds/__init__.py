@@ -1,0 +1,68 @@
+"""Scenario kinds: each one package implementing :class:`~fpemu.kinds.protocol.ScenarioKind`, listed once in
+:data:`KINDS`.
+
+The spec loader (fpemu.specs) parses a spec with the kind its tables name, the harness runs a scenario's
+reference model and real implementations through its kind, and the comparison asks the kinds why two
+traces differ (:func:`explain`).  Adding a kind is its package and one line here (docs/kinds.md).
+"""
+
+from __future__ import annotations
+
+from fpemu.kinds import blocks, fp8_training, ranks, recipe, scaler, step
+from fpemu.kinds.protocol import ScenarioKind
+from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
+from fpemu.traces import Trace
+from fpemu.traces.format import fields_recorded_by
+
+# In the order a spec's tables are read: the first kind whose table a spec has is its kind; a spec
+# with none of them is a scaler spec (the kind without a table, last).
+KINDS = (ranks.KIND, recipe.KIND, fp8_training.KIND, blocks.KIND, step.KIND, scaler.KIND)
+
+
+def kind_of(scenario: ScenarioBase) -> ScenarioKind:
+    """The kind whose parser built ``scenario``."""
+    for kind in KINDS:
+        if isinstance(scenario, kind.scenario):
+            return kind
+    raise TypeError(f"{type(scenario).__name__} is not the scenario of a kind in fpemu.kinds.KINDS")
+
+
+def kind_of_spec(raw: dict) -> ScenarioKind:
+    """The kind of a spec's TOML table ``raw``: the first whose table it has, else the kind without one."""
+    return next(kind for kind in KINDS if kind.table is None or kind.table in raw)
+
+
+def spec_tables() -> set:
+    """Every top-level table some kind's specs may have."""
+    return {table for kind in KINDS for table in (kind.table, *kind.other_tables) if table}
+
+
+def reference_trace(scenario: ScenarioBase) -> Trace:
+    """The golden trace: the scenario run on fpemu's reference model."""
+    kind = kind_of(scenario)
+    if kind.reference is None:
+        raise TypeError(f"a {kind.name} scenario's traces are made by fpemu.harness.ranks (its cases run on "
+                        "several processes)")
+    return kind.reference(scenario)
+
+
+def record_trace(scenario: ScenarioBase, impl: Implementation) -> Trace:
+    """Drive the real implementation ``impl`` through the scenario."""
+    kind = kind_of(scenario)
+    if kind.record is None:
+        raise TypeError(f"a {kind.name} scenario's traces are made by fpemu.harness.ranks (its cases run on "
+                        "several processes)")
+    return kind.record(scenario, impl)
+
+
+def explain(field: str, step: int, golden: Trace, observed: Trace):
+    """The reading of the kind that records ``field`` of why ``observed`` first differs from ``golden`` there,
+    or None where no kind has its own (the comparison's generic reading then applies)."""
+    for kind in KINDS:
+        if kind.explain is not None and field in fields_recorded_by(kind.name):
+            return kind.explain(field, step, golden, observed)
+    return None
+
+
+__all__ = ["KINDS", "ScenarioKind", "ExpectedDivergence", "Implementation", "ScenarioBase", "kind_of",
+           "kind_of_spec", "spec_tables", "reference_trace", "record_trace", "explain"]
