@@ -2,6 +2,7 @@
 
 import doctest
 import pathlib
+import re
 
 import pytest
 
@@ -27,10 +28,36 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
-@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md"])
+DOCTEST_PAGES = sorted(page.name for page in (ROOT / "docs").glob("*.md") if ">>> " in page.read_text())
+
+
+@pytest.mark.parametrize("guide", DOCTEST_PAGES)
 def test_guide_examples(guide):
     result = doctest.testfile(str(ROOT / "docs" / guide), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_the_reference_pages_are_doctested():
+    assert {"formats.md", "scalers.md", "blocks.md", "fp8_recipes.md", "steps.md", "ranks.md", "kinds.md"} <= set(
+        DOCTEST_PAGES)
+
+
+def test_readme_is_a_front_door_whose_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    pages = sorted(page.name for page in (ROOT / "docs").glob("*.md"))
+    for page in pages:  # every reference page is reachable from the README
+        assert f"docs/{page}" in text, f"README.md does not link docs/{page}"
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#]+\.md)\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+
+
+def test_readme_layout_lists_the_layers_of_the_layering_test():
+    from test_layering import LAYERS
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    listed = [line.split()[0] for line in block.strip().splitlines()]
+    assert listed == [name.split()[0] for name, _ in LAYERS]
 
 
 @pytest.mark.parametrize("module", [fpemu.formats.format, fpemu.formats.rounding, fpemu.formats.stats,

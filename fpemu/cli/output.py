@@ -27,7 +27,7 @@ def epilog() -> str:
             "  2  bad usage or input: the message names the file, key or argument\n"
             "  3  an internal error (a bug in fpemu; the traceback is printed); the other jobs still ran\n\n"
             "job statuses: " + ", ".join(STATUSES) + "\n\n"
-            "spec format: one TOML scenario per file, described in docs/specs.md and, per kind, in\n"
+            "spec format: one TOML scenario per file, described in docs/harness.md and, per kind, in\n"
             "`python -m pydoc fpemu.kinds.<kind>.spec` (scaler, step, recipe, fp8_training, blocks, ranks);\n"
             "the checkout's specs/ holds examples of every kind.")
 

@@ -20,7 +20,7 @@ from fpemu.errors import FpemuInputError
 from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
 from fpemu.kinds import explain, kind_of, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
-from fpemu.specs import RanksScenario, load_specs, parse_spec
+from fpemu.specs import load_specs, parse_spec
 from fpemu.traces import Trace, read_trace, trace_filename, write_golden_trace, write_trace
 from fpemu.traces.layout import REFERENCE
 
@@ -68,6 +68,12 @@ def _check_names(names, option: str) -> None:
             parse_implementation(name)
         except FpemuInputError as error:
             raise FpemuInputError(str(error).replace("--impl", option, 1)) from None
+
+
+def runs_here(scenario: ScenarioBase) -> bool:
+    """Whether these jobs run ``scenario``: a kind without a reference model of its own runs its cases on
+    several processes (fpemu.harness.ranks runs those)."""
+    return kind_of(scenario).reference is not None
 
 
 def skip_reason(impl: Implementation):
@@ -121,7 +127,7 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
     gets none otherwise; each such spec is appended to ``unmade`` (when given) as ``(name, reason, kept
     path or None)``.
     """
-    scenarios = [s for s in load_specs(spec_paths) if not isinstance(s, RanksScenario)]  # fpemu.harness.ranks
+    scenarios = [s for s in load_specs(spec_paths) if runs_here(s)]
     written = []
     for index, scenario in enumerate(scenarios, 1):
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
@@ -343,7 +349,7 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
     ``allow_none``."""
     _check_names(excluded, "--exclude")
-    jobs = [(scenario, impl) for scenario in scenarios if not isinstance(scenario, RanksScenario)  # harness.ranks
+    jobs = [(scenario, impl) for scenario in scenarios if runs_here(scenario)
             for impl in implementations_for(scenario, requested) if not matches(impl.key, excluded)]
     if not jobs and not allow_none:
         named = f"--impl {' '.join(requested)}" if requested else "any implementation"
