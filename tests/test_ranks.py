@@ -31,6 +31,11 @@ stage2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
                             reason="every [ranks] spec at 2 and 4 ranks, and a 45 s hang: set FPEMU_TEST_ENVS=1")
 
 
+more_real_ranks = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
+                                     reason="more real-rank runs (the default suite keeps one of each path): "
+                                            "set FPEMU_TEST_ENVS=1")
+
+
 def _case(layout, scaler, inject, world_size=2):
     overflow = tuple(FLAGS if rank == 1 else (False,) * 12 for rank in range(world_size))
     return RanksCase(world_size, layout, scaler, inject, overflow, dict(PARAMS))
@@ -330,7 +335,8 @@ period = 1000
 
 @needs_torch
 @pytest.mark.parametrize("in_spec,on_command_line", [("timeout_s = 0.5", []),
-                                                     ("timeout_s = 600", ["--rank-timeout", "0.5"])])
+                                                     pytest.param("timeout_s = 600", ["--rank-timeout", "0.5"],
+                                                                  marks=more_real_ranks)])
 def test_a_case_past_its_timeout_is_reported_as_a_hang_naming_the_case_and_the_timeout(tmp_path, capsys, in_spec,
                                                                                       on_command_line):
     specs = tmp_path / "specs"
@@ -346,6 +352,7 @@ def test_a_case_past_its_timeout_is_reported_as_a_hang_naming_the_case_and_the_t
 
 
 @needs_torch
+@more_real_ranks
 def test_audit_torch_on_real_ranks_notices_an_unreduced_found_inf_and_ranks_that_part():
     from fpemu.adapters.torch_ranks import run_cases
     after = [[False, False, True, False], [False, True, False, False]]  # rank 1 overflows at step 1, after the all-reduce
