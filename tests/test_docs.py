@@ -53,6 +53,13 @@ def test_readme_is_a_front_door_whose_links_resolve():
             assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
 
 
+def test_the_api_page_lists_exactly_the_public_surface():
+    import fpemu
+    listed = re.findall(r"^\| `([A-Za-z_]+)` \|", (ROOT / "docs" / "api.md").read_text(), re.M)
+    assert sorted(listed) == sorted(name for name in fpemu.__all__ if name != "__version__")
+    assert len(listed) == len(set(listed))
+
+
 def test_readme_layout_lists_the_layers_of_the_layering_test():
     from test_layering import LAYERS
     block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
