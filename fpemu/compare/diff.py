@@ -58,6 +58,9 @@ class Divergence:
 
     def describe(self, expected: str = "expected", got: str = "got") -> str:
         where = f"{self.field} of {self.element}" if self.element else self.field
+        if isinstance(self.expected, dict) and isinstance(self.got, dict):  # a recorded run's grad_stats
+            from fpemu.compare.readings import summarize_dicts
+            return f"step {self.step}, {where}: {summarize_dicts(self.expected, self.got)} (likely cause: {self.cause})"
         return (f"step {self.step}, {where}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
                 f" (likely cause: {self.cause})")
 
