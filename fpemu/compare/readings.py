@@ -134,3 +134,14 @@ def recorded_cause(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:
         return (f"the loss differs from step {step} on: the update at step {step - 1} differed (its gradients, "
                 "their clipping or unscaling, the optimizer or its learning rate)")
     return None
+
+
+def initial_scale_cause(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:
+    """A loss scaler's scales differ at the first step: nothing ran yet, so the initial scales differ (None
+    otherwise; an fp8 recipe's first scale comes from its amax, not from an initial scale)."""
+    loss_scaler = a.steps and b.steps and "overflow" in a.steps[0] and "amax" not in a.steps[0]
+    if field != "scale" or step != 0 or not loss_scaler:
+        return None
+    before, after = decode_value(a.steps[0], "scale"), decode_value(b.steps[0], "scale")
+    return (f"the initial scale differs ({_short(before)} -> {_short(after)}): the scalers start at another "
+            "init_scale (or another profile's default)")
