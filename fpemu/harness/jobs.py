@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, RefusedCall
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
 from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs,
@@ -188,13 +188,17 @@ def _short_path(filename: str) -> str:
     return pathlib.Path(filename).name
 
 
+API_CHANGES = ("TypeError", "AttributeError", RefusedCall.__name__)  # a remote exception's type names (api changed)
+
+
 def classify_failure(error: BaseException) -> str:
     """The status of a job whose run raised ``error`` (see fpemu.compare.diff.STATUSES).
 
     An import error anywhere is ``cannot run``; an error from an isolated environment takes the
     remote exception's type; otherwise the innermost frame of fpemu decides: in an adapter (or
-    below it, in the framework) a TypeError or AttributeError is ``api changed`` and anything
-    else ``cannot run``; in fpemu's own core it is an ``internal error``.
+    below it, in the framework) a TypeError, AttributeError or :class:`fpemu.errors.RefusedCall` (a
+    refusal the adapter recognized) is ``api changed`` and anything else ``cannot run``; in fpemu's own
+    core it is an ``internal error``.
     """
     from fpemu.harness import environments
     if isinstance(error, ImportError):
@@ -203,14 +207,14 @@ def classify_failure(error: BaseException) -> str:
         remote = getattr(error, "remote_traceback", "") or ""
         last = remote.strip().splitlines()[-1] if remote.strip() else ""
         kind = last.partition(":")[0].strip().rpartition(".")[2]
-        return API_CHANGED if kind in ("TypeError", "AttributeError") else CANNOT_RUN
+        return API_CHANGED if kind in API_CHANGES else CANNOT_RUN
     if isinstance(error, (environments.EnvironmentBuildError, environments.EnvironmentNotBuilt, SystemExit)):
         return CANNOT_RUN
     own = [frame.filename for frame in traceback.extract_tb(error.__traceback__)
            if _within(frame.filename, _FPEMU_ROOT)]
     if own and not _within(own[-1], _ADAPTERS_ROOT):
         return INTERNAL_ERROR
-    return API_CHANGED if isinstance(error, (TypeError, AttributeError)) else CANNOT_RUN
+    return API_CHANGED if isinstance(error, (TypeError, AttributeError, RefusedCall)) else CANNOT_RUN
 
 
 def _blamed_package(error: BaseException, modules) -> Optional[str]:
@@ -237,6 +241,8 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     adapter = ADAPTERS.get(impl.name)
     packages = adapter_versions(adapter) if adapter is not None else {}
     status = classify_failure(error)
+    if isinstance(error, RefusedCall) and error.__cause__ is not None:  # the line names what the framework raised
+        error = error.__cause__
     message = (str(error).strip().splitlines() or [""])[0]
     if len(message) > 300:
         message = message[:297] + "..."
