@@ -58,7 +58,10 @@ def _impl_help() -> str:
             f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
             f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs, "
             f"{', '.join(adapters_of_kind('fp8_training'))} for [fp8_training] specs, "
-            f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU)")
+            f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU). A name runs on the "
+            "specs that list it or whose profile is its own; +NAME adds it to the others it can run too (a scaler "
+            "spec whose every parameter its profile takes, any step spec), compared with their golden: --impl "
+            "torch +torch_sharded")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,11 +41,15 @@ def _quiet(done: int, total: int, label: str) -> None:
     pass
 
 
+ADD = "+"  # --impl +NAME: run NAME on every spec it can run, listed there or not (see implementations_for)
+
+
 def parse_implementation(name: str) -> tuple:
-    """``torch@cuda`` -> ("torch", "cuda"); the device defaults to cpu."""
+    """``torch@cuda`` (or ``+torch@cuda``, see :func:`implementations_for`) -> ("torch", "cuda"); the device
+    defaults to cpu."""
     from fpemu.adapters import resolve
     try:
-        return resolve(name)
+        return resolve(name.removeprefix(ADD))
     except ValueError as wrong:
         raise FpemuInputError(f"--impl {name}: {wrong}") from None
 
@@ -88,20 +92,42 @@ def _drives(scenario, adapter) -> bool:
     return adapter.profile == scenario.profile
 
 
+def _added(scenario, adapter) -> Optional[Implementation]:
+    """``adapter`` as ``--impl +NAME`` adds it to ``scenario``: a scaler spec whose every parameter the
+    adapter's profile takes by name (it runs with the spec's parameters, compared with the spec's golden:
+    torch_sharded on a torch spec), a step spec whatever it lists; None for any other spec."""
+    kind = _scenario_kind(scenario)
+    if adapter.kind != kind or kind not in ("scaler", "step"):
+        return None
+    if kind == "step":
+        return Implementation(adapter.name, {})
+    from fpemu.scalers.profiles import PROFILES
+    takes = PROFILES[adapter.profile].defaults if adapter.profile in PROFILES else {}
+    return Implementation(adapter.name, dict(scenario.params)) if set(scenario.params) <= set(takes) else None
+
+
 def implementations_for(scenario: ScalerScenario | StepScenario, requested: Optional[list]) -> list:
     """The implementations to drive: those named (``torch``, ``torch@cuda``) that the scenario can
     run, else the spec's own, else the real implementation of the scenario's profile when fpemu
-    has an adapter for it."""
+    has an adapter for it.
+
+    A name runs where the spec lists it, or where it drives the scenario unlisted (a scaler or recipe
+    spec: its profile's adapters; a step spec that lists none: any step adapter).  ``+NAME`` runs it on
+    more specs besides: every spec :func:`_added` fits (a scaler spec whose parameters its profile takes,
+    any step spec), a comparison the spec does not declare."""
     from fpemu.adapters import adapters_of_kind, get_adapter
     if requested:
         chosen = []
         for name in requested:
+            adding = name.startswith(ADD)
             adapter, device = parse_implementation(name)
             declared = scenario.declared(adapter)
             if declared is not None:
                 chosen.append(dataclasses.replace(declared, device=device))
             elif _drives(scenario, get_adapter(adapter)):
                 chosen.append(dataclasses.replace(scenario.implementation(adapter), device=device))
+            elif adding and _added(scenario, get_adapter(adapter)) is not None:
+                chosen.append(dataclasses.replace(_added(scenario, get_adapter(adapter)), device=device))
         return chosen
     if scenario.implementations:
         return list(scenario.implementations)
@@ -110,6 +136,18 @@ def implementations_for(scenario: ScalerScenario | StepScenario, requested: Opti
                if adapter.profile == scenario.profile and adapter.by_default]
         return [scenario.implementation(name) for name in own]
     return []
+
+
+def _check_added(scenarios, requested) -> None:
+    """Each ``+NAME`` of --impl fits at least one of the specs: else an error naming it and why."""
+    for name in requested or ():
+        if name.startswith(ADD) and not any(implementations_for(s, [name]) for s in scenarios):
+            from fpemu.adapters import get_adapter
+            adapter = get_adapter(parse_implementation(name)[0])
+            raise FpemuInputError(
+                f"--impl {name}: fits none of the specs given ({adapter.name} is a {adapter.kind} adapter; +NAME adds "
+                "a scaler adapter to scaler specs whose every parameter its profile takes, a step adapter to step "
+                "specs)")
 
 
 def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None) -> list:
@@ -348,6 +386,7 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
     ``allow_none``."""
     _check_names(excluded, "--exclude")
+    _check_added(scenarios, requested)
     jobs = [(scenario, impl) for scenario in scenarios if not isinstance(scenario, RanksScenario)  # harness.ranks
             for impl in implementations_for(scenario, requested) if not matches(implementation_key(impl), excluded)]
     if not jobs and not allow_none:
