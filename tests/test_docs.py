@@ -9,6 +9,7 @@ import fpemu.blocks.probes
 import fpemu.blocks.quantize
 import fpemu.blocks.stats
 import fpemu.compare.diff
+import fpemu.compare.readings
 import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
@@ -38,7 +39,7 @@ def test_guide_examples(guide):
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
                                     fpemu.traces.layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
-                                    fpemu.compare.diff])
+                                    fpemu.compare.diff, fpemu.compare.readings])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
