@@ -26,7 +26,7 @@ def test_missing_module_and_missing_source_are_both_named(monkeypatch, no_te_sou
     assert "FPEMU_TE_SOURCE" in reason
 
 
-def test_missing_source_alone_and_module_alone(monkeypatch, no_te_source, tmp_path):
+def test_missing_source_alone_and_module_alone(monkeypatch, no_te_source):
     assert unavailable_reason("te_unfused").startswith("no TransformerEngine source at ")
     assert unavailable_reason("te_block_reference").startswith("no TransformerEngine reference source (")
     hide(monkeypatch, "torch")
