@@ -31,3 +31,9 @@ def save_png(fig, path) -> pathlib.Path:
 def log_scale(values):
     """Values for a log axis: non-positive and non-finite ones become gaps (NaN)."""
     return [v if v > 0 and math.isfinite(v) else float("nan") for v in values]
+
+
+def whole_steps(ax) -> None:
+    """Step ticks at whole steps only (matplotlib puts them at 0.5 on a run of a few steps)."""
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -256,3 +256,31 @@ def test_compare_names_a_json_result_that_is_not_a_trace(tmp_path, capsys):
     result.write_text(capsys.readouterr().out)
     assert main(["compare", str(result), str(result)]) == 2
     assert "not a trace file but a command's --json result" in capsys.readouterr().err
+
+
+@pytest.mark.fpemu_torchao_float8_linear
+def test_a_cli_call_that_imports_torchao_prints_none_of_its_import_noise(tmp_path):
+    """torchao's "Failed to load ..._C_mxfp8...so" (a CPU torch) was printed on every CLI call importing torchao
+    (a plain `import torchao` still prints it here: the golden of this spec imports it)."""
+    import os
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SPECS.parent), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "fpemu", "golden", str(SPECS / "fp8_training_torchao_rowwise.toml"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, cwd=SPECS.parent)
+    assert proc.returncode == 0 and (tmp_path / "fp8_training_torchao_rowwise.json").exists(), proc.stderr
+    assert "Failed to load" not in proc.stderr and "is an Enum subclass" not in proc.stderr, proc.stderr
+
+
+def test_torchs_enum_registration_warning_is_dropped_and_nothing_else():
+    """torch 2.13 warns once per Enum that torchao registers as a pytree constant (seen on `fpemu golden specs`
+    here, not on every run: it depends on what was imported before)."""
+    import logging
+    from fpemu.cli import NOISE_FILTERS, enum_registration_noise
+
+    def record(message):
+        return logging.LogRecord("torch.utils._pytree", logging.WARNING, "_pytree.py", 630, message, (), None)
+    assert not enum_registration_noise(record(
+        "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by torch.compile as an opaque "
+        "value type. Calling register_constant() on Enum subclasses is deprecated"))
+    assert enum_registration_noise(record("some other pytree warning"))
+    main(["simulate", "--overflow-steps", "1", "--quiet"])
+    assert all(keep in logging.getLogger(name).filters for name, keep in NOISE_FILTERS.items())

@@ -10,6 +10,7 @@ import fpemu.blocks.probes
 import fpemu.blocks.quantize
 import fpemu.blocks.stats
 import fpemu.compare.diff
+import fpemu.compare.readings
 import fpemu.formats.format
 import fpemu.formats.packing
 import fpemu.formats.rounding
@@ -71,7 +72,7 @@ def test_readme_layout_lists_the_layers_of_the_layering_test():
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.kinds.recipe.spec,
                                     fpemu.traces.layout, fpemu.kinds.blocks.trace,
-                                    fpemu.compare.diff])
+                                    fpemu.compare.diff, fpemu.compare.readings])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -269,17 +269,28 @@ def unavailable_reason(name: str, device: str = "cpu"):
                     f"(run `fpemu env build {adapter.environment}`)")
         return None
     missing = [module for module in adapter.modules if importlib.util.find_spec(module) is None]
-    if missing:
-        return f"{', '.join(missing)} not installed"
+    # every missing part at once: "pydantic not installed" alone hid that TE's source is missing too
+    reasons = [f"{', '.join(missing)} not installed"] if missing else []
     if adapter.check is not None:
-        reason = _imported(adapter.check)()
-        if reason:
-            return reason
+        reasons += filter(None, [_check_reason(adapter.check, missing)])
+    if reasons:
+        return "; ".join(reasons)
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():
             return "CUDA is not available on this machine"
     return None
+
+
+def _check_reason(check: str, missing) -> str:
+    """What an adapter's ``check`` says is missing; nothing where the check itself needs a module that is
+    missing (that module is named already)."""
+    try:
+        return _imported(check)() or ""
+    except ImportError:
+        if missing:
+            return ""
+        raise
 
 
 def available(name: str, device: str = "cpu") -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from fpemu.adapters._trace import observed_trace
+from fpemu.errors import RefusedCall
 
 
 def _import_keras():
@@ -33,8 +34,13 @@ def _drive(overflows, params, optimizer_args=None) -> dict:
     import numpy as np
     keras = _import_keras()
     variable = keras.Variable(np.float32(0.0), dtype="float32")
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=1.0), **params,
-                                                    **(optimizer_args or {}))
+    try:
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=1.0), **params,
+                                                        **(optimizer_args or {}))
+    except ValueError as error:  # Keras refuses an argument it used to take with a ValueError, not a TypeError
+        if not optimizer_args:
+            raise
+        raise RefusedCall(f"LossScaleOptimizer({', '.join(f'{k}=' for k in optimizer_args)}) refused") from error
     optimizer.build([variable])
     paths = [v.path for v in optimizer.variables]
     scale_index = next(i for i, p in enumerate(paths) if p.endswith("dynamic_scale"))
@@ -85,7 +91,7 @@ CLIPNORM = 0.5  # below the scaled gradient (1.0): a clip of the scaled gradient
 def record_keras_clipnorm(overflows, params, device):
     """LossScaleOptimizer given ``clipnorm=`` (as Keras 2 code passes it); the update ratio says what
     the clip did (1: nothing, the unscaled gradient is far below it; 0.5: the scaled gradient was
-    clipped).  Keras 3.12 refuses the argument (ValueError: set it on the inner optimizer)."""
+    clipped).  Keras 3.12 refuses the argument (ValueError: set it on the inner optimizer): ``api changed``."""
     seen = _drive(overflows, params, {"clipnorm": CLIPNORM})
     ratios = [update * scale for update, scale in zip(seen["updates"], seen["scales"])]  # unscaled update: 1/scale
     return observed_trace("keras", params, overflows, seen["scales"], seen["applied"], seen["counters"],

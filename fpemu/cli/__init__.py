@@ -58,7 +58,10 @@ def _impl_help() -> str:
             f"{', '.join(adapters_of_kind('step'))} for [step] specs, "
             f"{', '.join(adapters_of_kind('recipe'))} for [recipe] specs, "
             f"{', '.join(adapters_of_kind('fp8_training'))} for [fp8_training] specs, "
-            f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU)")
+            f"{', '.join(adapters_of_kind('ranks'))} for [ranks] specs (add @cuda for the GPU). A name runs on the "
+            "specs that list it or whose profile is its own; +NAME adds it to the others it can run too (a scaler "
+            "spec whose every parameter its profile takes, any step spec), compared with their golden: --impl "
+            "torch +torch_sharded")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,8 +94,19 @@ def cuda_extension_noise(record: logging.LogRecord) -> bool:
     return not (message.startswith("Failed to load ") and "/_C" in message and ".so" in message)
 
 
+def enum_registration_noise(record: logging.LogRecord) -> bool:
+    """False for torch 2.13's warning that a library (torchao, on import) registers an Enum as a pytree
+    constant, which torch.compile now supports natively: printed on every import, about no fpemu path."""
+    return "is an Enum subclass and is now natively supported by torch.compile" not in record.getMessage()
+
+
+# logger -> its filter: noise the installed frameworks log on import, dropped on every CLI call
+NOISE_FILTERS = {"torchao": cuda_extension_noise, "torch.utils._pytree": enum_registration_noise}
+
+
 def main(argv=None) -> int:
-    logging.getLogger("torchao").addFilter(cuda_extension_noise)
+    for logger, keep in NOISE_FILTERS.items():
+        logging.getLogger(logger).addFilter(keep)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

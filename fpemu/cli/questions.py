@@ -68,28 +68,21 @@ def _json_float(value):
     return encode_float(value) if isinstance(value, float) else value
 
 
-def _cmd_simulate(args) -> int:
-    import numpy as np
+def _simulated(name: str, option: str, flags, items, param_option: str):
+    """(the ScalerTrace of profile ``name`` over ``flags``, its Profile, the parameters it ran with)."""
     from fpemu.scalers import simulate_scaler
     from fpemu.scalers.profiles import PROFILES
-    if args.profile not in PROFILES:
-        raise FpemuInputError(f"--profile {args.profile}: unknown profile; profiles: {', '.join(PROFILES)}")
-    overflow_steps = _parse_steps(args.overflow_steps or "")
-    steps = args.steps if args.steps is not None else (overflow_steps[-1] + 1 if overflow_steps else 1)
-    if steps < 1:
-        raise FpemuInputError(f"--steps {steps}: expected at least 1")
-    late = [s for s in overflow_steps if s >= steps]
-    if late:
-        raise FpemuInputError(f"--overflow-steps: step {late[0]} is past the last step ({steps - 1}; --steps {steps})")
-    params = parse_params(args.param)
-    flags = np.zeros(steps, dtype=bool)
-    flags[overflow_steps] = True
+    if name not in PROFILES:
+        raise FpemuInputError(f"{option} {name}: unknown profile; profiles: {', '.join(PROFILES)}")
+    params = parse_params(items)
     try:
-        trace = simulate_scaler(flags, args.profile, **params)
+        return simulate_scaler(flags, name, **params), PROFILES[name], params
     except (TypeError, ValueError) as error:
-        raise FpemuInputError(f"--param: {error}") from None
-    profile = PROFILES[args.profile]
-    hysteresis = trace.hysteresis is not None
+        raise FpemuInputError(f"{param_option} ({option} {name}): {error}") from None
+
+
+def _simulate_rows(trace) -> list:
+    """The JSON rows of one simulated profile, a row per step."""
     events = {}
     for step, text in trace.events:
         events.setdefault(step, []).append(text)
@@ -98,38 +91,116 @@ def _cmd_simulate(args) -> int:
         row = {"step": step, "overflow": bool(trace.overflow[step]), "scale": _json_float(float(trace.scales[step])),
                "scale_hex": float(trace.scales[step]).hex(), "applied": bool(trace.applied[step]),
                "growth_counter": int(trace.growth_counter[step])}
-        if hysteresis:
+        if trace.hysteresis is not None:
             row["hysteresis"] = trace.hysteresis[step]
         if step in events:
             row["events"] = events[step]
         rows.append(row)
-    shown = {k: v for k, v in trace.params.items()}
-    header = f"{'step':>5}  {'overflow':<8}  {'scale':>15}  {'update':<8}  {'counter':>7}"
-    header += f"  {'hysteresis':>10}" if hysteresis else ""
-    lines = [f"profile {profile.name}: {profile.implementation} ({profile.verified})",
-             "params: " + ", ".join(f"{k}={v!r}" for k, v in shown.items()),
-             "scale: the scale each step used; counter: the growth counter after the step", "", header]
-    for row in rows:
-        line = (f"{row['step']:>5}  {'X' if row['overflow'] else '':<8}  {trace.scales[row['step']]:>15.9g}  "
-                f"{'applied' if row['applied'] else 'skipped':<8}  {row['growth_counter']:>7}")
-        if hysteresis:
-            line += f"  {row['hysteresis']!s:>10}"
-        if row.get("events"):
-            line += "  " + "; ".join(row["events"])
-        lines.append(line)
+    return rows
+
+
+def _simulate_summary(trace) -> dict:
     final = float(trace.final_scale)
-    summary = (f"{trace.attempts} steps: {trace.completed_updates} updates applied, {trace.skipped_updates} skipped; "
-               f"final scale {final:.9g} ({final.hex()})")
+    return {"attempts": trace.attempts, "completed_updates": trace.completed_updates,
+            "skipped_updates": trace.skipped_updates, "final_scale": _json_float(final),
+            "final_scale_hex": final.hex(), "stopped_at": trace.stopped_at}
+
+
+def _summary_line(name: str, trace) -> str:
+    final = float(trace.final_scale)
+    line = (f"{name}: {trace.attempts} steps: {trace.completed_updates} updates applied, {trace.skipped_updates} "
+            f"skipped; final scale {final:.9g} ({final.hex()})")
     if trace.stopped_at is not None:
-        summary += f"; the implementation raised at step {trace.stopped_at} and training stopped"
-    lines += ["", summary]
-    payload = {"profile": profile.name, "implementation": profile.implementation,
-               "params": {k: _json_float(v) for k, v in shown.items()}, "steps": rows,
-               "summary": {"attempts": trace.attempts, "completed_updates": trace.completed_updates,
-                           "skipped_updates": trace.skipped_updates, "final_scale": _json_float(final),
-                           "final_scale_hex": final.hex(), "stopped_at": trace.stopped_at}}
+        line += f"; the implementation raised at step {trace.stopped_at} and training stopped"
+    return line
+
+
+def _step_cells(trace, step: int) -> str:
+    cells = (f"{trace.scales[step]:>15.9g}  {'applied' if trace.applied[step] else 'skipped':<8}  "
+             f"{int(trace.growth_counter[step]):>7}")
+    return cells + (f"  {trace.hysteresis[step]!s:>10}" if trace.hysteresis is not None else "")
+
+
+def _step_header(name: str, trace) -> str:
+    header = f"  {name + ' scale':>15}  {'update':<8}  {'counter':>7}"
+    return header + (f"  {'hysteresis':>10}" if trace.hysteresis is not None else "")
+
+
+def _simulation_trace(run, overflow_text: str, steps: int):
+    """A trace (fpemu.traces) of one simulated profile: `fpemu compare` reads it.  Its scenario is the
+    overflow steps and step count (not the profile), so two profiles' traces compare as one scenario."""
+    import hashlib
+    import types
+    from fpemu._host import installed_versions
+    from fpemu.traces import Trace
+    from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
+    trace, profile, params = run
+    text = f"fpemu simulate --overflow-steps {overflow_text or '(none)'} --steps {steps}"
+    scenario = types.SimpleNamespace(name="simulate", path="", sha256=hashlib.sha256(text.encode()).hexdigest(),
+                                     text=text)
+    fields = ("scale", "overflow", "applied", "growth_counter", "hysteresis")
+    metadata = trace_metadata(scenario, REFERENCE, profile.name, {**profile.defaults, **params},
+                              installed_versions(("numpy", "ml_dtypes")), "cpu", verified=profile.verified)
+    return Trace(metadata, trace_steps(trace, fields), trace_summary(trace))
+
+
+def _save_simulations(folder: pathlib.Path, runs, overflow_text: str, steps: int) -> list:
+    from fpemu.traces import trace_filename, write_trace
+    return [write_trace(_simulation_trace(run, overflow_text, steps),
+                        folder / trace_filename(f"simulate_{run[1].name}", "reference")) for run in runs]
+
+
+def _cmd_simulate(args) -> int:
+    import numpy as np
+    overflow_steps = _parse_steps(args.overflow_steps or "")
+    steps = args.steps if args.steps is not None else (overflow_steps[-1] + 1 if overflow_steps else 1)
+    if steps < 1:
+        raise FpemuInputError(f"--steps {steps}: expected at least 1")
+    late = [s for s in overflow_steps if s >= steps]
+    if late:
+        raise FpemuInputError(f"--overflow-steps: step {late[0]} is past the last step ({steps - 1}; --steps {steps})")
+    if args.vs_param and not args.vs:
+        raise FpemuInputError("--vs-param: sets the parameters of the --vs profile; pass --vs PROFILE too")
+    flags = np.zeros(steps, dtype=bool)
+    flags[overflow_steps] = True
+    runs = [_simulated(args.profile, "--profile", flags, args.param, "--param")]
+    if args.vs:
+        runs.append(_simulated(args.vs, "--vs", flags, args.vs_param, "--vs-param"))
+    lines = []
+    for trace, profile, params in runs:
+        lines += [f"profile {profile.name}: {profile.implementation} ({profile.verified})",
+                  "params: " + ", ".join(f"{k}={v!r}" for k, v in trace.params.items())]
+    lines += ["scale: the scale each step used; counter: the growth counter after the step", "",
+              f"{'step':>5}  {'overflow':<8}" + "".join(_step_header(p.name, t) for t, p, _ in runs)]
+    traces = [trace for trace, _, _ in runs]
+    for step in range(traces[0].attempts):
+        line = f"{step:>5}  {'X' if flags[step] else '':<8}" + "".join(
+            f"  {_step_cells(t, step)}" if step < t.attempts else "  (stopped)" for t in traces)
+        events = [text for t in traces for at, text in t.events if at == step]
+        if len(traces) == 2 and _steps_differ(*traces, step):
+            events.insert(0, "differ")
+        lines.append(line + ("  " + "; ".join(events) if events else ""))
+    lines += [""] + [_summary_line(p.name, t) for t, p, _ in runs]
+    payload = {**_profile_payload(runs[0]), "vs": _profile_payload(runs[1]) if args.vs else None}
+    if args.save is not None:
+        written = _save_simulations(args.save, runs, args.overflow_steps, steps)
+        lines += [f"wrote {path} (a trace: `fpemu compare` reads it)" for path in written]
+        payload["written"] = [str(path) for path in written]
     output.emit(args, payload, lines)
     return 0
+
+
+def _steps_differ(a, b, step: int) -> bool:
+    if step >= a.attempts or step >= b.attempts:
+        return True
+    return (float(a.scales[step]).hex() != float(b.scales[step]).hex() or bool(a.applied[step]) != bool(b.applied[step]))
+
+
+def _profile_payload(run) -> dict:
+    trace, profile, _ = run
+    return {"profile": profile.name, "implementation": profile.implementation,
+            "params": {k: _json_float(v) for k, v in trace.params.items()}, "steps": _simulate_rows(trace),
+            "summary": _simulate_summary(trace)}
 
 
 def _cmd_recipe(args) -> int:
@@ -329,6 +400,13 @@ def add_commands(registry) -> None:
     simulate.add_argument("--param", action="append", metavar="NAME=VALUE",
                           help="a parameter of the profile, as the implementation names it (init_scale=1024, "
                                "growth_interval=4, 2**16 allowed); repeat for several")
+    simulate.add_argument("--vs", metavar="PROFILE", help="a second profile run over the same overflow steps, "
+                          "shown beside the first (a step where their scale or update differ is marked differ)")
+    simulate.add_argument("--vs-param", action="append", metavar="NAME=VALUE",
+                          help="a parameter of the --vs profile (its own names: initial_scale for keras)")
+    simulate.add_argument("--save", type=pathlib.Path, metavar="DIR", help="also write each profile's run as a "
+                          "trace, DIR/simulate_<profile>.json, for `fpemu compare` (--json prints a "
+                          "result, not a trace)")
 
     recipe = command("recipe", "run an fp8 scaling recipe (TE delayed or current scaling, torchao) over your "
                      "amaxes, alone or beside another: a per-step table", _cmd_recipe)

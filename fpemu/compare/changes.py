@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fpemu.compare.diff import Divergence, bit_equal, first_element, likely_cause, shared_fields, ulp_distance
+from fpemu.compare.readings import initial_scale_cause, recorded_cause
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
 from fpemu.traces.format import FIELDS, ULP_FIELDS, encode_float
@@ -452,7 +453,8 @@ def _cause(first, a: Trace, b: Trace, meta: _MetadataChanges, explain=None) -> s
     elif field.startswith("summary."):
         reading = "the steps agree but the summaries do not: the state after the last step (or the count) differs"
     else:
-        reading = likely_cause(field, step, a, b, explain)
+        reading = (recorded_cause(field, step, a, b) or initial_scale_cause(field, step, a, b)
+                   or likely_cause(field, step, a, b, explain))
     return f"{_describe_all(meta.packages)}: {reading}" if meta.packages else reading
 
 

@@ -30,7 +30,8 @@ STATUSES = {
                      "run", True, 3),
     API_CHANGED: ("the framework refused the adapter's call: a TypeError or AttributeError raised by the "
                   "framework or by the adapter's call into it (an argument added or removed, an attribute "
-                  "renamed)", True, 1),
+                  "renamed), or another refusal the adapter recognizes as one (Keras's ValueError for a removed "
+                  "argument)", True, 1),
     CANNOT_RUN: ("the framework is installed but the job could not run: it or a dependency fails to import, "
                  "or any other exception was raised while the adapter ran (a dtype the release lacks, a "
                  "value it refuses, a dead worker)", True, 1),
@@ -57,6 +58,9 @@ class Divergence:
 
     def describe(self, expected: str = "expected", got: str = "got") -> str:
         where = f"{self.field} of {self.element}" if self.element else self.field
+        if isinstance(self.expected, dict) and isinstance(self.got, dict):  # a recorded run's grad_stats
+            from fpemu.compare.readings import summarize_dicts
+            return f"step {self.step}, {where}: {summarize_dicts(self.expected, self.got)} (likely cause: {self.cause})"
         return (f"step {self.step}, {where}: {expected} {_show(self.expected)}, {got} {_show(self.got)}"
                 f" (likely cause: {self.cause})")
 

@@ -101,32 +101,54 @@ def _number(value) -> str:
     return value if isinstance(value, str) else f"{value:.6g}"
 
 
-def write_plots(trace, out, stem: str) -> list:
-    """``{stem}.heatmap.png`` (modules x steps backward underflow) and ``{stem}.scale.png``; [] without matplotlib."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return []
-    from fpemu.figures import pyplot, save_png
-    plt = pyplot()
-    modules, matrix = module_matrix(trace)
-    written = []
-    if modules:
-        fig, axis = plt.subplots(figsize=(8, 0.25 * len(modules) + 1.5))
-        image = axis.imshow([list(col) for col in zip(*matrix)], aspect="auto", cmap="magma", interpolation="nearest")
+NO_UNDERFLOW = "no underflow: every module's backward values stayed nonzero at every step"
+
+
+def draw_heatmap(trace, modules, matrix):
+    """The modules x steps heat map of backward underflow shares (not saved); all zero draws no colours but
+    says so (a colour map of zeros was one solid colour with a -0.1..0.1 colour bar)."""
+    from fpemu.figures import pyplot, whole_steps
+    fig, axis = pyplot().subplots(figsize=(8, 0.25 * len(modules) + 1.5))
+    shares = [list(col) for col in zip(*matrix)]
+    top = max((v for row in shares for v in row), default=0.0)
+    if top > 0:
+        image = axis.imshow(shares, aspect="auto", cmap="magma", interpolation="nearest", vmin=0.0, vmax=top)
+        fig.colorbar(image, ax=axis, label="underflow share")
         axis.set_yticks(range(len(modules)), modules, fontsize=7)
-        axis.set_xlabel("step")
-        axis.set_title(f"{trace.spec_name}, {trace.metadata['policy']['name']}: backward underflow share by module")
-        fig.colorbar(image, ax=axis)
-        written.append(save_png(fig, out / f"{stem}.heatmap.png"))
-    fig, axis = plt.subplots(figsize=(8, 3))
-    scales = [r["scale"] if isinstance(r["scale"], float) and r["scale"] > 0 and math.isfinite(r["scale"])
-              else float("nan") for r in trace.steps]
+    else:
+        axis.set_xlim(-0.5, len(matrix) - 0.5)
+        axis.set_ylim(len(modules) - 0.5, -0.5)
+        axis.set_yticks(range(len(modules)), modules, fontsize=7)
+        axis.text(0.5, 0.5, NO_UNDERFLOW, transform=axis.transAxes, ha="center", va="center", fontsize=9,
+                  color="0.3", bbox={"facecolor": "white", "edgecolor": "0.7"})
+    axis.set_xlabel("step")
+    whole_steps(axis)
+    axis.set_title(f"{trace.spec_name}, {trace.metadata['policy']['name']}: backward underflow share by module")
+    return fig
+
+
+def draw_scale(trace):
+    """The scale per step (not saved); red lines at overflow steps."""
+    from fpemu.figures import log_scale, pyplot, whole_steps
+    fig, axis = pyplot().subplots(figsize=(8, 3))
+    scales = log_scale([r["scale"] if isinstance(r["scale"], float) else math.nan for r in trace.steps])
     axis.step(range(len(scales)), scales, where="post")
     axis.set_yscale("log", base=2)
     for record in trace.steps:
         if record["overflow"]:
             axis.axvline(record["step"], color="red", alpha=0.3)
     axis.set_xlabel("step")
+    whole_steps(axis)
     axis.set_ylabel("loss scale")
     axis.set_title("scale trajectory (red: overflow, update skipped)")
-    written.append(save_png(fig, out / f"{stem}.scale.png"))
-    return written
+    return fig
+
+
+def write_plots(trace, out, stem: str) -> list:
+    """``{stem}.heatmap.png`` (modules x steps backward underflow) and ``{stem}.scale.png``; [] without matplotlib."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    from fpemu.figures import save_png
+    modules, matrix = module_matrix(trace)
+    written = [save_png(draw_heatmap(trace, modules, matrix), out / f"{stem}.heatmap.png")] if modules else []
+    return written + [save_png(draw_scale(trace), out / f"{stem}.scale.png")]

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare import compare_traces
 from fpemu.compare.diff import API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, RefusedCall
 from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
 from fpemu.kinds import explain, kind_of, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
@@ -42,11 +42,15 @@ def _quiet(done: int, total: int, label: str) -> None:
     pass
 
 
+ADD = "+"  # --impl +NAME: run NAME on every spec it can run, listed there or not (see implementations_for)
+
+
 def parse_implementation(name: str) -> tuple:
-    """``torch@cuda`` -> ("torch", "cuda"); the device defaults to cpu."""
+    """``torch@cuda`` (or ``+torch@cuda``, see :func:`implementations_for`) -> ("torch", "cuda"); the device
+    defaults to cpu."""
     from fpemu.adapters import resolve
     try:
-        return resolve(name)
+        return resolve(name.removeprefix(ADD))
     except ValueError as wrong:
         raise FpemuInputError(f"--impl {name}: {wrong}") from None
 
@@ -94,20 +98,42 @@ def _drives(scenario: ScenarioBase, adapter) -> bool:
     return adapter.profile == scenario.profile
 
 
+def _added(scenario, adapter) -> Optional[Implementation]:
+    """``adapter`` as ``--impl +NAME`` adds it to ``scenario``: a scaler spec whose every parameter the
+    adapter's profile takes by name (it runs with the spec's parameters, compared with the spec's golden:
+    torch_sharded on a torch spec), a step spec whatever it lists; None for any other spec."""
+    kind = kind_of(scenario).name
+    if adapter.kind != kind or kind not in ("scaler", "step"):
+        return None
+    if kind == "step":
+        return Implementation(adapter.name, {})
+    from fpemu.scalers.profiles import PROFILES
+    takes = PROFILES[adapter.profile].defaults if adapter.profile in PROFILES else {}
+    return Implementation(adapter.name, dict(scenario.params)) if set(scenario.params) <= set(takes) else None
+
+
 def implementations_for(scenario: ScenarioBase, requested: Optional[list]) -> list:
     """The implementations to drive: those named (``torch``, ``torch@cuda``) that the scenario can
     run, else the spec's own, else the real implementation of the scenario's profile when fpemu
-    has an adapter for it."""
+    has an adapter for it.
+
+    A name runs where the spec lists it, or where it drives the scenario unlisted (a scaler or recipe
+    spec: its profile's adapters; a step spec that lists none: any step adapter).  ``+NAME`` runs it on
+    more specs besides: every spec :func:`_added` fits (a scaler spec whose parameters its profile takes,
+    any step spec), a comparison the spec does not declare."""
     from fpemu.adapters import adapters_of_kind, get_adapter
     if requested:
         chosen = []
         for name in requested:
+            adding = name.startswith(ADD)
             adapter, device = parse_implementation(name)
             declared = scenario.declared(adapter)
             if declared is not None:
                 chosen.append(dataclasses.replace(declared, device=device))
             elif _drives(scenario, get_adapter(adapter)):
                 chosen.append(dataclasses.replace(scenario.implementation(adapter), device=device))
+            elif adding and _added(scenario, get_adapter(adapter)) is not None:
+                chosen.append(dataclasses.replace(_added(scenario, get_adapter(adapter)), device=device))
         return chosen
     if scenario.implementations:
         return list(scenario.implementations)
@@ -117,6 +143,18 @@ def implementations_for(scenario: ScenarioBase, requested: Optional[list]) -> li
                if adapter.profile == scenario.profile and adapter.by_default]
         return [scenario.implementation(name) for name in own]
     return []
+
+
+def _check_added(scenarios, requested) -> None:
+    """Each ``+NAME`` of --impl fits at least one of the specs: else an error naming it and why."""
+    for name in requested or ():
+        if name.startswith(ADD) and not any(implementations_for(s, [name]) for s in scenarios):
+            from fpemu.adapters import get_adapter
+            adapter = get_adapter(parse_implementation(name)[0])
+            raise FpemuInputError(
+                f"--impl {name}: fits none of the specs given ({adapter.name} is a {adapter.kind} adapter; +NAME adds "
+                "a scaler adapter to scaler specs whose every parameter its profile takes, a step adapter to step "
+                "specs)")
 
 
 def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None) -> list:
@@ -195,13 +233,17 @@ def _short_path(filename: str) -> str:
     return pathlib.Path(filename).name
 
 
+API_CHANGES = ("TypeError", "AttributeError", RefusedCall.__name__)  # a remote exception's type names (api changed)
+
+
 def classify_failure(error: BaseException) -> str:
     """The status of a job whose run raised ``error`` (see fpemu.compare.diff.STATUSES).
 
     An import error anywhere is ``cannot run``; an error from an isolated environment takes the
     remote exception's type; otherwise the innermost frame of fpemu decides: in an adapter (or
-    below it, in the framework) a TypeError or AttributeError is ``api changed`` and anything
-    else ``cannot run``; in fpemu's own core it is an ``internal error``.
+    below it, in the framework) a TypeError, AttributeError or :class:`fpemu.errors.RefusedCall` (a
+    refusal the adapter recognized) is ``api changed`` and anything else ``cannot run``; in fpemu's own
+    core it is an ``internal error``.
     """
     from fpemu.harness import environments
     if isinstance(error, ImportError):
@@ -210,14 +252,14 @@ def classify_failure(error: BaseException) -> str:
         remote = getattr(error, "remote_traceback", "") or ""
         last = remote.strip().splitlines()[-1] if remote.strip() else ""
         kind = last.partition(":")[0].strip().rpartition(".")[2]
-        return API_CHANGED if kind in ("TypeError", "AttributeError") else CANNOT_RUN
+        return API_CHANGED if kind in API_CHANGES else CANNOT_RUN
     if isinstance(error, (environments.EnvironmentBuildError, environments.EnvironmentNotBuilt, SystemExit)):
         return CANNOT_RUN
     own = [frame.filename for frame in traceback.extract_tb(error.__traceback__)
            if _within(frame.filename, _FPEMU_ROOT)]
     if own and not _within(own[-1], _ADAPTERS_ROOT):
         return INTERNAL_ERROR
-    return API_CHANGED if isinstance(error, (TypeError, AttributeError)) else CANNOT_RUN
+    return API_CHANGED if isinstance(error, (TypeError, AttributeError, RefusedCall)) else CANNOT_RUN
 
 
 def _blamed_package(error: BaseException, modules) -> Optional[str]:
@@ -244,6 +286,8 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     adapter = ADAPTERS.get(impl.name)
     packages = adapter_versions(adapter) if adapter is not None else {}
     status = classify_failure(error)
+    if isinstance(error, RefusedCall) and error.__cause__ is not None:  # the line names what the framework raised
+        error = error.__cause__
     message = (str(error).strip().splitlines() or [""])[0]
     if len(message) > 300:
         message = message[:297] + "..."
@@ -349,6 +393,7 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
     ``allow_none``."""
     _check_names(excluded, "--exclude")
+    _check_added(scenarios, requested)
     jobs = [(scenario, impl) for scenario in scenarios if runs_here(scenario)
             for impl in implementations_for(scenario, requested) if not matches(impl.key, excluded)]
     if not jobs and not allow_none:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import pathlib
 
-from fpemu.figures import log_scale, pyplot, save_png
+from fpemu.figures import log_scale, pyplot, save_png, whole_steps
 
 
 def _divergence(value) -> tuple:
@@ -15,11 +15,48 @@ def _divergence(value) -> tuple:
     return int(value), ""
 
 
-def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dict = None):
+def _two_binades(ax, values) -> None:
+    """A log2 axis that shows at least two powers of two, so at least two labelled ticks (scales between
+    224 and 448 showed 2^8 alone)."""
+    finite = [v for v in log_scale(values) if not math.isnan(v)]
+    if not finite:
+        return
+    low, high = math.log2(min(finite)), math.log2(max(finite))
+    if math.floor(high) - math.ceil(low) >= 1:  # two powers of two inside the data already
+        return
+    bottom, top = math.floor(low), math.ceil(high)
+    if top - bottom < 2:  # one power of two on the edge, or a constant scale that is one
+        bottom, top = (bottom - 1, top + 1) if bottom == top else (bottom, bottom + 2)
+    ax.set_ylim(2.0 ** bottom * 0.9, 2.0 ** top / 0.9)
+
+
+def _field_panel(ax, field: str, series: dict, departures=()) -> None:
+    """One diverged field per step, a line per implementation (log2 axis where every value is > 0), and a
+    point at each first divergence: (label, step, the implementation's value there)."""
+    for label, step, value in departures:
+        ax.scatter([step], [value], marker="D", s=28, zorder=6, label=f"{label}: {value:.6g} at step {step}")
+    for rank, (label, values) in enumerate(series.items()):
+        numbers = [float(v) if v is not None else math.nan for v in values]
+        ax.step(range(len(numbers)), numbers, where="post", label=label,
+                linewidth=3.0 if rank == 0 else 1.6, alpha=0.6 if rank == 0 else 0.95)
+    every = [float(v) for values in series.values() for v in values if v is not None]
+    finite = [v for v in every if math.isfinite(v)]
+    if finite and min(finite) > 0 and max(finite) / min(finite) >= 4:
+        ax.set_yscale("log", base=2)
+    ax.set_ylabel(field, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dict = None, ylabel: str = "loss scale",
+                            fields: dict = None, departures: dict = None):
     """The figure of :func:`scale_trajectories` (not saved)."""
     diverges_at = {label: _divergence(at) for label, at in (diverges_at or {}).items()}
+    fields = fields or {}
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig, axes = plt.subplots(1 + len(fields), 1, figsize=(8, 3.4 + 2.2 * len(fields)), sharex=True, squeeze=False,
+                             height_ratios=[3.4] + [2.2] * len(fields))
+    ax = axes[0, 0]
     merged = {}
     for label, scales in series.items():
         key = (label,) if label in diverges_at else tuple(float(v).hex() for v in scales)
@@ -35,7 +72,8 @@ def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dic
         if labels[0] in diverges_at:
             markers.append((diverges_at[labels[0]], line.get_color()))
     for (step, field), color in markers:
-        ax.axvline(step, color=color, linestyle="--", linewidth=1)
+        for panel in axes[:, 0]:
+            panel.axvline(step, color=color, linestyle="--", linewidth=1)
         # The marker says which field departs first (a scale that agrees can hide a counter that does not).
         ax.annotate(f"step {step}: {field}" if field else f"step {step}", xy=(step, 1.0),
                     xycoords=("data", "axes fraction"), xytext=(3, -3), textcoords="offset points",
@@ -46,16 +84,22 @@ def draw_scale_trajectories(title: str, series: dict, overflow, diverges_at: dic
         ax.scatter(marks, [log_scale(first)[i] for i in marks], marker="x", color="red", zorder=5,
                    label="overflow")
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss scale")
+    _two_binades(ax, [v for scales in series.values() for v in scales])
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
+    for panel, (field, values) in zip(axes[1:, 0], fields.items()):  # the fields that diverged, beside the scale
+        _field_panel(panel, field, values, (departures or {}).get(field, ()))
+    axes[-1, 0].set_xlabel("step")
+    whole_steps(axes[-1, 0])
     return fig
 
 
-def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: dict = None) -> pathlib.Path:
-    """Scale per step, one line per implementation; red marks on overflow steps.
+def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: dict = None, ylabel: str = "loss scale",
+                       fields: dict = None, departures: dict = None) -> pathlib.Path:
+    """Scale per step, one line per implementation; red marks on overflow steps; below it, a panel per
+    other field that diverged, so the plot shows what departed (an update ratio under an agreeing scale).
 
     Args:
       series: label -> list of scales (the first is drawn thickest: the reference).
@@ -64,8 +108,12 @@ def scale_trajectories(path, title: str, series: dict, overflow, diverges_at: di
         that depart from the reference: they get a line of their own and a dashed marker at that
         step naming the field.  Other labels with identical trajectories share one line, labelled
         "a = b".
+      ylabel: what the scale is (``fp8 scale`` for an fp8 recipe's).
+      fields: field -> {label: its value per step}, for the fields other than the scale that diverged.
+      departures: field -> [(label, step, value)]: each first divergence in that field, marked with the
+        implementation's value (drawn where the implementation's own trace is not at hand).
     """
-    return save_png(draw_scale_trajectories(title, series, overflow, diverges_at), path)
+    return save_png(draw_scale_trajectories(title, series, overflow, diverges_at, ylabel, fields, departures), path)
 
 
 def draw_shares_per_step(title: str, shares: dict):

@@ -79,9 +79,14 @@ def _case_rows(outcomes) -> list:
 
 
 def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
-    """One figure: a panel per spec and injection point at the largest world size, a line per rank
-    (ranks with the same trajectory share a line), the model's trajectory dashed."""
-    from fpemu.figures import log_scale, pyplot, save_png
+    from fpemu.figures import save_png
+    return save_png(draw_ranks(outcomes), path)
+
+
+def draw_ranks(outcomes):
+    """One figure (not saved): a panel per spec and injection point at the largest world size, a line per
+    rank (ranks with the same trajectory share a line), the model's trajectory dashed."""
+    from fpemu.figures import log_scale, pyplot
     widest = {}
     for o in outcomes:
         if o.observed and o.case.world_size >= widest.get((o.scenario.name, o.case.inject), (0, None))[0]:
@@ -89,8 +94,9 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
     names = list(dict.fromkeys(name for name, _ in widest))
     columns = [inject for inject in INJECTIONS if any(i == inject for _, i in widest)]
     plt = pyplot()
+    # constrained layout keeps the figure's title above the panels' own (tight_layout drew it over them)
     fig, axes = plt.subplots(len(names), len(columns), figsize=(3.2 * len(columns), 2.1 * len(names)),
-                             squeeze=False, sharex=True)
+                             squeeze=False, sharex=True, layout="constrained")
     for row, name in enumerate(names):
         for col, inject in enumerate(columns):
             ax = axes[row][col]
@@ -116,8 +122,7 @@ def _draw(outcomes, path: pathlib.Path) -> pathlib.Path:
             ax.legend(fontsize=6, loc="lower left")
             ax.tick_params(labelsize=6)
     fig.suptitle("Loss scale per rank (model: dotted)", fontsize=9)
-    fig.tight_layout()
-    return save_png(fig, path)
+    return fig
 
 
 _NOTES = "\n".join(f"- {line}" for line in (

@@ -254,7 +254,9 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
     series.update({other.implementation: other.column("scale") for other in observed if "scale" in other.steps[0]})
     status = ", ".join(f"{v['implementation']} {v['status']}" for v in verdicts) or "reference only"
     plot = scale_trajectories(folder / "plots" / f"{name}.png", f"{name}: {status}", series,
-                              trace.column("overflow"), diverges_at)
+                              trace.column("overflow"), diverges_at,
+                              "fp8 scale" if "amax" in trace.steps[0] else "loss scale",
+                              diverged_fields(trace, observed, verdicts), departures(verdicts))
     written.append(plot)
     lines += ["", f"![{name}](plots/{plot.name})"]
     if "underflow_share" in trace.steps[0]:
@@ -270,6 +272,38 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
         written.append(plot)
         lines += ["", _ulp_table(trace, observed, distances), "", f"![{name} ulp](plots/{plot.name})"]
     return "\n".join(lines), written
+
+
+def diverged_fields(trace, observed, verdicts) -> dict:
+    """field -> {label: value per step} for each field other than the scale where a verdict's first
+    divergence is and that every step records as one number (the plot's extra panels)."""
+    out = {}
+    for field in dict.fromkeys(v["divergence"]["field"] for v in verdicts if v.get("divergence")):
+        if field == "scale" or not all(_one_number(record.get(field)) for record in trace.steps):
+            continue
+        out[field] = {"reference": trace.column(field)}
+        out[field].update({other.implementation: other.column(field) for other in observed
+                           if other.steps and all(_one_number(record.get(field)) for record in other.steps)})
+    return out
+
+
+def departures(verdicts) -> dict:
+    """field -> [(implementation, step, its value)] of each first divergence whose value is one number."""
+    out = {}
+    for v in verdicts:
+        div = v.get("divergence")
+        if not div or div.get("element"):
+            continue
+        try:
+            value = float(str(div["got"]).split(" ")[0].strip("'"))  # "0.5 (0x1.0p-1)": the value, then its hex
+        except ValueError:
+            continue
+        out.setdefault(div["field"], []).append((v["implementation"], int(div["step"]), value))
+    return out
+
+
+def _one_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("nan", "inf", "-inf")
 
 
 def _read_verdicts(path) -> list:

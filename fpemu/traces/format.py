@@ -255,7 +255,7 @@ def loads(text: str, path: str = "<string>") -> Trace:
         raise TraceError(f"{path}: not a trace file: invalid JSON ({error.msg} at line {error.lineno})") from None
     if isinstance(body, dict) and "format" not in body and "steps" in body:
         raise TraceError(f"{path}: not a trace file but a command's --json result (no 'format' key; `fpemu "
-                         "simulate --json` prints one): traces come from `fpemu golden`, `fpemu record`, `fpemu diff "
+                         "simulate --json` prints one; `fpemu simulate --save DIR` writes traces): traces come from `fpemu golden`, `fpemu record`, `fpemu diff "
                          "--save`, record_torch and record_jax")
     if not isinstance(body, dict) or body.get("format") != FORMAT_NAME:
         raise TraceError(f"{path}: not a trace file: 'format' is not {FORMAT_NAME!r}")

@@ -1,0 +1,33 @@
+"""An adapter that cannot run names every missing part at once: TE's specs said only "pydantic not
+installed" where TransformerEngine's source was missing too."""
+
+import importlib.util
+
+import pytest
+
+from fpemu.adapters import unavailable_reason
+
+
+@pytest.fixture
+def no_te_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("FPEMU_TE_SOURCE", str(tmp_path / "no-checkout"))
+
+
+def hide(monkeypatch, *modules):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else real(name, *a))
+
+
+@pytest.mark.parametrize("adapter", ["te_unfused", "te_reference"])
+def test_missing_module_and_missing_source_are_both_named(monkeypatch, no_te_source, adapter):
+    hide(monkeypatch, "pydantic")
+    reason = unavailable_reason(adapter)
+    assert reason.startswith("pydantic not installed; no TransformerEngine source at "), reason
+    assert "FPEMU_TE_SOURCE" in reason
+
+
+def test_missing_source_alone_and_module_alone(monkeypatch, no_te_source):
+    assert unavailable_reason("te_unfused").startswith("no TransformerEngine source at ")
+    assert unavailable_reason("te_block_reference").startswith("no TransformerEngine reference source (")
+    hide(monkeypatch, "torch")
+    assert unavailable_reason("te_block_reference").startswith("torch not installed; no TransformerEngine reference")
