@@ -67,3 +67,16 @@ def test_each_command_runs_as_written_and_prints_what_the_page_shows():
         if missing:
             problems.append(f"{question}: not printed: {missing}\nprinted:\n{done.stdout}")
     assert not problems, "\n\n".join(problems) + f"\n(seconds: {seconds})"
+
+
+def test_the_readme_asks_the_same_questions_with_the_commands_and_lines_this_page_runs():
+    """The README's short answers are this page's (whose commands the test above runs): each README command is
+    one of the page's, and each output line it shows is a line the page shows for that command."""
+    page = {command: shown for _, command, shown in sections(PAGE.read_text())}
+    readme = (ROOT / "README.md").read_text().split("## One command per question", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```\n\$ (.*?)\n(.*?)```", readme, re.S)
+    assert len(blocks) == len(QUESTIONS)
+    for command, output in blocks:
+        assert command in page, f"README command not in docs/questions.md: {command}"
+        for line in output.splitlines():
+            assert line in page[command], f"README line not shown by docs/questions.md for {command!r}: {line}"
