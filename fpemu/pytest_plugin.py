@@ -314,13 +314,15 @@ def _trace_problem(golden, trace, path, level, ulps, expect_divergence):
 def assert_trace_matches(request):
     """Compare a trace with its golden file (see the module docstring for the levels and modes)."""
     from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
+    from fpemu.traces.layout import portable_spec_path
     config = request.config
 
     def check(trace, name=None, expect_divergence=None, recorded=False, level=None, ulps=None):
         level, ulps = _level(config, level, ulps)
         path = _golden_dir(config) / trace_filename(name or trace.spec_name, "reference")
+        portable = portable_spec_path(_golden_copy(trace), config.rootpath)
         golden_file = _Golden(config, path, trace.implementation == "reference" or recorded,
-                              lambda at: write_golden_trace(_golden_copy(trace), at), lambda at: write_trace(trace, at))
+                              lambda at: write_golden_trace(portable, at), lambda at: write_trace(trace, at))
         if golden_file.updated():
             return None
         if not path.exists() and not golden_file.writable:

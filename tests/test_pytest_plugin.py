@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fpemu.traces import write_trace
+from fpemu.traces import read_trace, write_trace
 
 # Imported here, before any pytester fixture: pytester drops the modules a test imports when it
 # ends, and a second import of jaxlib in one process aborts it.
@@ -277,3 +277,15 @@ def test_plain_data_golden(pytester, monkeypatch):
                                  "*?'w'?: float32?2, 2?: 1 of 4 elements differ, first at (0, 0): expected 1.0, "
                                  "got 1.0000001 (1 ulp)*"])
     assert (pytester.path / "golden" / "plain.data.obtained.json").exists()
+
+
+def test_fpemu_golden_stores_a_relative_spec_path(tmp_path, monkeypatch, request):
+    """`fpemu golden /abs/path/spec.toml` keeps the host's path out of the golden."""
+    from fpemu.harness import write_golden
+    spec = (request.config.rootpath / "specs" / "seed_example_1.toml").resolve()
+    monkeypatch.chdir(request.config.rootpath)
+    (written,) = write_golden([str(spec)], tmp_path / "inside")
+    assert read_trace(written).metadata["spec"]["path"] == "specs/seed_example_1.toml"
+    monkeypatch.chdir(tmp_path)
+    (written,) = write_golden([str(spec)], tmp_path / "outside")
+    assert read_trace(written).metadata["spec"]["path"] == "seed_example_1.toml"

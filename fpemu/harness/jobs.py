@@ -22,6 +22,7 @@ from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, Sca
                          parse_spec)
 from fpemu.specs.scenario import Implementation
 from fpemu.traces import read_trace, trace_filename, write_golden_trace, write_trace
+from fpemu.traces.layout import portable_spec_path
 
 Progress = Callable[[int, int, str], None]
 
@@ -126,7 +127,7 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
         missing = _golden_unmade(scenario)
         if not missing:
-            written.append(write_golden_trace(reference_trace(scenario), path))
+            written.append(write_golden_trace(portable_spec_path(reference_trace(scenario), pathlib.Path.cwd()), path))
         else:
             kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
             written += [kept] if kept else []
