@@ -22,6 +22,7 @@ both sides agree on the classes that cross.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import json
 import os
@@ -232,6 +233,7 @@ def build_environment(name: str, timeout: float = 1800.0, requirements=None) -> 
     """
     final = environment_dir(name, requirements)
     if environment_python(name, requirements) is not None:
+        mark_used(final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _sweep_abandoned(final)
@@ -247,7 +249,164 @@ def build_environment(name: str, timeout: float = 1800.0, requirements=None) -> 
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
+    mark_used(final)
+    cap = size_cap()
+    if cap is not None:
+        prune_environments(max_bytes=cap, keep=(final,))
     return final
+
+
+# -- the cache: what is built, when it was last used, pruning ------------------
+
+LAST_USED = ".last-used"  # touched on every build, lookup by build_environment and call
+RECENT_SECONDS = 600.0  # an environment used this recently is never pruned (a call or recording may be running)
+SIZE_CAP_VARIABLE = "FPEMU_ENV_MAX_SIZE"
+
+
+def mark_used(folder: pathlib.Path) -> None:
+    """Record that the environment in ``folder`` was used now (what `fpemu env list` shows and prune reads)."""
+    try:
+        (folder / LAST_USED).touch()
+    except OSError:  # a read-only shared cache: its last use stays unknown
+        pass
+
+
+def parse_size(text: str, where: str) -> int:
+    """Bytes from ``20G``, ``512M``, ``300K`` or a plain number of bytes.
+
+    Example:
+      >>> parse_size("1.5G", "--max-size"), parse_size("4096", "--max-size")
+      (1610612736, 4096)
+    """
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    body = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(body[-1:], 1)
+    try:
+        value = float(body[:-1] if body[-1:] in units else body)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise FpemuInputError(f"{where}: expected a size such as 20G, 512M or a number of bytes, got {text!r}")
+    return int(value * factor)
+
+
+def size_cap() -> Optional[int]:
+    """The cache's size cap in bytes from ``$FPEMU_ENV_MAX_SIZE`` (None: no cap)."""
+    text = os.environ.get(SIZE_CAP_VARIABLE)
+    return parse_size(text, f"${SIZE_CAP_VARIABLE}") if text else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedEnvironment:
+    """One folder of the cache.
+
+    Attributes:
+      name: the environment's name (``paddle``, ``matrix-jax-0.4.31-1a2b3c4d``).
+      folder: where it is.
+      versions: name -> installed version of each package its own requirements name.
+      size_bytes: its size when built (the manifest's).
+      last_used: when it was last built, looked up or called (seconds since the epoch).
+      building: a build in progress (a live builder's temporary folder): never pruned.
+    """
+
+    name: str
+    folder: pathlib.Path
+    versions: dict
+    size_bytes: int
+    last_used: float
+    building: bool = False
+
+
+def _requirement_name(requirement: str) -> str:
+    import re
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]).lower()
+
+
+def _cached(folder: pathlib.Path) -> Optional[CachedEnvironment]:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    core = {_requirement_name(r) for r in core_requirements()}
+    own = [_requirement_name(r) for r in manifest.get("requirements", ())]
+    installed = {_requirement_name(k): (k, v) for k, v in manifest.get("packages", {}).items()}
+    versions = dict(installed[n] for n in dict.fromkeys(own) if n in installed and n not in core)
+    stamp = folder / LAST_USED
+    last = (stamp if stamp.exists() else folder / MANIFEST).stat().st_mtime
+    return CachedEnvironment(manifest.get("name", folder.name.rsplit("-", 1)[0]), folder, versions,
+                             int(manifest.get("size_bytes", 0)), last)
+
+
+def _live_build(folder: pathlib.Path) -> bool:
+    pid = folder.name.rsplit("-", 2)[-2] if ".building-" in folder.name else ""
+    return pid.isdigit() and _pid_alive(int(pid))
+
+
+def cached_environments() -> list:
+    """Every environment in the cache (named ones, matrix sets, builds in progress), most recently used first."""
+    root = environments_root()
+    if not root.is_dir():
+        return []
+    found = []
+    for folder in root.iterdir():
+        if folder.name.startswith(".") and _live_build(folder):
+            found.append(CachedEnvironment(folder.name[1:].split(".building-")[0], folder, {},
+                                           _folder_bytes(folder), folder.stat().st_mtime, building=True))
+        elif not folder.name.startswith(".") and folder.is_dir():
+            entry = _cached(folder)
+            found += [entry] if entry else []
+    return sorted(found, key=lambda e: -e.last_used)
+
+
+def _remove(folder: pathlib.Path) -> None:
+    """Take the folder out of the cache at once (a rename: a lookup then sees it unbuilt), then delete it."""
+    doomed = folder.with_name(f".{folder.name}.pruning-{os.getpid()}")
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def prune_environments(older_than: Optional[float] = None, max_bytes: Optional[int] = None, everything: bool = False,
+                       dry_run: bool = False, keep=(), now: Optional[float] = None) -> list:
+    """Remove environments from the cache; returns the CachedEnvironments removed (or, with ``dry_run``,
+    that would be).
+
+    Args:
+      older_than: remove those last used more than this many seconds ago.
+      max_bytes: then remove the least recently used until the cache holds at most this many bytes.
+      everything: remove every environment.
+      keep: folders never removed (the one just built).
+
+    Never removes a build in progress or an environment used in the last :data:`RECENT_SECONDS` (a
+    call or recording may be running in it); abandoned temporary folders of killed builds go too.
+    """
+    now = time.time() if now is None else now
+    entries = [e for e in cached_environments() if not e.building]
+    doomed = [e for e in entries if everything or (older_than is not None and now - e.last_used > older_than)]
+    if max_bytes is not None:
+        total = sum(e.size_bytes for e in entries if e not in doomed)
+        for entry in sorted((e for e in entries if e not in doomed), key=lambda e: e.last_used):
+            if total <= max_bytes:
+                break
+            doomed.append(entry)
+            total -= entry.size_bytes
+    kept = {pathlib.Path(k).resolve() for k in keep}
+    doomed = [e for e in doomed if now - e.last_used >= RECENT_SECONDS and e.folder.resolve() not in kept]
+    if not dry_run:
+        for entry in doomed:
+            _remove(entry.folder)
+        _sweep_stale(environments_root())
+    return doomed
+
+
+def _sweep_stale(root: pathlib.Path) -> None:
+    """Remove the temporary folders of builds and prunes whose process is gone."""
+    if not root.is_dir():
+        return
+    for folder in root.glob(".*"):
+        marker = ".building-" if ".building-" in folder.name else ".pruning-" if ".pruning-" in folder.name else ""
+        pid = folder.name.rsplit(marker, 1)[-1].split("-")[0] if marker else ""
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- calling into an environment -----------------------------------------------
@@ -358,6 +517,7 @@ def _worker(name: str) -> _Worker:
         worker = None
     if worker is None:
         worker = _workers[name] = _Worker(name, python)
+    mark_used(python.parent.parent)
     return worker
 
 
