@@ -186,8 +186,8 @@ def test_what_a_framework_prints_to_stdout_does_not_hide_the_recording():
 
 
 def test_report_is_host_free_and_marks_changes(results, tmp_path):
-    written = write_results(tmp_path, results)
-    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"]
+    written, left = write_results(tmp_path, results)
+    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"] and left == []
     assert "[upgrades.md](upgrades.md) | Behaviour per released version" in written[2].read_text()
     text = (tmp_path / "upgrades.md").read_text()
     assert "| step_fp16_jax_default / jax_step@cpu |" in text and "◆" in text and "What changed:" in text
@@ -197,6 +197,14 @@ def test_report_is_host_free_and_marks_changes(results, tmp_path):
     again = (tmp_path / "upgrades.md").read_bytes()
     write_results(tmp_path, results)
     assert (tmp_path / "upgrades.md").read_bytes() == again  # regenerating changes nothing
+
+
+def test_a_readme_fpemu_did_not_write_is_left_alone(results, tmp_path):
+    """A matrix run in a user's repository writes its own files and never overwrites their README."""
+    (tmp_path / "README.md").write_text("# My project's reports\n")
+    written, left = write_results(tmp_path, results)
+    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md"] and left == [tmp_path / "README.md"]
+    assert (tmp_path / "README.md").read_text() == "# My project's reports\n"
 
 
 def test_without_matplotlib_the_report_links_no_image(results, tmp_path, monkeypatch):

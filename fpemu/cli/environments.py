@@ -108,7 +108,12 @@ def _add_env_commands(sub) -> None:
 
 _MATRIX_HELP = ("record the specs in one isolated environment per set of package versions and write "
                 "reports/upgrades.md: a row per spec and implementation, a column per version, the change points "
-                "marked (exit 0 when written: changes and failing cells are results; 3 when fpemu crashed in a set)")
+                "marked.  Runs from a checkout or an installed fpemu (each environment imports the same fpemu files), "
+                "on your own specs and, with a plan's [run] command, your own loop.  Refuses (exit 2) before any "
+                "install when a set cannot run any job (--impl jmp with no jmp in the set).  Exit 0 when written "
+                "(changes and failing cells are results), 1 when no cell was recorded (every set skipped or could "
+                "not install), 3 when fpemu crashed in a set.  Writes upgrades/NAME.json, upgrades.md and the index "
+                "README.md under --reports, and never overwrites an upgrades.md or README.md it did not write")
 _BISECT_HELP = ("find each released version of a package where a recorded behaviour changed (changes may flip "
                 "back); tests every --stride-th version, then bisects each gap whose ends differ; writes its "
                 "section of reports/upgrades.md")
@@ -143,20 +148,32 @@ def _column_lines(results) -> list:
     return lines
 
 
+def _recorded_nothing(results) -> bool:
+    from fpemu.harness.matrix import RECORDED
+    return not any(cell["status"] == RECORDED for row in results["rows"] for cell in row["cells"])
+
+
 def _exit_code(results) -> int:
+    """3 where fpemu crashed in a set, 1 where no cell was recorded (every set skipped or could not install:
+    a matrix that compared nothing), else 0 (changes and failing cells are results)."""
     from fpemu.compare.diff import INTERNAL_ERROR
     crashed = any(c["problem_status"] == INTERNAL_ERROR for c in results["columns"])
     crashed |= any(cell["status"] == INTERNAL_ERROR for row in results["rows"] for cell in row["cells"])
-    return 3 if crashed else 0
+    return 3 if crashed else 1 if _recorded_nothing(results) else 0
 
 
 def _finish(args, results, extra_lines=()) -> int:
     from fpemu.reports.upgrades import change_lines, write_results
-    written = write_results(args.reports, results)
+    written, left = write_results(args.reports, results)
     code = _exit_code(results)
-    output.emit(args, {**results, "written": [str(p) for p in written], "exit_code": code},
-          _column_lines(results) + list(extra_lines) + ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)]
-          + output.written_lines(written))
+    nothing = (["nothing was recorded: no set ran any job (see each set's cells above); no change can be read"]
+               if _recorded_nothing(results) else [])
+    output.emit(args, {**results, "written": [str(p) for p in written], "left_alone": [str(p) for p in left],
+                       "exit_code": code},
+                _column_lines(results) + list(extra_lines) + nothing
+                + ([] if nothing else ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)])
+                + output.written_lines(written)
+                + [f"left {p} as it is: fpemu did not write it" for p in left])
     return code
 
 

@@ -5,7 +5,8 @@ project's environment the harness builds one venv per named requirement set
 (:data:`ENVIRONMENTS`) and calls functions inside it.  A build creates the venv in a
 temporary folder next to its final place, installs the requirements together with
 fpemu's core dependencies (``numpy``, ``ml_dtypes``: the pins in the requirements
-win), installs this checkout of fpemu without dependencies, checks that fpemu imports
+win), installs this checkout of fpemu without dependencies (an installed, non-editable
+fpemu is imported from its own installed files instead), checks that fpemu imports
 there, and renames the folder into place: a killed build leaves nothing half-made
 under the final name, and a built environment is found again at once.
 
@@ -15,8 +16,8 @@ them keep their temporary path in the shebang: run tools as ``<env>/bin/python -
 
 :func:`call_in_environment` runs ``"module:function"`` in a worker process of the
 environment's Python, started once per environment and reused; arguments and results
-cross as pickles.  The worker imports fpemu from the same checkout as the caller, so
-both sides agree on the classes that cross.
+cross as pickles.  The worker imports fpemu from the same checkout as the caller, or the
+same installed files (:func:`fpemu_source`), so both sides agree on the classes that cross.
 """
 
 from __future__ import annotations
@@ -89,6 +90,26 @@ def _checkout_root() -> pathlib.Path:
         raise EnvironmentBuildError(f"fpemu at {root} is not a source checkout (no pyproject.toml): "
                                     "environments install and import fpemu from a checkout")
     return root
+
+
+_LINKED_SOURCE = []  # the folder linking an installed fpemu, made once per process, removed at exit
+
+
+def fpemu_source() -> pathlib.Path:
+    """The folder to put first on an environment's ``PYTHONPATH`` so it imports this process's fpemu:
+    the checkout's root, or, for an installed (non-editable) fpemu, a folder holding one link, ``fpemu``,
+    to the installed package (the same files, compiled kernels included: the environment's Python is this
+    Python's version, as :func:`environment_dir` keys it)."""
+    try:
+        return _checkout_root()
+    except EnvironmentBuildError:
+        pass
+    if not _LINKED_SOURCE:
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="fpemu-installed-"))
+        (folder / "fpemu").symlink_to(pathlib.Path(__file__).resolve().parents[1], target_is_directory=True)
+        atexit.register(shutil.rmtree, folder, True)
+        _LINKED_SOURCE.append(folder)
+    return _LINKED_SOURCE[0]
 
 
 def core_requirements() -> tuple:
@@ -182,6 +203,22 @@ def _installer(python: str) -> list:
     return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
 
 
+def _install_fpemu(name: str, pip: list, timeout: float, env: dict, folder: pathlib.Path) -> pathlib.Path:
+    """Put fpemu into the venv being built; returns the folder its import must resolve into.  From a
+    checkout, a copy is pip-installed (no dependencies); an installed fpemu is not reinstalled (there is
+    no source to build from): the check imports it through :func:`fpemu_source`'s link, as every worker
+    and recording does (``env`` gets the PYTHONPATH)."""
+    try:
+        root = _checkout_root()
+    except EnvironmentBuildError:
+        env["PYTHONPATH"] = str(fpemu_source())
+        return pathlib.Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
+        source = _staged_source(root, pathlib.Path(stage))
+        _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
+    return folder.resolve()
+
+
 def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=None) -> dict:
     """Make the venv in ``folder`` and install everything; returns the manifest."""
     started = time.monotonic()
@@ -191,15 +228,13 @@ def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=No
     pip = _installer(python)
     install = list(_install_list(name, requirements))
     _run_build_step(name, "pip install " + " ".join(install), pip + install, timeout, env=env)
-    with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
-        source = _staged_source(_checkout_root(), pathlib.Path(stage))
-        _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
+    expected = _install_fpemu(name, pip, timeout, env, folder)
     # Run from the venv's folder: the checkout must not shadow the installed copy.
     check = json.loads(_run_build_step(name, "import fpemu", [python, "-c", _CHECK], timeout, env=env,
                                        cwd=folder))
-    if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(folder.resolve()):
+    if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(expected):
         raise EnvironmentBuildError(f"environment {name!r}: fpemu imported from {check['fpemu_file']}, "
-                                    "not from the environment")
+                                    f"not from {expected}")
     return {"name": name, "requirements": install, "python": sys.version.split()[0],
             "packages": check["packages"], "build_seconds": round(time.monotonic() - started, 1),
             "size_bytes": _folder_bytes(folder)}
@@ -445,7 +480,7 @@ class _Worker:
         self.name = name
         self.python = python
         self.stderr = tempfile.TemporaryFile()
-        env = {**_isolated_env(), "PYTHONPATH": str(_checkout_root())}
+        env = {**_isolated_env(), "PYTHONPATH": str(fpemu_source())}
         self.process = subprocess.Popen([str(python), str(_WORKER_SCRIPT)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         env=env)
