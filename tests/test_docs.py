@@ -16,6 +16,9 @@ import fpemu.formats.stats
 import fpemu.harness._blocks
 import fpemu.harness._fp8_training
 import fpemu.traces.layout
+import fpemu.traces.plain
+import fpemu.pytest_plugin
+import fpemu.harness.environments
 import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
 import fpemu.specs.recipes
@@ -28,7 +31,7 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
-@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md"])
+@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md", "golden.md"])
 def test_guide_examples(guide):
     result = doctest.testfile(str(ROOT / "docs" / guide), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
@@ -38,7 +41,8 @@ def test_guide_examples(guide):
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.specs.recipes,
                                     fpemu.traces.layout, fpemu.harness._fp8_training, fpemu.harness._blocks,
-                                    fpemu.compare.diff])
+                                    fpemu.compare.diff, fpemu.traces.plain, fpemu.pytest_plugin,
+                                    fpemu.harness.environments])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -176,7 +176,7 @@ def load_plan(path) -> MatrixPlan:
     ``[[set]]`` tables (``label`` and ``requirements``, or ``environment``), axes first.
 
     ``run = ["train.py", "--steps", "8"]`` runs the user's own loop in every set too: the script (relative
-    to the plan) is run by the set's Python from the plan's folder, with ``$FPEMU_TRACE_DIR`` naming a
+    to the plan) is run by the set's Python from the script's folder, with ``$FPEMU_TRACE_DIR`` naming a
     fresh folder where it writes its recorded traces (``write_trace(recorder.trace(), ...)``); each trace
     is a row (its name and implementation).  With ``run``, ``specs`` may be left out.
     """
@@ -379,7 +379,7 @@ def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:
 
 
 def _run_loop(python, plan: MatrixPlan, out: pathlib.Path) -> str:
-    """Run the plan's own loop with the set's Python (from the plan's folder), its traces going to a fresh
+    """Run the plan's own loop with the set's Python (from the script's folder), its traces going to a fresh
     ``out``; '' when it exited 0, else why it failed (its last stderr line)."""
     import shutil
     shutil.rmtree(out, ignore_errors=True)  # a trace left by an earlier run must not pass for this one's
