@@ -227,8 +227,8 @@ class _Golden:
         try:
             return reader(self.path)
         except FpemuInputError as error:
-            first = str(error).splitlines()[0]
-            self.fail(f"{first}; rerun with --fpemu-force-regen to rewrite the golden")
+            unreadable = str(error).splitlines()[0]
+        self.fail(f"{unreadable}; rerun with --fpemu-force-regen to rewrite the golden")  # no chained traceback
 
     def passed(self) -> None:
         self.obtained.unlink(missing_ok=True)
@@ -401,6 +401,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not orphans:
         return
     incomplete = _complete_run(config, terminalreporter.stats)
+    if incomplete and not config.getoption("--fpemu-delete-orphans"):
+        return  # a partial run leaves goldens unused without their being orphans
     names = ", ".join(str(p.relative_to(config.rootpath)) for p in orphans)
     if config.getoption("--fpemu-delete-orphans") and not incomplete:
         for path in orphans:
