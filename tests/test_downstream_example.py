@@ -119,8 +119,11 @@ def test_the_installed_fpemu_matrix_refuses_an_idle_set_before_installing(projec
 
 
 @pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="pip installs two jax releases: FPEMU_TEST_ENVS=1")
-def test_the_matrix_of_the_teams_own_loop_from_the_installed_fpemu(project):
+def test_the_matrix_of_the_teams_own_loop_from_the_installed_fpemu(project, tmp_path):
     repo, python = project
-    done = _run(["bash", "ci.sh"], repo, PYTHON=str(python), SKIP_INSTALL="1", MATRIX="1")
+    done = _run(["bash", "ci.sh"], repo, PYTHON=str(python), SKIP_INSTALL="1", MATRIX="1",
+                FPEMU_ENV_DIR=str(tmp_path / "envs"), FPEMU_MATRIX_DIR=str(tmp_path / "traces"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "jax 0.4.31: 1 recorded" in done.stdout and "jax 0.4.33: 1 recorded" in done.stdout
+    listed = _run([str(python), "-m", "fpemu", "env", "list"], repo, FPEMU_ENV_DIR=str(tmp_path / "envs"))
+    assert listed.stdout.count("matrix-jax-0.4.3") == 2, listed.stdout  # the matrix's environments are listed
