@@ -127,3 +127,33 @@ def test_the_matrix_of_the_teams_own_loop_from_the_installed_fpemu(project, tmp_
     assert "jax 0.4.31: 1 recorded" in done.stdout and "jax 0.4.33: 1 recorded" in done.stdout
     listed = _run([str(python), "-m", "fpemu", "env", "list"], repo, FPEMU_ENV_DIR=str(tmp_path / "envs"))
     assert listed.stdout.count("matrix-jax-0.4.3") == 2, listed.stdout  # the matrix's environments are listed
+    # The golden (jax 0.10.2) holds the loop recorded under jax 0.4.31 and 0.4.33 at the trajectory level (scale
+    # and skips identical, as measured: losses up to 572 ulp apart), and not at the bits level.
+    upgrade = repo / "tests" / "test_upgrade.py"
+    upgrade.write_text(UPGRADE_TESTS)
+    try:
+        traces = sorted((tmp_path / "traces").rglob("loop/jax_loop.json"))
+        assert len(traces) == 2
+        done = _run([str(python), "-m", "pytest", "-q", "tests/test_upgrade.py"], repo,
+                    UPGRADED_TRACES=os.pathsep.join(map(str, traces)))
+        assert "2 failed, 2 passed" in done.stdout, done.stdout[-3000:]
+        assert "likely cause: jax 0.10.2 -> 0.4.31" in done.stdout  # the bits level names the upgrade
+    finally:
+        upgrade.unlink()
+        for stale in (repo / "tests" / "golden").glob("*.obtained.json"):
+            stale.unlink()
+
+
+UPGRADE_TESTS = '''
+import os
+
+import pytest
+
+from fpemu.traces import read_trace
+
+
+@pytest.mark.parametrize("level", ["trajectory", "bits"])
+@pytest.mark.parametrize("path", os.environ["UPGRADED_TRACES"].split(os.pathsep))
+def test_upgraded(assert_trace_matches, path, level):
+    assert_trace_matches(read_trace(path), "jax_loop", level=level)
+'''
