@@ -16,12 +16,24 @@ def atomic_write(path, data, mode: str = "w") -> pathlib.Path:
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             handle.write(data)
+        os.chmod(tmp, _file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def _file_mode(path: pathlib.Path) -> int:
+    """The mode a rewritten file keeps, or a new file's as open() would make it (0666 less the umask):
+    mkstemp's 0600 would make committed goldens and reports private to their writer."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def read_text(path, error: type) -> str:

@@ -18,6 +18,9 @@ import fpemu.formats.stats
 import fpemu.kinds.blocks.trace
 import fpemu.kinds.recipe.spec
 import fpemu.traces.layout
+import fpemu.traces.plain
+import fpemu.pytest_plugin
+import fpemu.environments
 import fpemu.scalers.fp8_recipes
 import fpemu.scalers.simulate
 
@@ -72,7 +75,8 @@ def test_readme_layout_lists_the_layers_of_the_layering_test():
                                     fpemu.formats.packing, fpemu.blocks.quantize, fpemu.blocks.stats, fpemu.blocks.probes,
                                     fpemu.scalers.simulate, fpemu.scalers.fp8_recipes, fpemu.kinds.recipe.spec,
                                     fpemu.traces.layout, fpemu.kinds.blocks.trace,
-                                    fpemu.compare.diff, fpemu.compare.readings])
+                                    fpemu.compare.diff, fpemu.compare.readings, fpemu.traces.plain,
+                                    fpemu.pytest_plugin, fpemu.environments])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -19,8 +19,8 @@ import pytest
 import fpemu
 from fpemu.cli import main
 from fpemu.errors import FpemuInputError
-from fpemu.harness import environments
-from fpemu.harness.environments import (EnvironmentCallError, EnvironmentNotBuilt, EnvironmentTimeout,
+from fpemu import environments
+from fpemu.environments import (EnvironmentCallError, EnvironmentNotBuilt, EnvironmentTimeout,
                                         build_environment, call_in_environment, environment_python)
 
 needs_env_builds = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
@@ -138,9 +138,9 @@ def test_failed_build_leaves_nothing_and_exits_3(env_dir, monkeypatch, capsys):
 
 def test_cli_env_list_and_build(here, capsys):
     assert main(["env", "list", "--json"]) == 0
-    listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)["environments"]}
-    assert listed["here"]["python"] == str(environment_python("here"))
-    assert listed["paddle"]["python"] is None and "paddlepaddle==3.3.1" in listed["paddle"]["requirements"]
+    listed = json.loads(capsys.readouterr().out)
+    assert {row["name"]: row["python"] for row in listed["environments"]} == {"here": str(environment_python("here"))}
+    assert listed["unbuilt"] == ["paddle", "tf_keras"]
     assert main(["env", "build", "here", "--quiet"]) == 0  # already built: instant
     assert "here is built" in capsys.readouterr().out
 
@@ -207,7 +207,7 @@ def test_fpemu_runs_there_on_the_other_numpy(other_core):
 @needs_env_builds
 def test_a_killed_build_leaves_nothing_half_made(env_dir, monkeypatch):
     monkeypatch.setitem(environments.ENVIRONMENTS, "killed", OTHER_CORE)
-    script = (f"from fpemu.harness import environments as e; e.ENVIRONMENTS['killed'] = {OTHER_CORE!r}; "
+    script = (f"from fpemu import environments as e; e.ENVIRONMENTS['killed'] = {OTHER_CORE!r}; "
               "e.build_environment('killed')")
     builder = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "FPEMU_ENV_DIR": str(env_dir)},
                                start_new_session=True)
@@ -229,7 +229,7 @@ def test_an_installed_fpemu_without_a_checkout_can_still_look_environments_up(mo
     """Outside a source checkout (fpemu installed as a package) the adapters' skip check must say why
     an environment adapter cannot run, never raise; only building needs the checkout."""
     from fpemu.adapters import unavailable_reason
-    from fpemu.harness import environments
+    from fpemu import environments
 
     def no_checkout():
         raise environments.EnvironmentBuildError("fpemu at /site-packages is not a source checkout")
@@ -239,3 +239,74 @@ def test_an_installed_fpemu_without_a_checkout_can_still_look_environments_up(mo
     assert [r.split(">=")[0] for r in environments.core_requirements()[:2]] == ["numpy", "ml_dtypes"]
     reason = unavailable_reason("paddle_cpu")
     assert reason is None or "fpemu env build paddle" in reason
+
+
+# --- the cache: list and prune --------------------------------------------------------
+
+def _fake_environment(root, name, days_ago, size, requirements=("jax==0.4.31",), packages=None):
+    """A cache folder as a build leaves it (its manifest and last-use stamp), aged ``days_ago``."""
+    folder = root / f"{name}-0123456789ab"
+    folder.mkdir(parents=True)
+    manifest = {"name": name, "requirements": list(requirements) + ["numpy>=1.26"], "size_bytes": size,
+                "packages": packages or {"jax": "0.4.31", "numpy": "2.4.6"}}
+    (folder / environments.MANIFEST).write_text(json.dumps(manifest))
+    stamp = folder / environments.LAST_USED
+    stamp.touch()
+    when = time.time() - days_ago * 86400
+    os.utime(stamp, (when, when))
+    return folder
+
+
+def test_env_list_shows_every_cached_environment(env_dir, capsys):
+    _fake_environment(env_dir, "matrix-jax-0.4.31-1a2b3c4d", 3, 300 * 2**20)
+    _fake_environment(env_dir, "paddle", 0.5, 2**30, ("paddlepaddle==3.3.1",), {"paddlepaddle": "3.3.1"})
+    assert main(["env", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["name"], r["versions"], r["size_bytes"]) for r in listed["environments"]] == [
+        ("paddle", {"paddlepaddle": "3.3.1"}, 2**30), ("matrix-jax-0.4.31-1a2b3c4d", {"jax": "0.4.31"}, 300 * 2**20)]
+    assert listed["unbuilt"] == ["paddle", "tf_keras"] and listed["root"] == str(env_dir)  # fake paddle: another hash
+    assert main(["env", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "matrix-jax-0.4.31-1a2b3c4d" in text and "3 d ago" in text and "300 MiB  jax 0.4.31" in text
+    assert "2 environments, 1324 MiB in" in text
+
+
+def test_env_prune_by_age_size_and_all(env_dir, capsys):
+    old = _fake_environment(env_dir, "matrix-old", 40, 100)
+    middle = _fake_environment(env_dir, "matrix-middle", 10, 100)
+    recent = _fake_environment(env_dir, "matrix-recent", 0.0001, 100)  # 9 s ago: may be in use
+    live = env_dir / f".paddle-0123456789ab.building-{os.getpid()}-x1"  # this process is alive: a build in progress
+    live.mkdir()
+    dead = env_dir / ".paddle-0123456789ab.building-999999999-x2"
+    dead.mkdir()
+
+    assert main(["env", "prune", "--older-than", "30", "--dry-run"]) == 0
+    assert "would remove matrix-old" in capsys.readouterr().out and old.exists()
+    assert main(["env", "prune", "--older-than", "30"]) == 0
+    assert not old.exists() and middle.exists() and live.exists() and not dead.exists()
+    assert main(["env", "prune", "--max-size", "100"]) == 0  # 200 bytes left: the least recently used goes
+    assert not middle.exists() and recent.exists()
+    assert main(["env", "prune", "--all"]) == 0
+    assert recent.exists() and live.exists()  # used seconds ago, and a live build: never pruned
+    capsys.readouterr()
+    assert main(["env", "prune"]) == 2
+    assert "give --older-than DAYS, --max-size SIZE or --all" in capsys.readouterr().err
+    assert main(["env", "prune", "--max-size", "lots"]) == 2
+
+
+def test_size_cap_prunes_after_a_build(here, env_dir, monkeypatch):
+    """$FPEMU_ENV_MAX_SIZE: a finished build removes the least recently used until the cache fits."""
+    stale = _fake_environment(env_dir, "matrix-stale", 5, 2**20)
+    monkeypatch.setenv("FPEMU_ENV_MAX_SIZE", "1K")
+    removed = environments.prune_environments(max_bytes=environments.size_cap(),
+                                              keep=(environments.environment_dir("here"),))
+    assert [e.name for e in removed] == ["matrix-stale"] and not stale.exists()
+    monkeypatch.setenv("FPEMU_ENV_MAX_SIZE", "huge")
+    with pytest.raises(FpemuInputError, match=r"\$FPEMU_ENV_MAX_SIZE: expected a size such as 20G"):
+        environments.size_cap()
+
+
+def test_env_help_states_the_cache_place(capsys):
+    with pytest.raises(SystemExit):
+        main(["env", "list", "--help"])
+    assert "$FPEMU_ENV_DIR" in capsys.readouterr().out

@@ -562,7 +562,7 @@ def test_run_on_a_core_install_writes_reports_and_says_nothing_was_compared(caps
 
 
 def test_errors_from_isolated_environments_take_the_remote_exception_type():
-    from fpemu.harness.environments import EnvironmentCallError, EnvironmentTimeout
+    from fpemu.environments import EnvironmentCallError, EnvironmentTimeout
     from fpemu.harness.jobs import classify_failure
     remote = ('Traceback (most recent call last):\n  File "adapter.py", line 3, in record\n'
               "TypeError: GradScaler.__init__() got an unexpected keyword argument 'incr_every_n_steps'\n")

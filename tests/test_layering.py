@@ -17,7 +17,8 @@ PACKAGE = ROOT / "fpemu"
 
 # Low to high: a module may import its own layer and the layers before it.
 LAYERS = (
-    ("base", ("fpemu.version", "fpemu.errors", "fpemu.fileio", "fpemu.figures", "fpemu._host", "fpemu._jax_states")),
+    ("base", ("fpemu.version", "fpemu.errors", "fpemu.fileio", "fpemu.figures", "fpemu._host", "fpemu._jax_states",
+              "fpemu.environments")),  # environments: isolated Pythons that adapters and the matrix run in
     ("core", ("fpemu.formats", "fpemu.blocks", "fpemu.scalers", "fpemu.steps", "fpemu.ranks", "fpemu.strategies")),
     ("traces", ("fpemu.traces",)),
     ("runs", ("fpemu.audits", "fpemu.recorders", "fpemu.emulate")),  # a user's own code, run, recorded, audited
@@ -31,9 +32,7 @@ LAYERS = (
 )
 
 # (importer, imported) pairs that run upward, and the cycles (as sorted module tuples), left to remove.
-KNOWN_UPWARD = {
-    ("fpemu.adapters", "fpemu.harness.environments"),  # adapters describe, the harness should run environments
-}
+KNOWN_UPWARD = set()
 KNOWN_CYCLES = set()
 
 

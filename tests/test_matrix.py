@@ -17,7 +17,7 @@ import pytest
 
 from fpemu.cli import main
 from fpemu.errors import FpemuInputError
-from fpemu.harness import environments
+from fpemu import environments
 from fpemu.harness.bisect import assumption, bisect_versions, bisection_results, versions_in_range
 from fpemu.harness.matrix import (CANNOT_INSTALL, Cell, Column, MatrixPlan, VersionSet, host_free, load_plan,
                                   matrix_results, package_set, plan_from_options, product_sets, read_column,
@@ -186,8 +186,8 @@ def test_what_a_framework_prints_to_stdout_does_not_hide_the_recording():
 
 
 def test_report_is_host_free_and_marks_changes(results, tmp_path):
-    written = write_results(tmp_path, results)
-    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"]
+    written, left = write_results(tmp_path, results)
+    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md", "README.md"] and left == []
     assert "[upgrades.md](upgrades.md) | Behaviour per released version" in written[2].read_text()
     text = (tmp_path / "upgrades.md").read_text()
     assert "| step_fp16_jax_default / jax_step@cpu |" in text and "◆" in text and "What changed:" in text
@@ -197,6 +197,14 @@ def test_report_is_host_free_and_marks_changes(results, tmp_path):
     again = (tmp_path / "upgrades.md").read_bytes()
     write_results(tmp_path, results)
     assert (tmp_path / "upgrades.md").read_bytes() == again  # regenerating changes nothing
+
+
+def test_a_readme_fpemu_did_not_write_is_left_alone(results, tmp_path):
+    """A matrix run in a user's repository writes its own files and never overwrites their README."""
+    (tmp_path / "README.md").write_text("# My project's reports\n")
+    written, left = write_results(tmp_path, results)
+    assert [p.name for p in written] == ["jax_steps.json", "upgrades.md"] and left == [tmp_path / "README.md"]
+    assert (tmp_path / "README.md").read_text() == "# My project's reports\n"
 
 
 def test_without_matplotlib_the_report_links_no_image(results, tmp_path, monkeypatch):
@@ -340,3 +348,62 @@ def test_pip_lists_released_versions_oldest_first():
     assert versions[:4] == ["0.0.1", "0.0.2", "0.0.3", "0.0.4"]
     with pytest.raises(FpemuInputError, match="pip finds no released version"):
         pip_versions("fpemu-no-such-distribution-anywhere")
+
+
+# --- refusing early, exit codes, the user's own loop --------------------------------------------
+
+def test_a_set_that_can_run_no_job_is_refused_before_any_install(tmp_path, monkeypatch, capsys):
+    """`--impl jmp` with no jmp in the sets: exit 2 naming what to add, and no environment is built."""
+    monkeypatch.setenv("FPEMU_ENV_DIR", str(tmp_path / "envs"))
+    spec = str(ROOT / "specs" / "floor_jmp.toml")
+    code = main(["matrix", "--name", "x", "--specs", spec, "--jax", "0.4.31", "--impl", "jmp",
+                 "--reports", str(tmp_path / "reports")])
+    assert code == 2 and not (tmp_path / "envs").exists() and not (tmp_path / "reports").exists()
+    assert ("set 'jax 0.4.31' can run none of the jobs (jmp@cpu): it does not install jmp; add them to every set "
+            "(--with jmp==VERSION") in capsys.readouterr().err
+    # with jmp added (or flax, which pulls jax in, for the flax adapter) the plan is accepted
+    assert plan_from_options("x", [spec], {"jax": "0.4.31"}, ("jmp==0.0.4",), ["jmp"]).sets
+    assert plan_from_options("x", [str(ROOT / "specs" / "floor_flax.toml")], {"flax": "0.10.0"}, (), ["flax"]).sets
+
+
+LOOP = '''
+import os, pathlib, sys
+from fpemu.harness import reference_trace
+from fpemu.specs import load_spec
+from fpemu.traces import write_trace
+if len(sys.argv) > 1 and sys.argv[1] == "--fail":
+    raise SystemExit("my loop: this release lacks what it needs")
+write_trace(reference_trace(load_spec(os.environ["MY_SPEC"])), pathlib.Path(os.environ["FPEMU_TRACE_DIR"]) / "mine.json")
+'''
+
+
+def test_a_plan_runs_the_users_own_loop_in_each_set(here, tmp_path, monkeypatch, capsys):
+    """run = [script]: the set's Python runs it from the plan's folder; its traces are the rows.  A loop that
+    fails in every set records nothing: exit 1, and a README the user wrote is left alone."""
+    monkeypatch.setenv("MY_SPEC", str(ROOT / "specs" / "seed_example_1.toml"))
+    (tmp_path / "loop.py").write_text(LOOP)
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "mine"\nrun = ["loop.py"]\n[[set]]\nlabel = "here"\nenvironment = "here"\n')
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "README.md").write_text("# Our reports\n")
+    assert main(["matrix", str(plan), "--reports", str(reports), "--traces", str(tmp_path / "traces"),
+                 "--json", "--quiet"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [(row["spec"], row["implementation"], row["cells"][0]["status"]) for row in body["rows"]] == [
+        ("seed_example_1", "reference", "recorded")]
+    assert (reports / "README.md").read_text() == "# Our reports\n" and body["left_alone"] == [str(reports / "README.md")]
+
+    plan.write_text('name = "mine"\nrun = ["loop.py", "--fail"]\n[[set]]\nlabel = "here"\nenvironment = "here"\n')
+    assert main(["matrix", str(plan), "--reports", str(reports), "--traces", str(tmp_path / "traces"),
+                 "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "here: no jobs (loop.py exited 1: my loop: this release lacks what it needs)" in out
+    assert "nothing was recorded" in out and "changes:" not in out
+
+
+def test_a_plan_whose_loop_script_is_missing_is_an_input_error(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "mine"\nrun = ["nope.py"]\n[[set]]\nlabel = "a"\nrequirements = ["jax==0.4.31"]\n')
+    with pytest.raises(FpemuInputError, match=r"plan.toml: run: the script 'nope.py' is not a file"):
+        load_plan(plan)

@@ -2,10 +2,12 @@
 and a reference trace."""
 
 import json
+import os
+import re
 
 import pytest
 
-from fpemu.traces import write_trace
+from fpemu.traces import read_trace, write_trace
 
 # Imported here, before any pytester fixture: pytester drops the modules a test imports when it
 # ends, and a second import of jaxlib in one process aborts it.
@@ -38,14 +40,17 @@ def test_reference(assert_trace_matches):
 '''
 
 
-def recorded_run(init: float):
+GRADS = ([1.0, 2.0], [3e4, 1.0], [1.0, 1e-9])
+
+
+def recorded_run(init: float, grads=GRADS):
     """Three steps of a real jitted jmp loop, recorded."""
     recorder = record_jax("fp16", name="tiny_jmp", scaler="jmp", params={"loss_scale": init, "period": 2})
     step = jax.jit(lambda state, g: (recorder.grad_stats({"w": g}, scale=state.loss_scale),
                                      state.adjust(jmp.all_finite(state.scale(g).astype(jnp.float16)))))
     state = jmp.DynamicLossScale(jnp.float32(init), period=2)
-    for grads in ([1.0, 2.0], [3e4, 1.0], [1.0, 1e-9]):
-        stats, new_state = step(state, jnp.array(grads, jnp.float32))
+    for step_grads in grads:
+        stats, new_state = step(state, jnp.array(step_grads, jnp.float32))
         recorder.record(stats, scale_state=state, next_scale_state=new_state)
         state = new_state
     return recorder.trace()
@@ -57,6 +62,9 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runs")
     for init in (4.0, 8.0, 16.0):
         write_trace(recorded_run(init), folder / f"run{int(init)}.json")
+    # the same trajectory, one gradient 1 float16 ulp away (2.0 -> 2.001953125, the statistics' format):
+    # numerics only, 8192 float32 ulps in the scaled max_abs (8.0 -> 8.0078125)
+    write_trace(recorded_run(4.0, ([1.0, 2.001953125],) + GRADS[1:]), folder / "run4_ulp.json")
     return folder
 
 
@@ -79,7 +87,8 @@ def test_golden_modes(inner, runs, monkeypatch):
 
     result = inner.runpytest_inprocess()  # no goldens: every test fails and shows what it got
     assert outcomes(result) == {"failed": 3}
-    result.stdout.fnmatch_lines(["*golden/tiny_jmp.json: no golden trace*(what this run got: *tiny_jmp.obtained.json)*"])
+    result.stdout.fnmatch_lines(["*golden/tiny_jmp.json: no golden file yet; run pytest with --fpemu-update-golden*",
+                                 "*(what this run got: *tiny_jmp.obtained.json)*"])
     assert obtained.exists() and not recorded.exists()
 
     result = inner.runpytest_inprocess("--fpemu-update-golden")  # writes what the tests may write
@@ -103,6 +112,8 @@ def test_golden_modes(inner, runs, monkeypatch):
     assert outcomes(result) == {"failed": 1}
     result.stdout.fnmatch_lines(["*diverges from tiny_jmp.json*--fpemu-force-regen rewrote *tiny_jmp.json*"])
     assert json.loads(recorded.read_text())["steps"][0]["scale"] == 8.0
+    assert not obtained.exists()  # a regenerated golden leaves no obtained file behind
+    assert recorded.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as open() makes files, not mkstemp's 0600
 
     assert outcomes(inner.runpytest_inprocess("-k", "recorded_golden")) == {"passed": 1}
     assert not obtained.exists()  # a match removes the stale obtained file
@@ -113,3 +124,170 @@ def test_golden_modes(inner, runs, monkeypatch):
     # force-regen never writes a golden the test may not write
     result = inner.runpytest_inprocess("-k", "without_permission", "--fpemu-force-regen")
     assert outcomes(result) == {"failed": 1} and not (golden / "tiny_jmp_strict.json").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+LEVEL_TESTS = '''
+import os
+
+import pytest
+
+from fpemu.traces import read_trace
+
+
+@pytest.mark.parametrize("level, ulps", [("bits", None), ("numerics", 8191), ("numerics", 8192), ("trajectory", None)])
+def test_level(assert_trace_matches, level, ulps):
+    assert_trace_matches(read_trace(os.environ["FPEMU_INNER_RUN"]), "tiny_jmp", recorded=True, level=level, ulps=ulps)
+'''
+
+
+def test_golden_levels(runs, pytester, monkeypatch):
+    """bits fails on a 1-ulp (float16) gradient change; numerics passes within its 8192 float32 ulps, trajectory passes; a changed
+    scale fails every level, with a short message."""
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    pytester.makepyfile(test_levels=LEVEL_TESTS)
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run4.json"))
+    assert outcomes(pytester.runpytest_inprocess("--fpemu-update-golden", "-k", "bits")) == {"passed": 1}
+
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run4_ulp.json"))
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*FAILED test_levels.py::test_level?bits-None*", "*FAILED test_levels.py::test_level?numerics-8191*"])
+    # the nested grad_stats dicts are shown entry by entry, never whole on one line
+    result.stdout.fnmatch_lines(["*diverges from tiny_jmp.json: step 0, grad_stats: 1 of 7 entries differ (likely cause: *)",
+                                 "*grad_stats.w.max_abs: expected 8.0, got 8.0078125"])
+    result.stdout.fnmatch_lines(["*differs from tiny_jmp.json at level numerics (numerics beyond 8191 ulp: "
+                                 "grad_stats by 8192 ulp): numerics only*"])
+    assert "'elements': 2, 'zero'" not in result.stdout.str()
+
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run8.json"))
+    result = pytester.runpytest_inprocess("-k", "trajectory")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*differs from tiny_jmp.json at level trajectory (the trajectory changed): "
+                                 "trajectory changed: *final scale*",
+                                 "*field*differs at*", "*scale*3 / 3*"])
+
+    # the ini option sets the level of every call that names none; a bad level is a usage error
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\nfpemu_golden_level = trajectory\n")
+    pytester.makepyfile(test_ini='''
+import os
+from fpemu.traces import read_trace
+def test_default(assert_trace_matches):
+    assert_trace_matches(read_trace(os.environ["FPEMU_INNER_RUN"]), "tiny_jmp", recorded=True)
+''')
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run4_ulp.json"))
+    assert outcomes(pytester.runpytest_inprocess("test_ini.py")) == {"passed": 1}
+    assert outcomes(pytester.runpytest_inprocess("test_ini.py", "--fpemu-golden-level", "bits")) == {"failed": 1}
+
+
+def test_edited_spec_shows_its_diff(pytester, monkeypatch, request):
+    """A golden of an older version of the spec names the keys that changed and how the traces differ."""
+    source = (request.config.rootpath / "specs" / "seed_example_1.toml").read_text()
+    spec = pytester.path / "spec.toml"
+    spec.write_text(source)
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    pytester.makepyfile(test_spec='''
+import os
+from fpemu.harness import reference_trace
+from fpemu.specs import load_spec
+def test_reference(assert_trace_matches):
+    assert_trace_matches(reference_trace(load_spec(os.environ["FPEMU_INNER_SPEC"])))
+''')
+    monkeypatch.setenv("FPEMU_INNER_SPEC", str(spec))
+    assert outcomes(pytester.runpytest_inprocess("--fpemu-update-golden")) == {"passed": 1}
+    edited, count = re.subn(r"growth_interval = (\d+)", lambda m: f"growth_interval = {int(m[1]) + 1}", source)
+    assert count == 1, "the spec sets growth_interval once"
+    spec.write_text(edited)
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*spec.json was made from another version of spec 'spec': scaler.params.growth_interval 2 -> 3; "
+                                 "the traces: trajectory changed*(accept it with --fpemu-force-regen)*"])
+
+
+def test_corrupted_golden_and_orphans(runs, pytester, monkeypatch):
+    """A corrupted golden fails in one line naming the file and the flag that rewrites it; unused goldens are
+    reported after a full run and deleted only where asked, after a run of every test."""
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    pytester.makepyfile(test_one='''
+import os
+from fpemu.traces import read_trace
+def test_recorded(assert_trace_matches):
+    assert_trace_matches(read_trace(os.environ["FPEMU_INNER_RUN"]), "tiny_jmp", recorded=True)
+def test_other():
+    pass
+''')
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run4.json"))
+    assert outcomes(pytester.runpytest_inprocess("--fpemu-update-golden")) == {"passed": 2}
+    golden = pytester.path / "golden" / "tiny_jmp.json"
+    golden.write_text(golden.read_text().replace('"scale": 4.0', '"scale": 5.0', 1))
+    result = pytester.runpytest_inprocess("-k", "recorded")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*golden/tiny_jmp.json: checksum mismatch*; rerun with --fpemu-force-regen to "
+                                 "rewrite the golden"])
+    text = result.stdout.str()
+    assert "Traceback" not in text and "TraceError" not in text and "During handling" not in text
+    assert outcomes(pytester.runpytest_inprocess("-k", "recorded", "--fpemu-force-regen")) == {"failed": 1}
+    assert outcomes(pytester.runpytest_inprocess()) == {"passed": 2}
+
+    orphan = pytester.path / "golden" / "old_run.json"
+    orphan.write_text(golden.read_text())
+    result = pytester.runpytest_inprocess()
+    result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json (--fpemu-delete-orphans*"])
+    assert "golden files no test used" not in pytester.runpytest_inprocess("-k", "recorded").stdout.str()  # partial
+    result = pytester.runpytest_inprocess("-k", "recorded", "--fpemu-delete-orphans")
+    result.stdout.fnmatch_lines(["*golden/old_run.json (not deleted: tests were selected with -k*"])
+    assert orphan.exists()
+    result = pytester.runpytest_inprocess("--fpemu-delete-orphans")
+    result.stdout.fnmatch_lines(["fpemu: deleted 1 golden files no test used: golden/old_run.json"])
+    assert not orphan.exists() and golden.exists()
+
+
+DATA_TESTS = '''
+import os
+
+import numpy as np
+
+
+def test_data(assert_data_matches):
+    w = np.array([[1.0, -0.0], [float("nan"), 3.0]], np.float32)
+    w[0, 0] += float(os.environ.get("FPEMU_INNER_DELTA", "0"))
+    assert_data_matches({"loss": 0.25, "w": w, "steps": [1, 2, 3], "name": "run"}, "plain")
+'''
+
+
+def test_plain_data_golden(pytester, monkeypatch):
+    """Plain data round-trips bit for bit (NaN, -0.0 included); a change names its path and element."""
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    pytester.makepyfile(test_data=DATA_TESTS)
+    assert outcomes(pytester.runpytest_inprocess()) == {"failed": 1}  # no golden yet
+    assert outcomes(pytester.runpytest_inprocess("--fpemu-update-golden")) == {"passed": 1}
+    golden = pytester.path / "golden" / "plain.data.json"
+    before = golden.read_bytes()
+    assert outcomes(pytester.runpytest_inprocess()) == {"passed": 1}
+    assert outcomes(pytester.runpytest_inprocess("--fpemu-update-golden")) == {"passed": 1}
+    assert golden.read_bytes() == before  # regeneration is byte-identical
+    monkeypatch.setenv("FPEMU_INNER_DELTA", "1e-7")
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*plain differs from plain.data.json at 1 place*",
+                                 "*?'w'?: float32?2, 2?: 1 of 4 elements differ, first at (0, 0): expected 1.0, "
+                                 "got 1.0000001 (1 ulp)*"])
+    assert (pytester.path / "golden" / "plain.data.obtained.json").exists()
+
+
+def test_fpemu_golden_stores_a_relative_spec_path(tmp_path, monkeypatch, request):
+    """`fpemu golden /abs/path/spec.toml` keeps the host's path out of the golden."""
+    from fpemu.harness import write_golden
+    spec = (request.config.rootpath / "specs" / "seed_example_1.toml").resolve()
+    monkeypatch.chdir(request.config.rootpath)
+    (written,) = write_golden([str(spec)], tmp_path / "inside")
+    assert read_trace(written).metadata["spec"]["path"] == "specs/seed_example_1.toml"
+    monkeypatch.chdir(tmp_path)
+    (written,) = write_golden([str(spec)], tmp_path / "outside")
+    assert read_trace(written).metadata["spec"]["path"] == "seed_example_1.toml"

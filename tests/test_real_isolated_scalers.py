@@ -14,7 +14,7 @@ from hypothesis_budget import profile_examples
 from trace_checks import assert_same_trace, bits32
 
 import fpemu
-from fpemu.harness.environments import EnvironmentCallError, call_in_environment, environment_python
+from fpemu.environments import EnvironmentCallError, call_in_environment, environment_python
 
 F32_MAX = float(np.finfo(np.float32).max)
 TINY = 2.0**-126

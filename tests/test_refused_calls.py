@@ -26,7 +26,7 @@ def test_keras_refusing_clipnorm_is_an_api_change_naming_the_valueerror():
 
 
 def test_a_refusal_raised_in_an_isolated_environment_is_an_api_change():
-    from fpemu.harness.environments import EnvironmentCallError
+    from fpemu.environments import EnvironmentCallError
     remote = "Traceback (most recent call last):\n  ...\nfpemu.errors.RefusedCall: LossScaleOptimizer(clipnorm=) refused\n"
     assert classify_failure(EnvironmentCallError("refused", remote)) == API_CHANGED
     other = remote.replace("fpemu.errors.RefusedCall", "ValueError")

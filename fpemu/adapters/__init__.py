@@ -58,7 +58,7 @@ class Adapter:
       params: step adapters: each parameter it takes and the values it accepts, the default
         first (a [step] scenario whose own field of that name holds an accepted value uses it).
       verified: the package versions its comparison with fpemu's model was made on.
-      environment: the isolated environment it runs in (``fpemu.harness.environments``) when its
+      environment: the isolated environment it runs in (``fpemu.environments``) when its
         packages cannot share the project's; None to run in this process.
       check: ``"module:function"`` returning why it cannot run beyond missing modules (a package
         tree outside site-packages that is absent, ...), or None when it can; None for no check.
@@ -263,7 +263,7 @@ def unavailable_reason(name: str, device: str = "cpu"):
     if device not in adapter.devices:
         return f"{name} runs on {', '.join(adapter.devices)}, not {device}"
     if adapter.isolated_in is not None:
-        from fpemu.harness.environments import environment_python
+        from fpemu.environments import environment_python
         if environment_python(adapter.environment) is None:
             return (f"its environment {adapter.environment!r} is not built "
                     f"(run `fpemu env build {adapter.environment}`)")
@@ -300,7 +300,7 @@ def available(name: str, device: str = "cpu") -> bool:
 def package_versions(packages, environment=None) -> dict:
     """Each package's installed version, here or in an isolated environment (from its build manifest)."""
     if environment is not None:
-        from fpemu.harness.environments import environment_manifest
+        from fpemu.environments import environment_manifest
         installed = (environment_manifest(environment) or {}).get("packages", {})
         return {package: installed.get(package, "not installed") for package in packages}
     return installed_versions(packages)
@@ -327,7 +327,7 @@ def record_scaler(name: str, overflows, device: str = "cpu", **params):
     adapter = _runnable(name, SCALER, device)
     args = ([bool(o) for o in overflows], params, device)
     if adapter.isolated_in is not None:
-        from fpemu.harness.environments import call_in_environment
+        from fpemu.environments import call_in_environment
         return call_in_environment(adapter.environment, adapter.entry, *args)
     return adapter.function()(*args)
 

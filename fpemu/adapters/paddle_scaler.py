@@ -1,6 +1,6 @@
 """paddle.amp.GradScaler (dygraph), driven for real on the CPU.
 
-Runs inside the isolated environment ``paddle`` (see :mod:`fpemu.harness.environments`):
+Runs inside the isolated environment ``paddle`` (see :mod:`fpemu.environments`):
 Paddle 3.3.1 with numpy 2.4 crashes in ``GradScaler._update()`` on its first backoff
 (``float()`` of a shape-[1] tensor), so it gets numpy 2.3.5 there.  Call it as
 ``call_in_environment("paddle", "fpemu.adapters.paddle_scaler:record_paddle", overflows,

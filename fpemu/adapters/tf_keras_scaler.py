@@ -1,6 +1,6 @@
 """tf_keras.mixed_precision.LossScaleOptimizer (dynamic), driven for real on the CPU.
 
-Runs inside the isolated environment ``tf_keras`` (see :mod:`fpemu.harness.environments`):
+Runs inside the isolated environment ``tf_keras`` (see :mod:`fpemu.environments`):
 ``pip install tf-keras==2.21.0`` pulls tensorflow 2.21.0, which pins h5py < 3.15 and so
 would downgrade the h5py of the project's Keras.  Call it as
 ``call_in_environment("tf_keras", "fpemu.adapters.tf_keras_scaler:record_tf_keras", overflows,

@@ -11,7 +11,7 @@ from fpemu.errors import FpemuInputError
 
 
 def _cmd_env_build(args) -> int:
-    from fpemu.harness import environments
+    from fpemu import environments
     built = environments.environment_python(args.name) is not None  # an unknown name fails here, exit 2
     if not built and not args.quiet:
         print(f"building {args.name}: {' '.join(environments.requirements_of(args.name))} (pip, minutes)",
@@ -25,34 +25,95 @@ def _cmd_env_build(args) -> int:
     return 0
 
 
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return "just now"
+
+
+def _env_row(entry, now: float) -> dict:
+    return {"name": entry.name, "folder": str(entry.folder), "versions": entry.versions,
+            "python": None if entry.building else str(entry.folder / "bin" / "python"),
+            "size_bytes": entry.size_bytes, "last_used": entry.last_used, "building": entry.building,
+            "text": f"{entry.name:<40} {'building' if entry.building else _age(now - entry.last_used):>12} "
+                    f"{entry.size_bytes / 2**20:>8.0f} MiB  "
+                    + (" ".join(f"{k} {v}" for k, v in entry.versions.items()) or "-")}
+
+
 def _cmd_env_list(args) -> int:
-    from fpemu.harness import environments
-    rows = []
-    for name, requirements in environments.ENVIRONMENTS.items():
-        python = environments.environment_python(name)
-        rows.append({"name": name, "requirements": list(requirements), "python": python and str(python)})
-    output.emit(args, {"environments": rows},
-          [f"{r['name']:<12} {r['python'] or 'not built'}  ({' '.join(r['requirements'])})" for r in rows])
+    import time
+    from fpemu import environments
+    now = time.time()
+    rows = [_env_row(entry, now) for entry in environments.cached_environments()]
+    unbuilt = [name for name in environments.ENVIRONMENTS if environments.environment_python(name) is None]
+    total = sum(r["size_bytes"] for r in rows)
+    cap = environments.size_cap()
+    output.emit(args, {"root": str(environments.environments_root()), "environments": rows, "unbuilt": unbuilt,
+                       "total_bytes": total, "size_cap_bytes": cap},
+                [f"{'environment':<40} {'last used':>12} {'size':>12}  versions"] + [r["text"] for r in rows]
+                + [f"{len(rows)} environments, {total / 2**20:.0f} MiB in {environments.environments_root()}"
+                   + (f" (cap {cap / 2**20:.0f} MiB)" if cap else "")]
+                + ([f"not built: {', '.join(unbuilt)} (`fpemu env build NAME`)"] if unbuilt else []))
     return 0
 
 
+def _cmd_env_prune(args) -> int:
+    import time
+    from fpemu import environments
+    if not (args.all or args.older_than is not None or args.max_size is not None):
+        raise FpemuInputError("fpemu env prune: give --older-than DAYS, --max-size SIZE or --all")
+    if args.older_than is not None and not args.older_than >= 0:
+        raise FpemuInputError(f"--older-than: expected a number of days >= 0, got {args.older_than!r}")
+    max_bytes = environments.parse_size(args.max_size, "--max-size") if args.max_size is not None else None
+    removed = environments.prune_environments(None if args.older_than is None else args.older_than * 86400,
+                                              max_bytes, args.all, args.dry_run)
+    now = time.time()
+    rows = [_env_row(entry, now) for entry in removed]
+    verb = "would remove" if args.dry_run else "removed"
+    freed = sum(r["size_bytes"] for r in rows)
+    output.emit(args, {"removed": rows, "dry_run": args.dry_run, "freed_bytes": freed},
+                [f"{verb} {r['text']}" for r in rows] + [f"{verb} {len(rows)} environments, {freed / 2**20:.0f} MiB"])
+    return 0
+
+
+_ENV_HELP = ("isolated environments: the named ones for packages that conflict with fpemu's own (paddle, tf_keras) "
+             "and those `fpemu matrix` and `fpemu bisect` build per version set.  They are cached in $FPEMU_ENV_DIR "
+             "(default ~/.cache/fpemu/envs); $FPEMU_ENV_MAX_SIZE (20G, 512M) caps the cache: after each build the "
+             "least recently used environments go until it fits")
+_PRUNE_HELP = ("remove cached environments: by last use (--older-than), down to a size (--max-size, least recently "
+               "used first) or all; never a build in progress or an environment used in the last 10 minutes")
+
+
 def _add_env_commands(sub) -> None:
-    env_help = "isolated environments for packages that conflict with fpemu's own (paddle, tf_keras)"
-    env = sub.add_parser("env", help=env_help, description=env_help)
+    env = sub.add_parser("env", help=_ENV_HELP, description=_ENV_HELP)
     actions = env.add_subparsers(dest="env_command", required=True)
     for name, help_text, handler in (("build", "build an environment (instant when built)", _cmd_env_build),
-                                     ("list", "list the environments and where they are built", _cmd_env_list)):
-        action = actions.add_parser(name, help=help_text, description=help_text)
+                                     ("list", "list the cached environments (name, last use, size, versions) and "
+                                              "the named ones not built", _cmd_env_list),
+                                     ("prune", _PRUNE_HELP, _cmd_env_prune)):
+        action = actions.add_parser(name, help=help_text, description=help_text + f". {_ENV_HELP}")
         action.add_argument("--json", action="store_true", help="print a JSON result on stdout (for CI)")
         action.add_argument("--quiet", action="store_true", help="no progress on stderr")
         action.set_defaults(handler=handler)
         if name == "build":
             action.add_argument("name", help="the environment's name (see `fpemu env list`)")
+        if name == "prune":
+            action.add_argument("--older-than", type=float, metavar="DAYS", help="remove those last used before this")
+            action.add_argument("--max-size", metavar="SIZE", help="then remove the least recently used until the "
+                                                                   "cache is at most SIZE (20G, 512M)")
+            action.add_argument("--all", action="store_true", help="remove every environment")
+            action.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
 
 
 _MATRIX_HELP = ("record the specs in one isolated environment per set of package versions and write "
                 "reports/upgrades.md: a row per spec and implementation, a column per version, the change points "
-                "marked (exit 0 when written: changes and failing cells are results; 3 when fpemu crashed in a set)")
+                "marked.  Runs from a checkout or an installed fpemu (each environment imports the same fpemu files), "
+                "on your own specs and, with a plan's [run] command, your own loop.  Refuses (exit 2) before any "
+                "install when a set cannot run any job (--impl jmp with no jmp in the set).  Exit 0 when written "
+                "(changes and failing cells are results), 1 when no cell was recorded (every set skipped or could "
+                "not install), 3 when fpemu crashed in a set.  Writes upgrades/NAME.json, upgrades.md and the index "
+                "README.md under --reports, and never overwrites an upgrades.md or README.md it did not write")
 _BISECT_HELP = ("find each released version of a package where a recorded behaviour changed (changes may flip "
                 "back); tests every --stride-th version, then bisects each gap whose ends differ; writes its "
                 "section of reports/upgrades.md")
@@ -87,20 +148,32 @@ def _column_lines(results) -> list:
     return lines
 
 
+def _recorded_nothing(results) -> bool:
+    from fpemu.harness.matrix import RECORDED
+    return not any(cell["status"] == RECORDED for row in results["rows"] for cell in row["cells"])
+
+
 def _exit_code(results) -> int:
+    """3 where fpemu crashed in a set, 1 where no cell was recorded (every set skipped or could not install:
+    a matrix that compared nothing), else 0 (changes and failing cells are results)."""
     from fpemu.compare.diff import INTERNAL_ERROR
     crashed = any(c["problem_status"] == INTERNAL_ERROR for c in results["columns"])
     crashed |= any(cell["status"] == INTERNAL_ERROR for row in results["rows"] for cell in row["cells"])
-    return 3 if crashed else 0
+    return 3 if crashed else 1 if _recorded_nothing(results) else 0
 
 
 def _finish(args, results, extra_lines=()) -> int:
     from fpemu.reports.upgrades import change_lines, write_results
-    written = write_results(args.reports, results)
+    written, left = write_results(args.reports, results)
     code = _exit_code(results)
-    output.emit(args, {**results, "written": [str(p) for p in written], "exit_code": code},
-          _column_lines(results) + list(extra_lines) + ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)]
-          + output.written_lines(written))
+    nothing = (["nothing was recorded: no set ran any job (see each set's cells above); no change can be read"]
+               if _recorded_nothing(results) else [])
+    output.emit(args, {**results, "written": [str(p) for p in written], "left_alone": [str(p) for p in left],
+                       "exit_code": code},
+                _column_lines(results) + list(extra_lines) + nothing
+                + ([] if nothing else ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)])
+                + output.written_lines(written)
+                + [f"left {p} as it is: fpemu did not write it" for p in left])
     return code
 
 

@@ -417,6 +417,16 @@ def _spec_changes(spec_a: dict, spec_b: dict) -> tuple:
     return _differing(flat_a, flat_b, sorted(set(flat_a) | set(flat_b)))
 
 
+def spec_changes(before: Trace, after: Trace) -> tuple:
+    """The keys of the two traces' spec texts that differ, as :class:`ValueChange` (``steps 8 -> 10``); ()
+    where the specs are the same or either is no TOML.
+
+    Example: a golden made before a spec's ``scaler.growth_interval`` went from 5 to 6 gives
+    ``(ValueChange('scaler.growth_interval', 5, 6),)``.
+    """
+    return _spec_changes(before.metadata["spec"], after.metadata["spec"])
+
+
 def _flat(table: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in table.items():

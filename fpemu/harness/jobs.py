@@ -22,7 +22,7 @@ from fpemu.kinds import explain, kind_of, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
 from fpemu.specs import load_specs, parse_spec
 from fpemu.traces import Trace, read_trace, trace_filename, write_golden_trace, write_trace
-from fpemu.traces.layout import REFERENCE
+from fpemu.traces.layout import REFERENCE, portable_spec_path
 
 Progress = Callable[[int, int, str], None]
 
@@ -171,7 +171,7 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
         missing = _golden_unmade(scenario)
         if not missing:
-            written.append(write_golden_trace(reference_trace(scenario), path))
+            written.append(write_golden_trace(portable_spec_path(reference_trace(scenario), pathlib.Path.cwd()), path))
         else:
             kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
             written += [kept] if kept else []
@@ -245,7 +245,7 @@ def classify_failure(error: BaseException) -> str:
     refusal the adapter recognized) is ``api changed`` and anything else ``cannot run``; in fpemu's own
     core it is an ``internal error``.
     """
-    from fpemu.harness import environments
+    from fpemu import environments
     if isinstance(error, ImportError):
         return CANNOT_RUN
     if isinstance(error, environments.EnvironmentCallError):

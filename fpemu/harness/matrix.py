@@ -4,10 +4,11 @@
 one environment per version set (``jax 0.4.31``, ``jax 0.4.33``, ...) and tabulating the
 behaviour of every spec and implementation per version (:mod:`fpemu.reports.upgrades`).
 
-Each version set becomes an environment of :mod:`fpemu.harness.environments` (built once,
+Each version set becomes an environment of :mod:`fpemu.environments` (built once,
 cached, fpemu's core dependencies added); the specs are recorded inside it by the ordinary
-record path (``python -m fpemu record``, run by that environment's Python with this checkout's
-fpemu on its path), so every job keeps its isolation: a framework that does not import, an
+record path (``python -m fpemu record``, run by that environment's Python with this fpemu on its
+path: the checkout, or the installed files of a non-editable install), and a plan's own loop
+(``run``) is run by that Python too, so every job keeps its isolation: a framework that does not import, an
 argument that was removed, a dtype an old release lacks is one cell saying so.  A set that
 pip cannot install is a column of ``cannot install`` cells, never an abort.
 
@@ -30,7 +31,7 @@ import subprocess
 import tempfile
 from typing import Optional
 
-from fpemu.compare.diff import INTERNAL_ERROR, SKIPPED
+from fpemu.compare.diff import CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, read_trace
 
@@ -65,7 +66,7 @@ class VersionSet:
       requirements: pip requirements (``jax==0.4.31``, ``jaxlib<=0.4.31``); fpemu's core
         dependencies are added when the environment is built.
       environment: instead of requirements, a named environment of
-        :data:`fpemu.harness.environments.ENVIRONMENTS` (``paddle``).
+        :data:`fpemu.environments.ENVIRONMENTS` (``paddle``).
     """
 
     label: str
@@ -116,13 +117,15 @@ def product_sets(axes: dict, fixed=()) -> list:
 @dataclasses.dataclass(frozen=True)
 class MatrixPlan:
     """What one matrix records: its name (the report section and results file), the specs, the
-    implementations (None: each spec's own) and the version sets, in column order."""
+    implementations (None: each spec's own), the version sets, in column order, and the user's own
+    loop to run in each set (``run``)."""
 
     name: str
     specs: tuple
     sets: tuple
     implementations: Optional[tuple] = None
     description: str = ""
+    run: tuple = ()  # a script of the user's own loop and its arguments (absolute script path): see load_plan
 
 
 def _toml(path: pathlib.Path) -> dict:
@@ -143,7 +146,9 @@ def _strings(value, where: str) -> tuple:
     return tuple(value)
 
 
-_PLAN_KEYS = {"name", "description", "specs", "impl", "with", "versions", "set"}
+_PLAN_KEYS = {"name", "description", "specs", "impl", "with", "versions", "set", "run"}
+LOOP_TRACES = "FPEMU_TRACE_DIR"  # where a plan's own loop writes its recorded traces (one folder per set)
+LOOP_FOLDER = "loop"  # that folder, inside the set's traces folder
 
 
 def _explicit_set(entry, where: str) -> VersionSet:
@@ -157,7 +162,7 @@ def _explicit_set(entry, where: str) -> VersionSet:
     if (environment is None) == (not requirements):
         raise FpemuInputError(f"{where}: give either requirements or environment")
     if environment is not None:
-        from fpemu.harness.environments import requirements_of
+        from fpemu.environments import requirements_of
         requirements_of(environment)  # an unknown name is an input error listing the known ones
     return VersionSet(entry["label"], requirements, environment)
 
@@ -169,6 +174,11 @@ def load_plan(path) -> MatrixPlan:
     (implementation names) and ``with`` (requirements added to every set), and its columns as
     ``[versions]`` axes (``jax = ["0.4.31", "0.10.2"]``: one set per combination) and/or
     ``[[set]]`` tables (``label`` and ``requirements``, or ``environment``), axes first.
+
+    ``run = ["train.py", "--steps", "8"]`` runs the user's own loop in every set too: the script (relative
+    to the plan) is run by the set's Python from the script's folder, with ``$FPEMU_TRACE_DIR`` naming a
+    fresh folder where it writes its recorded traces (``write_trace(recorder.trace(), ...)``); each trace
+    is a row (its name and implementation).  With ``run``, ``specs`` may be left out.
     """
     path = pathlib.Path(path)
     body = _toml(path)
@@ -177,7 +187,14 @@ def load_plan(path) -> MatrixPlan:
         raise FpemuInputError(f"{path}: unknown keys {sorted(unknown)}; expected {sorted(_PLAN_KEYS)}")
     if not isinstance(body.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_-]+", body["name"]):
         raise FpemuInputError(f"{path}: name: expected a word of letters, digits, _ or - (the report section)")
-    specs = tuple(str((path.parent / s).resolve()) for s in _strings(body.get("specs"), f"{path}: specs"))
+    run = _strings(body["run"], f"{path}: run") if "run" in body else ()
+    if run:
+        script = (path.parent / run[0]).resolve()
+        if not script.is_file():
+            raise FpemuInputError(f"{path}: run: the script {run[0]!r} is not a file (relative to the plan's folder)")
+        run = (str(script),) + run[1:]
+    specs = tuple(str((path.parent / s).resolve())
+                  for s in _strings(body.get("specs", [] if run else None), f"{path}: specs"))
     fixed = _strings(body.get("with", []), f"{path}: with")
     axes = body.get("versions", {})
     if not isinstance(axes, dict):
@@ -190,7 +207,7 @@ def load_plan(path) -> MatrixPlan:
     impl = body.get("impl")
     return _checked(MatrixPlan(body["name"], specs, tuple(sets),
                                _strings(impl, f"{path}: impl") if impl is not None else None,
-                               str(body.get("description", ""))), str(path))
+                               str(body.get("description", "")), run), str(path))
 
 
 def _checked(plan: MatrixPlan, where: str) -> MatrixPlan:
@@ -200,9 +217,48 @@ def _checked(plan: MatrixPlan, where: str) -> MatrixPlan:
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
         raise FpemuInputError(f"{where}: the column labels repeat: {', '.join(repeated)}")
+    if not plan.specs and not plan.run:
+        raise FpemuInputError(f"{where}: nothing to record: give specs, or a run command of your own loop")
     from fpemu.specs import load_specs
-    load_specs(plan.specs)  # a broken spec is bad input before anything is installed
+    if plan.specs:
+        load_specs(plan.specs)  # a broken spec is bad input before anything is installed
+    _refuse_idle_sets(plan, where)
     return plan
+
+
+# Distributions that install others (their pip requirements): a job's package is in a set when the set
+# names it or a package here that pulls it in.
+PULLS_IN = {"jax": ("jaxlib",), "flax": ("jax", "jaxlib", "optax"), "optax": ("jax", "jaxlib"),
+            "deepspeed": ("torch",), "torchao": (), "megatron-core": ("torch",), "tf-keras": ("tensorflow",),
+            "transformers": ()}
+_ALWAYS = ("numpy", "ml-dtypes")  # fpemu's core dependencies: in every set
+
+
+def _set_packages(version_set: VersionSet) -> set:
+    named = set(_named_packages(version_set)) | set(_ALWAYS)
+    return named | {pulled for name in named for pulled in PULLS_IN.get(name, ())}
+
+
+def _refuse_idle_sets(plan: MatrixPlan, where: str) -> None:
+    """A set in which no planned job can run (the packages its adapters drive are not in it: ``--impl jmp``
+    with no jmp in the set) is bad input, refused before anything is installed: it would cost a pip
+    install and record only skips.  A plan with its own loop (``run``) runs in every set."""
+    if plan.run or not plan.specs:
+        return
+    from fpemu.adapters import ADAPTERS
+    jobs = planned_keys(plan)
+    if not jobs:
+        raise FpemuInputError(f"{where}: the specs and --impl choose no job to run (no implementation drives them)")
+    needs = {impl: {_normalise(p) for p in ADAPTERS[impl.split("@")[0]].packages} for _, impl in jobs}
+    for version_set in plan.sets:
+        present = _set_packages(version_set)
+        if any(wanted <= present for wanted in needs.values()):
+            continue
+        missing = sorted({p for wanted in needs.values() for p in wanted - present})
+        raise FpemuInputError(
+            f"{where}: set {version_set.label!r} can run none of the jobs ({', '.join(sorted(needs))}): it does not "
+            f"install {', '.join(missing)}; add them to every set (--with {' '.join(f'{p}==VERSION' for p in missing)}, "
+            "or a plan's with = [...]) or choose other implementations (--impl)")
 
 
 def plan_from_options(name: str, specs, axes: dict, fixed=(), implementations=None) -> MatrixPlan:
@@ -263,7 +319,7 @@ def _named_packages(version_set: VersionSet) -> list:
     """The distributions a set's requirements name (``jaxlib<=0.4.31`` -> jaxlib), normalised."""
     requirements = version_set.requirements
     if version_set.environment is not None:
-        from fpemu.harness.environments import requirements_of
+        from fpemu.environments import requirements_of
         requirements = requirements_of(version_set.environment)
     names = [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in requirements]
     return [_normalise(n) for n in names if n]
@@ -280,7 +336,7 @@ def _installed(manifest: dict, wanted) -> dict:
 
 def build_column_environment(version_set: VersionSet):
     """Build (or find) the set's environment: (its Python, its manifest)."""
-    from fpemu.harness import environments
+    from fpemu import environments
     if version_set.environment is not None:
         environments.build_environment(version_set.environment)
         return environments.environment_python(version_set.environment), \
@@ -297,18 +353,22 @@ def _record_command(python, plan: MatrixPlan, out: pathlib.Path) -> list:
     return command + (["--impl", *plan.implementations] if plan.implementations else [])
 
 
-def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:
-    """``fpemu record`` in the environment of ``python``, this checkout's fpemu first on its path; its
-    JSON result, or {"crash": why} when it gave none."""
-    from fpemu.harness.environments import _checkout_root, _isolated_env
+def _set_env() -> dict:
+    """The environment of a process run by a set's Python: isolated, this fpemu first on its path, and
+    marked as a version set's (adapters that use an isolated environment elsewhere, paddle and tf_keras,
+    run in this one: the set's own packages are the ones to drive)."""
+    from fpemu.environments import _isolated_env, fpemu_source
     from fpemu.adapters import IN_VERSION_SET
-    # The set's own packages are the ones to drive: adapters that use an isolated environment elsewhere
-    # (paddle, tf_keras) run in this one.
-    env = {**_isolated_env(), "PYTHONPATH": str(_checkout_root()), IN_VERSION_SET: "1"}
+    return {**_isolated_env(), "PYTHONPATH": str(fpemu_source()), IN_VERSION_SET: "1"}
+
+
+def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:
+    """``fpemu record`` in the environment of ``python``, this fpemu first on its path; its JSON result, or
+    {"crash": why} when it gave none."""
     with tempfile.TemporaryDirectory(prefix="fpemu-matrix-") as cwd:  # the checkout must not shadow anything
         try:
-            done = subprocess.run(_record_command(python, plan, out), capture_output=True, text=True, env=env,
-                                  cwd=cwd, timeout=RECORD_TIMEOUT)
+            done = subprocess.run(_record_command(python, plan, out), capture_output=True, text=True,
+                                  env=_set_env(), cwd=cwd, timeout=RECORD_TIMEOUT)
         except subprocess.TimeoutExpired:
             return {"crash": f"recording ran past {RECORD_TIMEOUT:.0f} s"}
     result = _last_json(done.stdout)
@@ -316,6 +376,24 @@ def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:
         tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return {"crash": f"fpemu record exited {done.returncode}: {tail}"}
     return result
+
+
+def _run_loop(python, plan: MatrixPlan, out: pathlib.Path) -> str:
+    """Run the plan's own loop with the set's Python (from the script's folder), its traces going to a fresh
+    ``out``; '' when it exited 0, else why it failed (its last stderr line)."""
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)  # a trace left by an earlier run must not pass for this one's
+    out.mkdir(parents=True)
+    script = pathlib.Path(plan.run[0])
+    try:
+        done = subprocess.run([str(python), *plan.run], capture_output=True, text=True, cwd=script.parent,
+                              env={**_set_env(), LOOP_TRACES: str(out)}, timeout=RECORD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"{script.name} ran past {RECORD_TIMEOUT:.0f} s"
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [""])[-1]
+        return f"{script.name} exited {done.returncode}: {tail}"
+    return "" if any(out.glob("*.json")) else f"{script.name} wrote no trace into ${LOOP_TRACES}"
 
 
 def _last_json(text: str):
@@ -336,17 +414,21 @@ def record_column(plan: MatrixPlan, version_set: VersionSet, traces_root: pathli
     Never raises for what happens inside the set: an install that fails is a column of
     ``cannot install`` cells, a recording that crashes a column of ``internal error`` cells.
     """
-    from fpemu.harness.environments import EnvironmentBuildError
+    from fpemu.environments import EnvironmentBuildError
     try:
         python, manifest = build_column_environment(version_set)
     except EnvironmentBuildError as error:
         return Column(version_set, {}, {}, host_free(_last_lines(str(error))), CANNOT_INSTALL)
     out = traces_root / version_set.slug
-    result = _run_record(python, plan, out)
+    result = _run_record(python, plan, out) if plan.specs else {"unrecorded": []}
     packages = _installed(manifest, _named_packages(version_set))
     if "crash" in result:
         return Column(version_set, packages, {}, host_free(result["crash"]), INTERNAL_ERROR)
-    return read_column(version_set, out, result.get("unrecorded", []), packages)
+    loop_failed = _run_loop(python, plan, out / LOOP_FOLDER) if plan.run else ""
+    column = read_column(version_set, out, result.get("unrecorded", []), packages)
+    if loop_failed and not column.cells:
+        return Column(version_set, packages, {}, host_free(loop_failed), CANNOT_RUN)
+    return column
 
 
 def _last_lines(text: str, count: int = 2) -> str:
@@ -359,7 +441,8 @@ def read_column(version_set: VersionSet, folder, unrecorded=(), packages=None) -
     (``fpemu record --json``'s ``unrecorded``).  The traces' own package versions (those the set
     names, when ``packages`` is None) label the column."""
     cells = {}
-    for path in sorted(pathlib.Path(folder).glob("*.json")):
+    folder = pathlib.Path(folder)
+    for path in sorted(folder.glob("*.json")) + sorted((folder / LOOP_FOLDER).glob("*.json")):
         trace = read_trace(path)
         cells[(trace.spec_name, trace.implementation)] = Cell(RECORDED, trace)
     for verdict in unrecorded:
@@ -411,6 +494,8 @@ def planned_keys(plan: MatrixPlan) -> list:
     """The (spec, implementation) jobs the plan runs in every set, as ``fpemu record`` chooses them."""
     from fpemu.harness.jobs import implementations_for
     from fpemu.specs import load_specs
+    if not plan.specs:
+        return []
     return [(scenario.name, impl.key) for scenario in load_specs(plan.specs)
             for impl in implementations_for(scenario, list(plan.implementations or ()) or None)]
 
@@ -498,7 +583,7 @@ def reference_traces(spec_paths) -> dict:
     """spec name -> fpemu's reference trace of it (computed here: the core alone, no framework)."""
     from fpemu.kinds import reference_trace
     from fpemu.specs import load_specs
-    return {scenario.name: reference_trace(scenario) for scenario in load_specs(spec_paths)}
+    return {scenario.name: reference_trace(scenario) for scenario in load_specs(spec_paths)} if spec_paths else {}
 
 
 def default_traces_root(name: str) -> pathlib.Path:

@@ -153,22 +153,35 @@ def _grid(results: dict, reports: pathlib.Path):
     return path.relative_to(reports).as_posix()
 
 
-def write_report(reports) -> pathlib.Path:
-    """Regenerate reports/upgrades.md (and its plots) from every results file in reports/upgrades/."""
+def _owned_write(path: pathlib.Path, text: str) -> pathlib.Path | None:
+    """Write ``text`` to ``path`` unless a file there is not one fpemu wrote (its first line is not the one
+    fpemu writes): a matrix run in a user's own repository never overwrites their README.  None: left alone."""
+    if path.exists() and read_text(path, FpemuInputError).split("\n", 1)[0] != text.split("\n", 1)[0]:
+        return None
+    return atomic_write(path, text)
+
+
+def write_report(reports) -> pathlib.Path | None:
+    """Regenerate reports/upgrades.md (and its plots) from every results file in reports/upgrades/; None where
+    an upgrades.md fpemu did not write is there (it is left alone)."""
     reports = pathlib.Path(reports)
     lines = _HEAD.splitlines() + [""]
     for path in sorted((reports / RESULTS_FOLDER).glob("*.json")):
         results = read_results(path)
         lines += section(results, _grid(results, reports))
-    return atomic_write(reports / REPORT, "\n".join(lines).rstrip() + "\n")
+    return _owned_write(reports / REPORT, "\n".join(lines).rstrip() + "\n")
 
 
-def write_results(reports, results: dict) -> list:
-    """Write one matrix's results file and regenerate the report and the reports' index
-    (README.md); returns the paths written."""
+def write_results(reports, results: dict) -> tuple:
+    """Write one matrix's results file and regenerate the report and the reports' index (README.md), each
+    only where the file there is fpemu's own (:func:`_owned_write`); returns (the paths written, the paths
+    left alone)."""
     from fpemu.reports.writer import index_report
     reports = pathlib.Path(reports)
     path = atomic_write(reports / RESULTS_FOLDER / f"{results['name']}.json",
                         json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     report = write_report(reports)
-    return [path, report, atomic_write(reports / "README.md", index_report(reports))]
+    index = _owned_write(reports / "README.md", index_report(reports))
+    written = [p for p in (path, report, index) if p is not None]
+    left = [reports / name for name, done in ((REPORT, report), ("README.md", index)) if done is None]
+    return written, left

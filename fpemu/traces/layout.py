@@ -108,3 +108,27 @@ def codes_digest(codes, fp8_format: str) -> str:
     """
     codes = np.asarray(codes, dtype=np.uint8).ravel()
     return hashlib.sha256(np.where(np.isnan(decode(codes, fp8_format)), np.uint8(0xFF), codes).tobytes()).hexdigest()
+
+
+def portable_spec_path(trace, base):
+    """``trace`` with its spec path relative to the folder ``base`` where the spec lies inside it, else
+    the spec's file name alone: a golden must not hold the path of the host that wrote it (an absolute
+    path as typed).
+
+    Example:
+      >>> from fpemu.traces.format import Trace
+      >>> t = Trace({"spec": {"name": "s", "path": "/home/me/repo/specs/s.toml"}}, (), {})
+      >>> portable_spec_path(t, "/home/me/repo").metadata["spec"]["path"], portable_spec_path(t, "/tmp").metadata["spec"]["path"]
+      ('specs/s.toml', 's.toml')
+    """
+    import pathlib
+    from fpemu.traces.format import Trace
+    spec = trace.metadata.get("spec") or {}
+    path = pathlib.PurePath(spec.get("path") or "")
+    if not path.is_absolute():
+        return trace
+    try:
+        portable = path.relative_to(pathlib.Path(base).resolve())
+    except ValueError:
+        portable = pathlib.PurePath(path.name)
+    return Trace({**trace.metadata, "spec": {**spec, "path": portable.as_posix()}}, trace.steps, trace.summary)

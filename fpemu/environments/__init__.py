@@ -5,7 +5,8 @@ project's environment the harness builds one venv per named requirement set
 (:data:`ENVIRONMENTS`) and calls functions inside it.  A build creates the venv in a
 temporary folder next to its final place, installs the requirements together with
 fpemu's core dependencies (``numpy``, ``ml_dtypes``: the pins in the requirements
-win), installs this checkout of fpemu without dependencies, checks that fpemu imports
+win), installs this checkout of fpemu without dependencies (an installed, non-editable
+fpemu is imported from its own installed files instead), checks that fpemu imports
 there, and renames the folder into place: a killed build leaves nothing half-made
 under the final name, and a built environment is found again at once.
 
@@ -15,13 +16,14 @@ them keep their temporary path in the shebang: run tools as ``<env>/bin/python -
 
 :func:`call_in_environment` runs ``"module:function"`` in a worker process of the
 environment's Python, started once per environment and reused; arguments and results
-cross as pickles.  The worker imports fpemu from the same checkout as the caller, so
-both sides agree on the classes that cross.
+cross as pickles.  The worker imports fpemu from the same checkout as the caller, or the
+same installed files (:func:`fpemu_source`), so both sides agree on the classes that cross.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import json
 import os
@@ -36,7 +38,7 @@ import time
 from typing import Optional
 
 from fpemu.errors import FpemuInputError
-from fpemu.harness._env_worker import FRAME, split_entry
+from fpemu.environments.worker import FRAME, split_entry
 
 # name -> pip requirements.  Pin every package whose version decides a result.
 ENVIRONMENTS = {
@@ -83,11 +85,31 @@ def environments_root() -> pathlib.Path:
 
 def _checkout_root() -> pathlib.Path:
     """The source tree of the fpemu this process imported (the folder holding pyproject.toml)."""
-    root = pathlib.Path(__file__).resolve().parents[2]  # fpemu/harness/environments.py
+    root = pathlib.Path(__file__).resolve().parents[2]  # fpemu/environments/__init__.py
     if not (root / "pyproject.toml").is_file():
         raise EnvironmentBuildError(f"fpemu at {root} is not a source checkout (no pyproject.toml): "
                                     "environments install and import fpemu from a checkout")
     return root
+
+
+_LINKED_SOURCE = []  # the folder linking an installed fpemu, made once per process, removed at exit
+
+
+def fpemu_source() -> pathlib.Path:
+    """The folder to put first on an environment's ``PYTHONPATH`` so it imports this process's fpemu:
+    the checkout's root, or, for an installed (non-editable) fpemu, a folder holding one link, ``fpemu``,
+    to the installed package (the same files, compiled kernels included: the environment's Python is this
+    Python's version, as :func:`environment_dir` keys it)."""
+    try:
+        return _checkout_root()
+    except EnvironmentBuildError:
+        pass
+    if not _LINKED_SOURCE:
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="fpemu-installed-"))
+        (folder / "fpemu").symlink_to(pathlib.Path(__file__).resolve().parents[1], target_is_directory=True)
+        atexit.register(shutil.rmtree, folder, True)
+        _LINKED_SOURCE.append(folder)
+    return _LINKED_SOURCE[0]
 
 
 def core_requirements() -> tuple:
@@ -181,6 +203,22 @@ def _installer(python: str) -> list:
     return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
 
 
+def _install_fpemu(name: str, pip: list, timeout: float, env: dict, folder: pathlib.Path) -> pathlib.Path:
+    """Put fpemu into the venv being built; returns the folder its import must resolve into.  From a
+    checkout, a copy is pip-installed (no dependencies); an installed fpemu is not reinstalled (there is
+    no source to build from): the check imports it through :func:`fpemu_source`'s link, as every worker
+    and recording does (``env`` gets the PYTHONPATH)."""
+    try:
+        root = _checkout_root()
+    except EnvironmentBuildError:
+        env["PYTHONPATH"] = str(fpemu_source())
+        return pathlib.Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
+        source = _staged_source(root, pathlib.Path(stage))
+        _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
+    return folder.resolve()
+
+
 def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=None) -> dict:
     """Make the venv in ``folder`` and install everything; returns the manifest."""
     started = time.monotonic()
@@ -190,15 +228,13 @@ def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=No
     pip = _installer(python)
     install = list(_install_list(name, requirements))
     _run_build_step(name, "pip install " + " ".join(install), pip + install, timeout, env=env)
-    with tempfile.TemporaryDirectory(prefix="fpemu-stage-") as stage:
-        source = _staged_source(_checkout_root(), pathlib.Path(stage))
-        _run_build_step(name, "pip install --no-deps fpemu", pip + ["--no-deps", str(source)], timeout, env=env)
+    expected = _install_fpemu(name, pip, timeout, env, folder)
     # Run from the venv's folder: the checkout must not shadow the installed copy.
     check = json.loads(_run_build_step(name, "import fpemu", [python, "-c", _CHECK], timeout, env=env,
                                        cwd=folder))
-    if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(folder.resolve()):
+    if not pathlib.Path(check["fpemu_file"]).resolve().is_relative_to(expected):
         raise EnvironmentBuildError(f"environment {name!r}: fpemu imported from {check['fpemu_file']}, "
-                                    "not from the environment")
+                                    f"not from {expected}")
     return {"name": name, "requirements": install, "python": sys.version.split()[0],
             "packages": check["packages"], "build_seconds": round(time.monotonic() - started, 1),
             "size_bytes": _folder_bytes(folder)}
@@ -232,6 +268,7 @@ def build_environment(name: str, timeout: float = 1800.0, requirements=None) -> 
     """
     final = environment_dir(name, requirements)
     if environment_python(name, requirements) is not None:
+        mark_used(final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _sweep_abandoned(final)
@@ -247,7 +284,164 @@ def build_environment(name: str, timeout: float = 1800.0, requirements=None) -> 
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
+    mark_used(final)
+    cap = size_cap()
+    if cap is not None:
+        prune_environments(max_bytes=cap, keep=(final,))
     return final
+
+
+# -- the cache: what is built, when it was last used, pruning ------------------
+
+LAST_USED = ".last-used"  # touched on every build, lookup by build_environment and call
+RECENT_SECONDS = 600.0  # an environment used this recently is never pruned (a call or recording may be running)
+SIZE_CAP_VARIABLE = "FPEMU_ENV_MAX_SIZE"
+
+
+def mark_used(folder: pathlib.Path) -> None:
+    """Record that the environment in ``folder`` was used now (what `fpemu env list` shows and prune reads)."""
+    try:
+        (folder / LAST_USED).touch()
+    except OSError:  # a read-only shared cache: its last use stays unknown
+        pass
+
+
+def parse_size(text: str, where: str) -> int:
+    """Bytes from ``20G``, ``512M``, ``300K`` or a plain number of bytes.
+
+    Example:
+      >>> parse_size("1.5G", "--max-size"), parse_size("4096", "--max-size")
+      (1610612736, 4096)
+    """
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    body = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    factor = units.get(body[-1:], 1)
+    try:
+        value = float(body[:-1] if body[-1:] in units else body)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise FpemuInputError(f"{where}: expected a size such as 20G, 512M or a number of bytes, got {text!r}")
+    return int(value * factor)
+
+
+def size_cap() -> Optional[int]:
+    """The cache's size cap in bytes from ``$FPEMU_ENV_MAX_SIZE`` (None: no cap)."""
+    text = os.environ.get(SIZE_CAP_VARIABLE)
+    return parse_size(text, f"${SIZE_CAP_VARIABLE}") if text else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedEnvironment:
+    """One folder of the cache.
+
+    Attributes:
+      name: the environment's name (``paddle``, ``matrix-jax-0.4.31-1a2b3c4d``).
+      folder: where it is.
+      versions: name -> installed version of each package its own requirements name.
+      size_bytes: its size when built (the manifest's).
+      last_used: when it was last built, looked up or called (seconds since the epoch).
+      building: a build in progress (a live builder's temporary folder): never pruned.
+    """
+
+    name: str
+    folder: pathlib.Path
+    versions: dict
+    size_bytes: int
+    last_used: float
+    building: bool = False
+
+
+def _requirement_name(requirement: str) -> str:
+    import re
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]).lower()
+
+
+def _cached(folder: pathlib.Path) -> Optional[CachedEnvironment]:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    core = {_requirement_name(r) for r in core_requirements()}
+    own = [_requirement_name(r) for r in manifest.get("requirements", ())]
+    installed = {_requirement_name(k): (k, v) for k, v in manifest.get("packages", {}).items()}
+    versions = dict(installed[n] for n in dict.fromkeys(own) if n in installed and n not in core)
+    stamp = folder / LAST_USED
+    last = (stamp if stamp.exists() else folder / MANIFEST).stat().st_mtime
+    return CachedEnvironment(manifest.get("name", folder.name.rsplit("-", 1)[0]), folder, versions,
+                             int(manifest.get("size_bytes", 0)), last)
+
+
+def _live_build(folder: pathlib.Path) -> bool:
+    pid = folder.name.rsplit("-", 2)[-2] if ".building-" in folder.name else ""
+    return pid.isdigit() and _pid_alive(int(pid))
+
+
+def cached_environments() -> list:
+    """Every environment in the cache (named ones, matrix sets, builds in progress), most recently used first."""
+    root = environments_root()
+    if not root.is_dir():
+        return []
+    found = []
+    for folder in root.iterdir():
+        if folder.name.startswith(".") and _live_build(folder):
+            found.append(CachedEnvironment(folder.name[1:].split(".building-")[0], folder, {},
+                                           _folder_bytes(folder), folder.stat().st_mtime, building=True))
+        elif not folder.name.startswith(".") and folder.is_dir():
+            entry = _cached(folder)
+            found += [entry] if entry else []
+    return sorted(found, key=lambda e: -e.last_used)
+
+
+def _remove(folder: pathlib.Path) -> None:
+    """Take the folder out of the cache at once (a rename: a lookup then sees it unbuilt), then delete it."""
+    doomed = folder.with_name(f".{folder.name}.pruning-{os.getpid()}")
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def prune_environments(older_than: Optional[float] = None, max_bytes: Optional[int] = None, everything: bool = False,
+                       dry_run: bool = False, keep=(), now: Optional[float] = None) -> list:
+    """Remove environments from the cache; returns the CachedEnvironments removed (or, with ``dry_run``,
+    that would be).
+
+    Args:
+      older_than: remove those last used more than this many seconds ago.
+      max_bytes: then remove the least recently used until the cache holds at most this many bytes.
+      everything: remove every environment.
+      keep: folders never removed (the one just built).
+
+    Never removes a build in progress or an environment used in the last :data:`RECENT_SECONDS` (a
+    call or recording may be running in it); abandoned temporary folders of killed builds go too.
+    """
+    now = time.time() if now is None else now
+    entries = [e for e in cached_environments() if not e.building]
+    doomed = [e for e in entries if everything or (older_than is not None and now - e.last_used > older_than)]
+    if max_bytes is not None:
+        total = sum(e.size_bytes for e in entries if e not in doomed)
+        for entry in sorted((e for e in entries if e not in doomed), key=lambda e: e.last_used):
+            if total <= max_bytes:
+                break
+            doomed.append(entry)
+            total -= entry.size_bytes
+    kept = {pathlib.Path(k).resolve() for k in keep}
+    doomed = [e for e in doomed if now - e.last_used >= RECENT_SECONDS and e.folder.resolve() not in kept]
+    if not dry_run:
+        for entry in doomed:
+            _remove(entry.folder)
+        _sweep_stale(environments_root())
+    return doomed
+
+
+def _sweep_stale(root: pathlib.Path) -> None:
+    """Remove the temporary folders of builds and prunes whose process is gone."""
+    if not root.is_dir():
+        return
+    for folder in root.glob(".*"):
+        marker = ".building-" if ".building-" in folder.name else ".pruning-" if ".pruning-" in folder.name else ""
+        pid = folder.name.rsplit(marker, 1)[-1].split("-")[0] if marker else ""
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- calling into an environment -----------------------------------------------
@@ -276,7 +470,7 @@ def _read_exact(fd: int, size: int, deadline: float) -> Optional[bytes]:
     return b"".join(chunks)
 
 
-_WORKER_SCRIPT = pathlib.Path(__file__).with_name("_env_worker.py")
+_WORKER_SCRIPT = pathlib.Path(__file__).with_name("worker.py")
 
 
 class _Worker:
@@ -286,7 +480,7 @@ class _Worker:
         self.name = name
         self.python = python
         self.stderr = tempfile.TemporaryFile()
-        env = {**_isolated_env(), "PYTHONPATH": str(_checkout_root())}
+        env = {**_isolated_env(), "PYTHONPATH": str(fpemu_source())}
         self.process = subprocess.Popen([str(python), str(_WORKER_SCRIPT)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         env=env)
@@ -358,6 +552,7 @@ def _worker(name: str) -> _Worker:
         worker = None
     if worker is None:
         worker = _workers[name] = _Worker(name, python)
+    mark_used(python.parent.parent)
     return worker
 
 

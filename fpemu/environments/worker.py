@@ -1,4 +1,4 @@
-"""The worker side of :func:`fpemu.harness.environments.call_in_environment`.
+"""The worker side of :func:`fpemu.environments.call_in_environment`.
 
 Run as a script by an environment's Python, it imports nothing of fpemu's own (only
 the modules the calls name), so a call costs no more imports than its entry needs.
@@ -57,5 +57,5 @@ def serve():
 
 
 if __name__ == "__main__":
-    del sys.path[0]  # this script's folder: fpemu/harness's modules must not shadow top-level ones
+    del sys.path[0]  # this script's folder: fpemu/environments' modules must not shadow top-level ones
     serve()

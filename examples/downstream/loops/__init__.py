@@ -1,0 +1,1 @@
+"""A downstream team's own training loops, golden-tested with fpemu's pytest plugin."""
