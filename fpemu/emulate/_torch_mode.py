@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_accumulation import low_accumulated
-from fpemu.emulate._torch_kernels import run_as_low_kernel
-from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
+from fpemu.emulate._torch_kernels import run_as_low_kernel, runs_low_kernel
+from fpemu.emulate._torch_rounding import carrier, normal_counts, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
 from fpemu.emulate.telemetry import ROOT, Telemetry
 from fpemu.errors import FpemuInputError
@@ -253,6 +253,8 @@ class _Runtime:
         (None: every floating result, the pure placement); write back what the op mutates."""
         direction = self.direction()
         low, pure = self.low, targets is None
+        if not pure and runs_low_kernel(info.packet, self.policy):
+            return self._low_kernel(func, info, args, kwargs, targets, direction)
 
         def upcast(v):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -288,6 +290,35 @@ class _Runtime:
         if isinstance(out, torch.Tensor):
             return rounded[0]
         return _rebuild(out, iter(rounded))
+
+    def _low_kernel(self, func, info, args, kwargs, targets, direction):
+        """The op as torch's own low-precision CPU kernel computes it, on the real run's dtypes
+        (``_torch_kernels.CPU_LOW_KERNELS`` says why).  Each low result is counted as a rounding of
+        the op's float32 result, which is computed only when some low result is zero, subnormal or
+        non-finite (else nothing underflowed or overflowed)."""
+        out = func(*args, **kwargs)
+        results, reference = _leaves(out, []), None
+        for index, value in enumerate(results):
+            if not (index < len(targets) and targets[index] == self.low and isinstance(value, torch.Tensor)
+                    and value.dtype == self.low):
+                continue
+            min_normal = self.min_normal[self.policy.compute.name]
+            counts, nonfinite = normal_counts(value, min_normal), None
+            if counts is None:
+                reference = reference or _leaves(self._float32_reference(func, info, args, kwargs), [])
+                counts, nonfinite = rounding_counts(reference[index], value, min_normal)
+            self.telemetry.record(direction, info.name, self.module(direction), counts, nonfinite)
+        return out
+
+    def _float32_reference(self, func, info, args, kwargs):
+        """The op in float32 on float32 copies of its low inputs, writing into copies of what it mutates."""
+        mutated = {id(_argument(args, kwargs, position, name)) for position, name in info.mutated}
+
+        def upcast(v):
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return v.float() if v.dtype == self.low else (v.clone() if id(v) in mutated else v)
+            return v
+        return func(*_map(args, upcast), **_map(kwargs, upcast))
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
