@@ -46,6 +46,10 @@ _BLOCKED = "oneDNN's low-precision convolution accumulates its blocks of product
 _STATISTICS = ("the mixed-dtype kernel (low input, float32 weight and statistics) reduces in another "
                "order than the float32 kernel")
 _LOW_SUMS = "the gradient of overlapping or shared windows is summed in the low dtype, each add rounded"
+_FLASH = ("the fused attention rounds its blocks' probabilities to the low dtype before multiplying them "
+          "by the values, and keeps a running softmax over blocks")
+_RNN = ("oneDNN's bf16 LSTM rounds its gates to bf16 between steps; in float16 oneDNN has no LSTM here "
+        "and torch's call fails (torch's own error, as in the real run)")
 # op -> why torch's float16 / bfloat16 CPU kernel is no float32 computation rounded once (measured
 # with torch 2.13.0+cpu on AVX512_BF16, benchmarks/emulate_ops.py; tests/test_emulate_torch.py
 # checks that each departs from it on a sample and that the emulation equals it there)
@@ -55,6 +59,11 @@ CPU_LOW_KERNELS = {
     "aten::native_group_norm_backward": _STATISTICS, "aten::native_layer_norm_backward": _STATISTICS,
     "aten::max_pool2d_with_indices_backward": _LOW_SUMS, "aten::avg_pool2d_backward": _LOW_SUMS,
     "aten::_adaptive_avg_pool2d_backward": _LOW_SUMS,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _FLASH,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _FLASH,
+    "aten::mkldnn_rnn_layer": _RNN, "aten::mkldnn_rnn_layer_backward": _RNN,
+    "aten::pow": "the vectorized kernel multiplies out small exponents in the low dtype (x * x * x, rounded "
+                 "twice) and takes a square root for 0.5 in it",
 }
 
 
