@@ -468,12 +468,16 @@ def _cast_kernel(op, name: str, category: str, low, policy_name: str, cache: dic
             if category == "banned":
                 raise FpemuInputError(f"policy {policy_name} cannot place {name}: CUDA autocast refuses it as unsafe "
                                       "to autocast (torch's advice: use its *_with_logits form)")
-            if category not in ("low", "fp32", "promote"):
+            if category == "float16" and low != torch.float16:
+                raise FpemuInputError(f"policy {policy_name} cannot place {name}: CUDA autocast runs cuDNN's RNNs in "
+                                      "float16 whatever its dtype (AutocastRNN.cpp), which a bfloat16 policy does not carry")
+            kind = "low" if category == "float16" else category
+            if kind not in ("low", "fp32", "promote"):
                 raise FpemuInputError(f"policy {policy_name} cannot place {name}: the cast policy torch's CUDA "
                                       f"autocast registers for it could not be observed (torch {torch.__version__})")
-            if category == "low":
+            if kind == "low":
                 target, eligible = low, (torch.float32,)
-            elif category == "fp32":
+            elif kind == "fp32":
                 target, eligible = torch.float32, (low,)
             else:
                 widest = torch.float32 if any(isinstance(v, torch.Tensor) and v.dtype == torch.float32
@@ -485,19 +489,21 @@ def _cast_kernel(op, name: str, category: str, low, policy_name: str, cache: dic
 
 
 def _table_kernels(policy: Policy, cache: dict):
-    """(op name, kernel) for AutocastCPU: the policy's table for every op it classifies; for the CUDA
+    """(op name, kernel) for AutocastCPU: the policy's table for every op it classifies (the CUDA table
+    with the rules only CUDA builds register, ``_autocast_table.CUDA_ONLY_RULES``); for the CUDA
     table, a refusal for the ops it could not classify and a fallthrough for the ops only CPU
     registers.  Ops of the CPU table it could not classify keep torch's own CPU kernel."""
     low = carrier(policy.compute)
     table = op_table(policy)
     cuda = policy.table_device == "cuda"
-    names = set(table["ops"]) | (set(table["unclassified"]) | set(_autocast_table.registered("cpu")) if cuda else set())
+    ops = {**table["ops"], **(_autocast_table.CUDA_ONLY_RULES if cuda else {})}
+    names = set(ops) | (set(table["unclassified"]) | set(_autocast_table.registered("cpu")) if cuda else set())
     for name in sorted(names):
         op = _autocast_table.resolve(name)
         if op is None:
             continue
-        if name in table["ops"] or name in table["unclassified"]:
-            yield name, _cast_kernel(op, name, table["ops"].get(name, "unclassified"), low, policy.name, cache)
+        if name in ops or name in table["unclassified"]:
+            yield name, _cast_kernel(op, name, ops.get(name, "unclassified"), low, policy.name, cache)
         else:
             yield name, torch.library.fallthrough_kernel
 
