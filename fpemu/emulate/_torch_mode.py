@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_accumulation import low_accumulated
-from fpemu.emulate._torch_kernels import run_as_low_kernel, runs_low_kernel
+from fpemu.emulate._torch_kernels import NO_FLOAT32_CALL, run_as_low_kernel, runs_low_kernel
 from fpemu.emulate._torch_rounding import carrier, normal_counts, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
 from fpemu.emulate.telemetry import ROOT, Telemetry
@@ -295,7 +295,7 @@ class _Runtime:
         """The op as torch's own low-precision CPU kernel computes it, on the real run's dtypes
         (``_torch_kernels.CPU_LOW_KERNELS`` says why).  Each low result is counted as a rounding of
         the op's float32 result, which is computed only when some low result is zero, subnormal or
-        non-finite (else nothing underflowed or overflowed)."""
+        non-finite (else nothing underflowed or overflowed), and never for ``NO_FLOAT32_CALL``."""
         out = func(*args, **kwargs)
         results, reference = _leaves(out, []), None
         for index, value in enumerate(results):
@@ -304,21 +304,22 @@ class _Runtime:
                 continue
             min_normal = self.min_normal[self.policy.compute.name]
             counts, nonfinite = normal_counts(value, min_normal), None
-            if counts is None:
-                reference = reference or _leaves(self._float32_reference(func, info, args, kwargs), [])
+            if counts is None and info.packet in NO_FLOAT32_CALL:
+                counts, nonfinite = rounding_counts(value.float(), value, min_normal)
+            elif counts is None:
+                reference = reference or _leaves(self._float32_reference(func, args, kwargs), [])
                 counts, nonfinite = rounding_counts(reference[index], value, min_normal)
             self.telemetry.record(direction, info.name, self.module(direction), counts, nonfinite)
         return out
 
-    def _float32_reference(self, func, info, args, kwargs):
-        """The op in float32 on float32 copies of its low inputs, writing into copies of what it mutates."""
-        mutated = {id(_argument(args, kwargs, position, name)) for position, name in info.mutated}
-
-        def upcast(v):
+    def _float32_reference(self, func, args, kwargs):
+        """The op in float32 on float32 copies of its low inputs and copies of the rest: it may write
+        into them (native_batch_norm updates its running statistics, unannotated in its schema)."""
+        def copied(v):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
-                return v.float() if v.dtype == self.low else (v.clone() if id(v) in mutated else v)
+                return v.float() if v.dtype == self.low else v.clone()
             return v
-        return func(*_map(args, upcast), **_map(kwargs, upcast))
+        return func(*_map(args, copied), **_map(kwargs, copied))
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
