@@ -27,7 +27,7 @@ def _ordered(tensor, torch):
     return torch.where(bits >= 0, bits, -(bits & 0x7FFF))
 
 
-def _calls(model, loss_of, low, torch):
+def step_calls(model, loss_of, low, torch):
     """(op name, op, cloned arguments) of every CPU_LOW_KERNELS call of one real autocast step."""
     from fpemu.emulate._torch_kernels import CPU_LOW_KERNELS, NO_FLOAT32_CALL
     calls = []
@@ -48,7 +48,7 @@ def _calls(model, loss_of, low, torch):
     return calls
 
 
-def _gaps(calls, low, torch) -> dict:
+def gaps(calls, low, torch) -> dict:
     """op -> [values, differing, max ulp, max normwise distance (squared sums: worst call)]."""
     gaps = {}
     for name, func, (args, kwargs) in calls:
@@ -86,7 +86,7 @@ def main():
         for fmt, low in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
             torch.manual_seed(0)
             model, loss_of = build()
-            for name, (values, differing, ulp, normwise) in sorted(_gaps(_calls(model, loss_of, low, torch), low,
+            for name, (values, differing, ulp, normwise) in sorted(gaps(step_calls(model, loss_of, low, torch), low,
                                                                          torch).items()):
                 rows.append({"model": family, "format": fmt, "op": name, "values": values, "differing": differing,
                              "share": differing / values if values else 0.0, "max_ulp": ulp,

@@ -250,3 +250,19 @@ def test_llama_bf16_step0_verdict_at_init_scale_3_3e35():
     pytest.importorskip("transformers")
     (losses, verdicts, scales, first), emulated, _, _ = _both("llama", "bf16", 1, {"init_scale": 3.3e35})
     assert emulated[1] == verdicts == [False] and emulated[2] == scales
+
+
+# Published in docs/emulate.md (from reports/emulate_op_bounds.md): the normwise distance, in epsilons
+# of the format, of fpemu's float32-rounded-once model from torch's bf16 CPU kernel, at most (and, for
+# the fused attention, at least: it rounds inside).
+BF16_NORMWISE_BOUNDS = {"aten::convolution": (0.0, 0.05), "aten::convolution_backward": (0.0, 0.05),
+                        "aten::_scaled_dot_product_flash_attention_for_cpu": (0.1, 0.6),
+                        "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (0.1, 0.6)}
+
+
+def test_published_bf16_bounds_of_the_float32_model_hold_on_the_zoo():
+    from benchmarks.emulate_op_bounds import EPSILON, gaps
+    measured = gaps([call for call in _recorded_calls("bf16") if call[0] in BF16_NORMWISE_BOUNDS], torch.bfloat16,
+                    torch)
+    for name, (least, most) in BF16_NORMWISE_BOUNDS.items():
+        assert least <= measured[name][3] / EPSILON["bf16"] <= most, (name, measured[name])
