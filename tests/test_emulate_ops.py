@@ -36,6 +36,7 @@ import fpemu  # noqa: E402
 from fpemu.emulate import op_table  # noqa: E402
 from fpemu.emulate._autocast_table import resolve  # noqa: E402
 from fpemu.emulate._op_samples import CPU_LESS, arguments, samples  # noqa: E402
+from fpemu.emulate._torch_kernels import CPU_LOW_KERNELS  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -175,6 +176,10 @@ def test_emulated_op_against_torch_cpu(policy, name):
     got, error = emulated["main"]
     if category == "banned":
         assert isinstance(error, FpemuInputError) and f"cannot place {name}" in str(error)
+        return
+    if policy.startswith("cpu_") and name in CPU_LOW_KERNELS and reference["low"][1] is not None:
+        # torch's own low kernel runs, and fails as the real call does (oneDNN's float16 LSTM here)
+        assert type(error) is type(reference["low"][1]) and str(error) == str(reference["low"][1]), name
         return
     assert error is None, f"{name}: {error!r}"
     if category == "fp32":

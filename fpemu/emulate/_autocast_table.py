@@ -31,6 +31,15 @@ import logging
 import warnings
 
 CATEGORIES = ("low", "fp32", "promote", "banned")
+# What a CPU build's dispatcher cannot show: autocast kernels that only CUDA builds register.  cuDNN's
+# RNNs (nn.LSTM, nn.GRU, nn.RNN on a GPU call _cudnn_rnn) have one, registered at the Autocast key by
+# aten/src/ATen/cudnn/AutocastRNN.cpp in builds with cuDNN: _cudnn_rnn_cast_reflatten casts the
+# input, hx, cx and the weights to float16 -- at::kHalf, whatever autocast's dtype -- and runs cuDNN's
+# RNN there.  A CPU build has no _cudnn_rnn, so the rule goes to the RNN ops it is reached from
+# (their CPU composite then runs each matmul and gate as an emulated float16 op; cuDNN's fused gate
+# arithmetic is not modelled).  Category ``float16``: low under a float16 policy, refused under bf16.
+CUDA_ONLY_RULES = {"aten::lstm.input": "float16", "aten::gru.input": "float16", "aten::rnn_tanh.input": "float16",
+                   "aten::rnn_relu.input": "float16"}
 _LOW_DTYPES = ("float16", "bfloat16")
 _AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 # The key the dispatcher calls after autocast's wrapper, on a dense tensor of the device.

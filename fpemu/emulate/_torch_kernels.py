@@ -19,6 +19,14 @@ few ops pick another library by dtype:
 Checked with torch 2.13.0+cpu (oneDNN 3.12) on an AMD EPYC with AVX512_BF16, under ATen's DEFAULT,
 AVX2 and AVX512 tiers (``ATEN_CPU_CAPABILITY``) and oneDNN capped at AVX2, AVX512_CORE and its
 default (tests/test_emulate_torch.py runs the AVX2 machine's tiers in a subprocess).
+
+Other ops' CPU kernels for float16 / bfloat16 inputs are no float32 computation rounded once at all
+(``CPU_LOW_KERNELS``: oneDNN's blocked convolutions, batch norm's mixed-dtype statistics, pooling
+gradients summed in the low dtype).  A ResNet's step-0 gradients amplify their last-bit differences
+to tens of percent (its batch-norm bias gradients cancel), so under the CPU table, with the rounding
+real autocast has, those ops run torch's own low-precision CPU kernel: the real run's call, on the
+real run's dtypes.  Under the CUDA table they compute in float32 and round once, as CUDA's kernels
+(float32 opmath and accumulators) do.
 """
 
 from __future__ import annotations
@@ -33,6 +41,45 @@ import torch
 _ONEDNN_GELU = {"aten::gelu": 0, "aten::gelu_": 0, "aten::gelu_backward": 1}
 _AARCH64 = platform.machine() in ("aarch64", "arm64")
 _BF16_MIN_NORMAL = 2.0 ** -126
+
+_BLOCKED = "oneDNN's low-precision convolution accumulates its blocks of products in another order"
+_STATISTICS = ("the mixed-dtype kernel (low input, float32 weight and statistics) reduces in another "
+               "order than the float32 kernel")
+_LOW_SUMS = "the gradient of overlapping or shared windows is summed in the low dtype, each add rounded"
+_FLASH = ("the fused attention rounds its blocks' probabilities to the low dtype before multiplying them "
+          "by the values, and keeps a running softmax over blocks")
+_RNN = ("oneDNN's bf16 LSTM rounds its gates to bf16 between steps; in float16 oneDNN has no LSTM here "
+        "and torch's call fails (torch's own error, as in the real run)")
+# op -> why torch's float16 / bfloat16 CPU kernel is no float32 computation rounded once (measured
+# with torch 2.13.0+cpu on AVX512_BF16, benchmarks/emulate_ops.py; tests/test_emulate_torch.py
+# checks that each departs from it on a sample and that the emulation equals it there)
+CPU_LOW_KERNELS = {
+    "aten::convolution": _BLOCKED, "aten::convolution_backward": _BLOCKED,
+    "aten::native_batch_norm": _STATISTICS, "aten::native_batch_norm_backward": _STATISTICS,
+    "aten::native_group_norm_backward": _STATISTICS, "aten::native_layer_norm_backward": _STATISTICS,
+    "aten::max_pool2d_with_indices_backward": _LOW_SUMS, "aten::avg_pool2d_backward": _LOW_SUMS,
+    "aten::_adaptive_avg_pool2d_backward": _LOW_SUMS,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _FLASH,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _FLASH,
+    "aten::mkldnn_rnn_layer": _RNN, "aten::mkldnn_rnn_layer_backward": _RNN,
+    "aten::pow": "the vectorized kernel multiplies out small exponents in the low dtype (x * x * x, rounded "
+                 "twice) and takes a square root for 0.5 in it",
+}
+
+
+# CPU_LOW_KERNELS ops with no float32 call to count their rounding against: the backward of oneDNN's
+# LSTM reads the workspace its low forward wrote, which a float32 call misreads (a segfault, torch 2.13).
+# Their low results are counted as they are (no underflow seen; a non-finite one as the op's own).
+NO_FLOAT32_CALL = {"aten::mkldnn_rnn_layer_backward"}
+
+
+def runs_low_kernel(packet: str, policy) -> bool:
+    """Whether the emulation runs torch's own low-precision CPU kernel for the op (``CPU_LOW_KERNELS``):
+    under the CPU table and the rounding real autocast has (nearest even, inf on overflow, subnormals,
+    float32 accumulation); any other policy asks for a rounding torch's kernel does not do."""
+    return (packet in CPU_LOW_KERNELS and policy.placement == "autocast" and policy.table_device == "cpu"
+            and policy.rounding == "nearest_even" and policy.overflow == "inf" and policy.subnormals
+            and policy.accumulation == "fp32")
 
 
 def _onednn_modes(packet: str) -> tuple:

@@ -39,12 +39,19 @@ class EmulatedScaler:
             raise FpemuInputError(f"scaler {profile}: {error}") from None
         self.state = self.rules.init()
         self._unscaled, self._overflow, self.updates = False, None, 0
+        # torch's GradScaler.get_scale() returns init_scale as given (a Python float) until the first
+        # scale() makes its float32 scale tensor: 3.3e35 then, 3.2999999e35 after (torch 2.13,
+        # torch/amp/grad_scaler.py); a harness reading a drop in the scale as an overflow sees one
+        self._given_scale = (float(params["init_scale"]) if self.profile.name == "torch" and params
+                             and "init_scale" in params else None)
 
     def get_scale(self) -> float:
-        return self.state.scale
+        """The scale, as the profile's scaler reports it (see ``_given_scale``)."""
+        return self._given_scale if self._given_scale is not None else self.state.scale
 
     def scale(self, outputs):
         """outputs times the scale (a float32 multiply, as GradScaler's)."""
+        self._given_scale = None
         return outputs * torch.tensor(self.state.scale, dtype=torch.float32)
 
     def unscale_(self, optimizer) -> None:

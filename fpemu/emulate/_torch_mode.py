@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fpemu.emulate import _autocast_table
 from fpemu.emulate._torch_accumulation import low_accumulated
-from fpemu.emulate._torch_kernels import run_as_low_kernel
-from fpemu.emulate._torch_rounding import carrier, round_tensor, rounding_counts
+from fpemu.emulate._torch_kernels import NO_FLOAT32_CALL, run_as_low_kernel, runs_low_kernel
+from fpemu.emulate._torch_rounding import carrier, normal_counts, round_tensor, rounding_counts
 from fpemu.emulate.policy import GEMM_OPS, Policy, check_framework, get_policy
 from fpemu.emulate.telemetry import ROOT, Telemetry
 from fpemu.errors import FpemuInputError
@@ -253,6 +253,8 @@ class _Runtime:
         (None: every floating result, the pure placement); write back what the op mutates."""
         direction = self.direction()
         low, pure = self.low, targets is None
+        if not pure and runs_low_kernel(info.packet, self.policy):
+            return self._low_kernel(func, info, args, kwargs, targets, direction)
 
         def upcast(v):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -288,6 +290,36 @@ class _Runtime:
         if isinstance(out, torch.Tensor):
             return rounded[0]
         return _rebuild(out, iter(rounded))
+
+    def _low_kernel(self, func, info, args, kwargs, targets, direction):
+        """The op as torch's own low-precision CPU kernel computes it, on the real run's dtypes
+        (``_torch_kernels.CPU_LOW_KERNELS`` says why).  Each low result is counted as a rounding of
+        the op's float32 result, which is computed only when some low result is zero, subnormal or
+        non-finite (else nothing underflowed or overflowed), and never for ``NO_FLOAT32_CALL``."""
+        out = func(*args, **kwargs)
+        results, reference = _leaves(out, []), None
+        for index, value in enumerate(results):
+            if not (index < len(targets) and targets[index] == self.low and isinstance(value, torch.Tensor)
+                    and value.dtype == self.low):
+                continue
+            min_normal = self.min_normal[self.policy.compute.name]
+            counts, nonfinite = normal_counts(value, min_normal), None
+            if counts is None and info.packet in NO_FLOAT32_CALL:
+                counts, nonfinite = rounding_counts(value.float(), value, min_normal)
+            elif counts is None:
+                reference = reference or _leaves(self._float32_reference(func, args, kwargs), [])
+                counts, nonfinite = rounding_counts(reference[index], value, min_normal)
+            self.telemetry.record(direction, info.name, self.module(direction), counts, nonfinite)
+        return out
+
+    def _float32_reference(self, func, args, kwargs):
+        """The op in float32 on float32 copies of its low inputs and copies of the rest: it may write
+        into them (native_batch_norm updates its running statistics, unannotated in its schema)."""
+        def copied(v):
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return v.float() if v.dtype == self.low else v.clone()
+            return v
+        return func(*_map(args, copied), **_map(kwargs, copied))
 
     def _run(self, func, info, args, kwargs, direction):
         if self.policy.accumulation == "low":
@@ -437,12 +469,16 @@ def _cast_kernel(op, name: str, category: str, low, policy_name: str, cache: dic
             if category == "banned":
                 raise FpemuInputError(f"policy {policy_name} cannot place {name}: CUDA autocast refuses it as unsafe "
                                       "to autocast (torch's advice: use its *_with_logits form)")
-            if category not in ("low", "fp32", "promote"):
+            if category == "float16" and low != torch.float16:
+                raise FpemuInputError(f"policy {policy_name} cannot place {name}: CUDA autocast runs cuDNN's RNNs in "
+                                      "float16 whatever its dtype (AutocastRNN.cpp), which a bfloat16 policy does not carry")
+            kind = "low" if category == "float16" else category
+            if kind not in ("low", "fp32", "promote"):
                 raise FpemuInputError(f"policy {policy_name} cannot place {name}: the cast policy torch's CUDA "
                                       f"autocast registers for it could not be observed (torch {torch.__version__})")
-            if category == "low":
+            if kind == "low":
                 target, eligible = low, (torch.float32,)
-            elif category == "fp32":
+            elif kind == "fp32":
                 target, eligible = torch.float32, (low,)
             else:
                 widest = torch.float32 if any(isinstance(v, torch.Tensor) and v.dtype == torch.float32
@@ -454,19 +490,21 @@ def _cast_kernel(op, name: str, category: str, low, policy_name: str, cache: dic
 
 
 def _table_kernels(policy: Policy, cache: dict):
-    """(op name, kernel) for AutocastCPU: the policy's table for every op it classifies; for the CUDA
+    """(op name, kernel) for AutocastCPU: the policy's table for every op it classifies (the CUDA table
+    with the rules only CUDA builds register, ``_autocast_table.CUDA_ONLY_RULES``); for the CUDA
     table, a refusal for the ops it could not classify and a fallthrough for the ops only CPU
     registers.  Ops of the CPU table it could not classify keep torch's own CPU kernel."""
     low = carrier(policy.compute)
     table = op_table(policy)
     cuda = policy.table_device == "cuda"
-    names = set(table["ops"]) | (set(table["unclassified"]) | set(_autocast_table.registered("cpu")) if cuda else set())
+    ops = {**table["ops"], **(_autocast_table.CUDA_ONLY_RULES if cuda else {})}
+    names = set(ops) | (set(table["unclassified"]) | set(_autocast_table.registered("cpu")) if cuda else set())
     for name in sorted(names):
         op = _autocast_table.resolve(name)
         if op is None:
             continue
-        if name in table["ops"] or name in table["unclassified"]:
-            yield name, _cast_kernel(op, name, table["ops"].get(name, "unclassified"), low, policy.name, cache)
+        if name in ops or name in table["unclassified"]:
+            yield name, _cast_kernel(op, name, ops.get(name, "unclassified"), low, policy.name, cache)
         else:
             yield name, torch.library.fallthrough_kernel
 

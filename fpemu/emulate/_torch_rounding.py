@@ -72,6 +72,25 @@ def _thresholds(dtype, min_normal: float) -> tuple:
     return as_bits(min_normal), as_bits(float("inf"))
 
 
+def _magnitudes(after: torch.Tensor, min_normal: float) -> tuple:
+    """(magnitude bits, their least, their greatest, bits of min normal, bits of inf) of a nonempty
+    carrier tensor: the one cheap pass every count starts from."""
+    view, mask = _BITS[after.dtype]
+    magnitude = after.view(view) & mask
+    low, high = (int(v) for v in torch.aminmax(magnitude))
+    return (magnitude, low, high) + _thresholds(after.dtype, min_normal)
+
+
+def normal_counts(after: torch.Tensor, min_normal: float):
+    """The counts of a rounding whose every result ``after`` is a normal finite number (nothing
+    underflowed, became subnormal or overflowed: the float32 values need not be read); None when some
+    result is zero, subnormal, inf or NaN, or there is none."""
+    if not after.numel():
+        return None
+    _, low, high, normal_bits, inf_bits = _magnitudes(after, min_normal)
+    return (after.numel(), 0, 0, 0, 0) if low >= normal_bits and high < inf_bits else None
+
+
 def rounding_counts(before: torch.Tensor, after: torch.Tensor, min_normal: float):
     """(counts in telemetry's COUNTERS order, 'overflow' / 'nan' / 'inf' / None) of one rounding of
     the float32 result ``before`` to ``after`` (a carrier tensor).
@@ -81,13 +100,10 @@ def rounding_counts(before: torch.Tensor, after: torch.Tensor, min_normal: float
     float32 result already held.  The last element says what the first non-finite value was.  The
     counts read ``after``'s bit patterns (integer ops: torch's float16 compares are slow on the CPU).
     """
-    view, mask = _BITS[after.dtype]
-    normal_bits, inf_bits = _thresholds(after.dtype, min_normal)
-    magnitude = after.view(view) & mask
     elements = before.numel()
     if not elements:
         return (0, 0, 0, 0, 0), None
-    low, high = (int(v) for v in torch.aminmax(magnitude))
+    magnitude, low, high, normal_bits, inf_bits = _magnitudes(after, min_normal)
     if low >= normal_bits and high < inf_bits:  # the common case, in one cheap pass: all normal
         return (elements, 0, 0, 0, 0), None
     zeros_after = elements - int(torch.count_nonzero(magnitude)) if low == 0 else 0
