@@ -38,11 +38,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import read_text
+from fpemu.fileio import read_bounded
 from fpemu.scalers.profiles import PROFILES, get_profile
 from fpemu.steps.semantics import get_semantics
 from fpemu.steps.step import checked_compute
 from fpemu.traces.format import EXACT_FIELDS, OBSERVED_FIELDS, ULP_FIELDS, fields_recorded_by
+from fpemu.specs.bounds import MAX_SPEC_BYTES, bound_for
 from fpemu.specs.recipes import RecipeScenario
 from fpemu.specs.scenario import (OVERFLOW_SOURCES, ExpectedDivergence, Implementation, OverflowSource,
                                   ScalerScenario, StepScenario, StepSource)
@@ -73,6 +74,13 @@ class SpecError(FpemuInputError):
     """A spec file that cannot be used; the message names the file and the key."""
 
 
+def _short(value) -> str:
+    """``repr(value)``, cut to a readable length (a huge literal is named, not printed)."""
+    big = isinstance(value, int) and value.bit_length() > 100
+    text = f"an integer of {value.bit_length()} bits" if big else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class _Checker:
     """Validation helpers that name the file and the key.  ``fail`` stops a check; ``attempt``
     runs one independent part of the spec and records its failure, so a spec's independent
@@ -81,6 +89,7 @@ class _Checker:
     def __init__(self, path: str):
         self.path = path
         self.errors = []
+        self.kind = ""  # the scenario kind, once known: some bounds differ by kind (fpemu.specs.bounds)
 
     def fail(self, key: str, message: str):
         raise SpecError(f"{self.path}: {key}: {message}")
@@ -107,10 +116,24 @@ class _Checker:
         return value
 
     def integer(self, value, key: str, minimum: int) -> int:
+        """An integer >= ``minimum`` and within the bound of ``key`` in fpemu.specs.bounds (before anything
+        allocates or loops over it)."""
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {value!r}")
+            self.fail(key, f"expected an integer, got {_short(value)}")
         if value < minimum:
-            self.fail(key, f"expected an integer >= {minimum}, got {value}")
+            self.fail(key, f"expected an integer >= {minimum}, got {_short(value)}")
+        return self.bounded(value, key)
+
+    def bounded(self, value, key: str):
+        """``value``, or a failure naming ``key`` when it is an integer outside its row of
+        fpemu.specs.bounds.BOUNDS (other values are left to the check that knows their kind)."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value
+        bound = bound_for(key)
+        if not bound.minimum <= value <= bound.limit(self.kind):
+            kind = f" for a {self.kind} spec" if isinstance(bound.maximum, dict) and self.kind else ""
+            self.fail(key, f"expected an integer in {bound.minimum:,}..{bound.limit(self.kind):,}{kind} "
+                           f"({bound.why}), got {_short(value)}")
         return value
 
     def number(self, value, key: str, low: float, high: float) -> float:
@@ -192,6 +215,8 @@ def _recorded_source(check: _Checker, raw) -> dict:
 def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
     if not isinstance(params, dict):
         check.fail(key, f"expected a table, got {type(params).__name__}")
+    for name, value in params.items():
+        check.bounded(value, f"{key}.{name}")
     try:
         get_profile(profile).rules(**params)
     except (TypeError, ValueError) as error:
@@ -281,8 +306,6 @@ def _step_source(check: _Checker, raw) -> StepSource:
     for key in ("batch", "features", "outputs"):
         if key in raw:
             fields[key] = check.integer(raw[key], f"step.{key}", 1)
-            if fields[key] > 4:
-                check.fail(f"step.{key}", f"expected an integer in 1..4 (the fitted step orders), got {fields[key]}")
     for key, low, high in (("magnitude", 1e-30, 1e30), ("spread", 0.0, 100.0), ("lr", 1e-12, 1e30),
                            ("init_scale", 1e-30, 3.2e38)):
         if key in raw:
@@ -353,13 +376,19 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
     a [step] table, a :class:`~fpemu.specs.recipes.RecipeScenario` for one with a [recipe] table,
     else a :class:`ScalerScenario`."""
     check = _Checker(path)
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: {len(text):,} characters, over the {MAX_SPEC_BYTES:,} a spec may hold "
+                        "(fpemu.specs.bounds)")
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, and an integer literal past Python's 4,300 digits
         raise SpecError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid TOML: arrays or tables nested too deep to read") from None
     check.table(raw, "", _TOP_KEYS)
     for key, parser in SCENARIO_KINDS.items():
         if key in raw:
+            check.kind = key
             module, _, function = parser.partition(":")
             return getattr(importlib.import_module(module), function)(check, raw, text, path)
     if "step" in raw:
@@ -368,10 +397,12 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
                                "the number of steps is `steps`")
         if "steps" not in raw:
             check.fail("steps", "missing required key")
+        check.kind = "step"
         return _parse_step_spec(check, raw, text, path)
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
             check.attempt(check.fail, required, "missing required key")
+    check.kind = "model" if isinstance(raw.get("overflow"), dict) and raw["overflow"].get("source") == "model" else "scaler"
     steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
     profile, params = (check.attempt(_scaler, check, raw["scaler"]) if "scaler" in raw else None) or (None, None)
     overflow = check.attempt(_overflow_source, check, raw["overflow"]) if "overflow" in raw else None
@@ -393,7 +424,11 @@ def parse_spec(text: str, path: str = "<string>") -> ScalerScenario | StepScenar
 
 def load_spec(path) -> ScalerScenario | StepScenario:
     """Load and validate one spec file."""
-    return parse_spec(read_text(path, SpecError), str(path))
+    data = read_bounded(path, SpecError, MAX_SPEC_BYTES)
+    try:
+        return parse_spec(data.decode("utf-8"), str(path))
+    except UnicodeDecodeError as problem:
+        raise SpecError(f"{path}: cannot read: not UTF-8 ({problem.reason} at byte {problem.start})") from None
 
 
 def find_specs(paths) -> list:
