@@ -137,3 +137,18 @@ def test_a_trace_over_the_step_bound_is_refused(tmp_path, monkeypatch):
     path.write_text(resealed(body))
     with pytest.raises(TraceError, match="steps: 400 records, over the reader's 10"):
         read_trace(path)
+
+
+def test_a_job_past_timeout_is_one_result_line(tmp_path, capsys):
+    pytest.importorskip("torch")
+    spec = tmp_path / "long_torch.toml"
+    spec.write_text((ROOT / "specs" / "bernoulli_torch.toml").read_text().replace("steps = 400", "steps = 100000"))
+    assert main(["golden", str(spec), "--out", str(tmp_path / "g"), "--quiet"]) == 0
+    code = main(["diff", str(spec), "--golden", str(tmp_path / "g"), "--impl", "torch", "--timeout", "0.5", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1 and "cannot run  long_torch / torch@cpu" in out and "timed out after 0.5 s (--timeout)" in out, out
+
+
+def test_timeout_must_be_positive(tmp_path, capsys):
+    assert main(["diff", str(ROOT / "specs" / "bernoulli_torch.toml"), "--golden", str(tmp_path), "--timeout", "-1"]) == 2
+    assert "--timeout -1.0: expected seconds > 0" in capsys.readouterr().err

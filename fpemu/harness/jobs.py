@@ -16,6 +16,7 @@ from typing import Callable, Optional
 from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare.diff import (API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict, compare_traces)
 from fpemu.errors import FpemuInputError
+from fpemu.harness.limits import JOB_TIMEOUT, JobTimedOut, time_limit
 from fpemu.harness.run import (REFERENCE, adapter_versions, implementation_key, package_versions, record_trace, reference_trace,
                                skip_reason)
 from fpemu.specs import (Fp8TrainingScenario, RanksScenario, RecipeScenario, ScalerScenario, StepScenario, load_specs,
@@ -253,11 +254,12 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     return Verdict(scenario.name, implementation_key(impl), status, note=note, packages=packages)
 
 
-def _skipped(scenario, impl, reason: str) -> Verdict:
+def _skipped(scenario, impl, reason: str, status: str = SKIPPED) -> Verdict:
+    """The result line of a job that made no trace: skipped (``reason``), or another ``status``."""
     from fpemu.adapters import ADAPTERS
     adapter = ADAPTERS.get(impl.name)
     packages = adapter_versions(adapter) if adapter is not None else {}
-    return Verdict(scenario.name, implementation_key(impl), SKIPPED, note=reason, packages=packages)
+    return Verdict(scenario.name, implementation_key(impl), status, note=reason, packages=packages)
 
 
 def run_job(scenario, impl):
@@ -270,11 +272,15 @@ def run_job(scenario, impl):
     if reason:
         return None, _skipped(scenario, impl, reason)
     try:
-        return record_trace(scenario, impl), None
+        with time_limit(JOB_TIMEOUT.get()):  # --timeout (fpemu.harness.limits)
+            return record_trace(scenario, impl), None
     except FpemuInputError:
         raise
+    except JobTimedOut as timed_out:
+        return None, _skipped(scenario, impl, str(timed_out), CANNOT_RUN)  # one result line, the others still run
     except (Exception, SystemExit) as error:  # noqa: BLE001 -- one job's failure is one result line
         return None, job_failure(scenario, impl, error)
+
 
 
 def skipped_summary(verdicts) -> str:
