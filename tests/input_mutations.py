@@ -77,11 +77,18 @@ def toml_text(raw: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _at(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
 def mutated_spec(raw: dict, path: tuple, action: str, value=None) -> str:
-    """The TOML of ``raw`` with ``action`` (``set`` to ``value``, ``delete``, ``add`` an unknown key) at ``path``."""
+    """The TOML of ``raw`` with ``action`` (``set`` to ``value``, ``delete``, ``add`` an unknown key beside it:
+    in a list, ``set``) at ``path``."""
     if action == "delete":
         return toml_text(replaced(raw, path, None, delete=True))
-    if action == "add":
+    if action == "add" and isinstance(_at(raw, path[:-1]), dict):
         return toml_text(replaced(raw, path[:-1] + ("fuzz_unknown_key",), value))
     return toml_text(replaced(raw, path, value))
 

@@ -197,7 +197,7 @@ def _params(check: _Checker, scaler: str, raw) -> dict:
     if not isinstance(raw, dict):
         check.fail("ranks.params", f"expected a table, got {type(raw).__name__}")
     for name, value in raw.items():
-        check.bounded(value, f"ranks.params.{name}")
+        check.parameter(value, f"ranks.params.{name}")
     try:
         get_profile(SCALERS[scaler].profile).rules(**raw)
     except (TypeError, ValueError) as error:

@@ -124,6 +124,13 @@ class _Checker:
             self.fail(key, f"expected an integer >= {minimum}, got {_short(value)}")
         return self.bounded(value, key)
 
+    def parameter(self, value, key: str):
+        """A scaler's or recipe's parameter: a number, true/false or a string (the model checks which), an
+        integer within its row of fpemu.specs.bounds.BOUNDS."""
+        if not isinstance(value, (int, float, str)):
+            self.fail(key, f"expected a number, true/false or a string, got {_short(value)}")
+        return self.bounded(value, key)
+
     def bounded(self, value, key: str):
         """``value``, or a failure naming ``key`` when it is an integer outside its row of
         fpemu.specs.bounds.BOUNDS (other values are left to the check that knows their kind)."""
@@ -216,7 +223,7 @@ def _profile_params(check: _Checker, profile: str, params, key: str) -> dict:
     if not isinstance(params, dict):
         check.fail(key, f"expected a table, got {type(params).__name__}")
     for name, value in params.items():
-        check.bounded(value, f"{key}.{name}")
+        check.parameter(value, f"{key}.{name}")
     try:
         get_profile(profile).rules(**params)
     except (TypeError, ValueError) as error:

@@ -121,7 +121,7 @@ def _recipe_params(check, recipe: str, params, key: str) -> dict:
     if not isinstance(params, dict):
         check.fail(key, f"expected a table, got {type(params).__name__}")
     for name, value in params.items():
-        check.bounded(value, f"{key}.{name}")
+        check.parameter(value, f"{key}.{name}")
     try:
         make_recipe(recipe, **params)
     except ValueError as error:
