@@ -105,8 +105,8 @@ def test_a_resealed_wrong_trace_is_refused_naming_the_field(tmp_path, edit, word
 @pytest.mark.parametrize("damage, words", [
     ("deep_list", "JSON nested 100,000 deep, over the reader's 64"),
     ("deep_object", "JSON nested 50,000 deep"),
-    ("huge_int", "a number literal of 5,001 characters"),
-    ("huge_float", "a number literal of 5,002 characters"),
+    ("huge_int", "a number of 5,001 digits, over the reader's 64"),
+    ("huge_float", "a number of 5,000 digits, over the reader's 64"),
     ("nan_literal", "the literal NaN"),
     ("truncated", "invalid JSON"),
     ("garbage", "invalid JSON"),
@@ -120,6 +120,11 @@ def test_damaged_traces_are_refused_before_parsing(tmp_path, capsys, damage, wor
     assert main(["compare", str(path), str(golden)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: not a trace file" in err and words in err, err
+
+
+def test_the_scan_leaves_strings_out():
+    text = json.dumps({"a": 'x\\" [[[ "' + "9" * 100, "b": [12345, 1.5e300, [[[]]]]})
+    assert schema._scan(text.encode()) == (5, 5)  # escaped quotes end no string; digits in strings are no number
 
 
 def test_an_oversize_trace_is_refused_before_it_is_read(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ def _cmd_emulate(args) -> int:
     # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the
     # emulator; the file runs in a child process, so a hang or an exit in it is a named error
     trace = emulate_isolated(args.model, step_timeout=args.step_timeout, timeout=args.timeout, threads=_threads(args),
+                             progress=output.progress(args),
                              policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
                              params=parse_params(args.param), seed=args.seed, semantics=args.semantics)
     written = write_outputs(trace, args.out, plot=not args.no_plot)

@@ -39,19 +39,19 @@ def _phase_name(phase) -> str:
 
 def _child(sender, path: str, threads: Optional[int], options: dict) -> None:
     """The child's whole run: phases, then the trace, an input error's message or fpemu's traceback."""
-    phase = None
+    phase = "start"
 
     def report(next_phase) -> None:
         nonlocal phase
         phase = next_phase
         sender.send(("phase", next_phase))
 
-    report("import")
     try:
         if threads is not None:
             import torch
             torch.set_num_threads(threads)
-        from fpemu.emulate.run import emulate_file
+        from fpemu.emulate.run import emulate_file  # fpemu's start-up, before the file's time starts
+        report("import")
         sender.send(("trace", emulate_file(path, on_step=report, **options)))
     except FpemuInputError as error:
         sender.send(("input_error", str(error)))
@@ -71,13 +71,14 @@ def _checked_limit(value, option: str) -> Optional[float]:
 
 
 def emulate_isolated(path, *, step_timeout: float = DEFAULT_STEP_TIMEOUT, timeout: Optional[float] = None,
-                     threads: Optional[int] = None, **options):
+                     threads: Optional[int] = None, progress=None, **options):
     """:func:`fpemu.emulate.run.emulate_file` of ``path`` (with ``options``) in a child process.
 
     Args:
       step_timeout: seconds the import, ``build`` and each step may take (``--step-timeout``).
       timeout: seconds the whole run may take (``--timeout``); None: no limit beyond the per-step one.
       threads: torch intra-op threads in the child (None: torch's default).
+      progress: ``progress(done, total, label)`` as each step starts (None: silent).
 
     Raises:
       FpemuInputError: what the run raises, and a phase past its limit, a file that raised KeyboardInterrupt
@@ -92,13 +93,18 @@ def emulate_isolated(path, *, step_timeout: float = DEFAULT_STEP_TIMEOUT, timeou
     child.start()
     sender.close()
     try:
-        return _results(receiver, child, str(path), step_timeout, timeout)
+        steps = options.get("steps", 0)
+        trace = _results(receiver, child, str(path), step_timeout, timeout,
+                         lambda index: progress and progress(index, steps, f"step {index}"))
+        if progress:
+            progress(steps, steps, "done")  # ends the bar's line
+        return trace
     finally:
         receiver.close()
         _stop(child)
 
 
-def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[float]):
+def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[float], on_step):
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     phase = "start"
     while True:
@@ -116,6 +122,8 @@ def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[
                                   "exit (sys.exit, os._exit)") from None
         if kind == "phase":
             phase = value
+            if isinstance(phase, int):
+                on_step(phase)
         elif kind == "trace":
             return value
         elif kind == "input_error":

@@ -2,7 +2,7 @@
 
 A trace's checksum is a plain sha256 that anyone can recompute, so it proves the file is as some
 writer left it, not that a writer of fpemu's made it.  :func:`bounded_json` refuses a file over
-:data:`READ_LIMITS` before it is parsed (its size, its nesting, the length of each number literal);
+:data:`READ_LIMITS` before it is parsed (its size, its nesting, the longest run of digits in a number);
 :func:`trace_problem` then checks every value against :data:`METADATA`, :data:`STEP_VALUES` (one row per
 field of fpemu.traces.format.FIELDS) and :data:`SUMMARY`, naming the first wrong one, e.g.
 ``metadata.device: expected a string, got null``.  docs/bounds.md lists these tables.
@@ -24,9 +24,9 @@ MAX_TRACE_STEPS = 100_000  # the longest spec run (fpemu.specs.bounds.MAX_STEPS)
 
 # What a reader accepts before it parses a file: fpemu's writers stay far inside every bound.
 READ_LIMITS = {
-    "bytes": 256 << 20,  # a 100,000-step golden is 17 MB; a recorded run with per-group statistics more
+    "bytes": 128 << 20,  # a 100,000-step golden is 17 MB (the scan before parsing holds ~6 bytes per byte)
     "depth": 64,  # the deepest writer (recorded grad_stats / shadow_histogram) nests 7 deep
-    "number_digits": 64,  # a float's repr has at most 24 characters, an int64 20 digits
+    "number_digits": 64,  # the longest run of digits: a float's repr has at most 17, an int64 19
     "steps": MAX_TRACE_STEPS,
 }
 
@@ -38,37 +38,42 @@ def _json_name(value) -> str:
     return kind or (text if len(text) <= 60 else text[:57] + "...")
 
 
-def _number_hook(literal: str):
-    if len(literal) > READ_LIMITS["number_digits"]:
-        raise ValueError(f"a number literal of {len(literal):,} characters (at most {READ_LIMITS['number_digits']})")
-    return float(literal) if any(c in literal for c in ".eE") else int(literal)
-
-
 def _constant_hook(name: str):
     raise ValueError(f"the literal {name} (JSON has no NaN or inf; fpemu writes them as strings)")
 
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+def _outside_strings(data: bytes) -> np.ndarray:
+    """The bytes of JSON ``data`` outside its strings (escapes dropped first, so an escaped quote ends none)."""
+    if b"\\" in data:
+        data = re.sub(rb"\\.", b"", data, flags=re.DOTALL)
+    codes = np.frombuffer(data, dtype=np.uint8)
+    quote = codes == ord('"')
+    return codes[((np.cumsum(quote, dtype=np.int32) & 1) == 0) & ~quote]
 
 
-def _depth(data: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON ``data`` (strings left out), without parsing it."""
-    codes = np.frombuffer(_STRINGS.sub(b'""', data), dtype=np.uint8)
-    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
-             - np.isin(codes, (ord("]"), ord("}"))).astype(np.int64))
-    return int(np.cumsum(steps).max(initial=0))
+def _scan(data: bytes) -> tuple:
+    """(the deepest nesting of [ and {, the longest run of digits) in JSON ``data``, strings left out: found by
+    vectorised scans, before (and without) parsing it."""
+    codes = _outside_strings(data)
+    nesting = (np.isin(codes, (ord("["), ord("{"))).astype(np.int8) - np.isin(codes, (ord("]"), ord("}"))))
+    depth = int(np.cumsum(nesting, dtype=np.int32).max(initial=0))
+    digit = np.concatenate(([0], ((codes >= ord("0")) & (codes <= ord("9"))).view(np.int8), [0]))
+    edges = np.flatnonzero(np.diff(digit))  # where each run of digits starts and ends
+    return depth, int((edges[1::2] - edges[::2]).max(initial=0))
 
 
 def bounded_json(data: bytes, path: str, error: type):
     """The JSON value in ``data``, or ``error`` naming ``path`` and the bound of :data:`READ_LIMITS` it passes."""
     if len(data) > READ_LIMITS["bytes"]:
         raise error(f"{path}: not a trace file: {len(data):,} bytes, over the reader's {READ_LIMITS['bytes']:,}")
-    depth = _depth(data)
+    depth, digits = _scan(data)
     if depth > READ_LIMITS["depth"]:
         raise error(f"{path}: not a trace file: JSON nested {depth:,} deep, over the reader's {READ_LIMITS['depth']}")
+    if digits > READ_LIMITS["number_digits"]:
+        raise error(f"{path}: not a trace file: a number of {digits:,} digits, over the reader's "
+                    f"{READ_LIMITS['number_digits']} (Python converts no integer past 4,300)")
     try:
-        return json.loads(data.decode("utf-8"), parse_int=_number_hook, parse_float=_number_hook,
-                          parse_constant=_constant_hook)
+        return json.loads(data.decode("utf-8"), parse_constant=_constant_hook)
     except UnicodeDecodeError as problem:
         raise error(f"{path}: not a trace file: not UTF-8 ({problem.reason} at byte {problem.start})") from None
     except json.JSONDecodeError as problem:
