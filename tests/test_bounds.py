@@ -89,6 +89,8 @@ def _golden_body():
     (lambda b: b["steps"][0].update(overflow="no"), r"steps\[0\].overflow: expected true or false, got 'no'"),
     (lambda b: b["steps"][0].update(growth_counter=[1, 2]), r"steps\[0\].growth_counter: expected an integer"),
     (lambda b: b["steps"].__setitem__(0, []), r"steps\[0\]: expected an object, got a list"),
+    (lambda b: b["steps"][0].update(scale=0.5), r"steps\[0\].scale: 0.5 is not scale_hex 0x1.0000000000000p\+16"),
+    (lambda b: b["summary"].update(final_scale="nan"), "summary.final_scale: 'nan' is not final_scale_hex"),
     (lambda b: b["summary"].update(events="x"), "summary.events: expected a list of \\[step, text\\] pairs"),
     (lambda b: b["summary"].update(attempts=-1), "summary.attempts: expected an integer >= 0, got -1"),
     (lambda b: b.update(steps={}), "steps: expected a list of step records, got an object"),

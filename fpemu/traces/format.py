@@ -31,7 +31,8 @@ Every float is stored twice: a readable value and ``float.hex()`` of it, which
 round-trips exactly; comparisons read the hex.  Files are written with sorted
 keys and fixed separators (the same trace gives the same bytes), through a
 temporary file and a rename (never half-written).  A file whose checksum does
-not match its content is refused.
+not match its content is refused, and so is one that does not fit fpemu.traces.schema (bounded before
+parsing, every field checked after the checksum: docs/bounds.md).
 """
 
 from __future__ import annotations

@@ -238,6 +238,24 @@ def _steps_problem(steps) -> str | None:
             return problem
         if record["step"] != index:
             return _wrong(f"steps[{index}].step", f"{index} (records are in step order)", record["step"])
+        problem = _pairs_problem(record, f"steps[{index}]")
+        if problem:
+            return problem
+    return None
+
+
+def _same_float(readable, exact: str) -> bool:
+    value, stored = float(readable), float.fromhex(exact)
+    return value == stored or (value != value and stored != stored)
+
+
+def _pairs_problem(table: dict, where: str) -> str | None:
+    """A readable float that is not its ``_hex`` twin (comparisons read the hex, reports the readable)."""
+    for key, exact in table.items():
+        readable = table.get(key[:-4]) if key.endswith("_hex") else None
+        if isinstance(exact, str) and readable is not None and not isinstance(readable, list) \
+                and not _same_float(readable, exact):
+            return f"{where}.{key[:-4]}: {_json_name(readable)} is not {key} {exact} (the two forms of one float)"
     return None
 
 
@@ -247,7 +265,8 @@ def trace_problem(body: dict) -> str | None:
     return (_table_problem(body.get("metadata"), "metadata", {k: c for k, (_, c) in METADATA.items()},
                               [k for k, (required, _) in METADATA.items() if required])
                or _steps_problem(body.get("steps"))
-               or _table_problem(body.get("summary"), "summary", SUMMARY))
+               or _table_problem(body.get("summary"), "summary", SUMMARY)
+               or _pairs_problem(body["summary"], "summary"))
 
 
 def read_limits_table() -> str:
