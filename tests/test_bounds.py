@@ -159,3 +159,18 @@ def test_a_job_past_timeout_is_one_result_line(tmp_path, capsys):
 def test_timeout_must_be_positive(tmp_path, capsys):
     assert main(["diff", str(ROOT / "specs" / "bernoulli_torch.toml"), "--golden", str(tmp_path), "--timeout", "-1"]) == 2
     assert "--timeout -1.0: expected seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"verdicts": ' + "[" * 10_000 + "]" * 10_000 + "}", "not a diff result: JSON nested 10,001 deep"),
+    ('{"verdicts": [{"spec": 1}]}', r"verdicts\[0\].spec: expected a string, got 1"),
+    ('{"verdicts": [{"spec": "s", "implementation": "torch@cpu", "status": "fine"}]}', r"verdicts\[0\].status: expected one of"),
+    ('{"verdicts": [' + "1" * 5000 + "]}", "not a diff result: a number of 5,000 digits"),
+])
+def test_report_refuses_a_bad_diff_result_naming_the_key(tmp_path, capsys, text, words):
+    bad = tmp_path / "diff.json"
+    bad.write_text(text)
+    assert main(["report", "--reports", str(tmp_path / "r"), "--golden", str(ROOT / "reports" / "golden"),
+                 "--diff", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(f"{bad}: {words}", err), err

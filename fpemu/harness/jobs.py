@@ -374,7 +374,7 @@ def _trace_files(folder: pathlib.Path) -> dict:
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             body = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not ours, whatever it is
             continue
         if isinstance(body, dict) and body.get("format") == "fpemu-trace":
             found[path] = (body.get("metadata") or {}).get("implementation")

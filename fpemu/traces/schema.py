@@ -62,24 +62,25 @@ def _scan(data: bytes) -> tuple:
     return depth, int((edges[1::2] - edges[::2]).max(initial=0))
 
 
-def bounded_json(data: bytes, path: str, error: type):
-    """The JSON value in ``data``, or ``error`` naming ``path`` and the bound of :data:`READ_LIMITS` it passes."""
+def bounded_json(data: bytes, path: str, error: type, what: str = "a trace file"):
+    """The JSON value in ``data``, or ``error`` naming ``path`` (``what`` it should be) and the bound of
+    :data:`READ_LIMITS` it passes."""
     if len(data) > READ_LIMITS["bytes"]:
-        raise error(f"{path}: not a trace file: {len(data):,} bytes, over the reader's {READ_LIMITS['bytes']:,}")
+        raise error(f"{path}: not {what}: {len(data):,} bytes, over the reader's {READ_LIMITS['bytes']:,}")
     depth, digits = _scan(data)
     if depth > READ_LIMITS["depth"]:
-        raise error(f"{path}: not a trace file: JSON nested {depth:,} deep, over the reader's {READ_LIMITS['depth']}")
+        raise error(f"{path}: not {what}: JSON nested {depth:,} deep, over the reader's {READ_LIMITS['depth']}")
     if digits > READ_LIMITS["number_digits"]:
-        raise error(f"{path}: not a trace file: a number of {digits:,} digits, over the reader's "
+        raise error(f"{path}: not {what}: a number of {digits:,} digits, over the reader's "
                     f"{READ_LIMITS['number_digits']} (Python converts no integer past 4,300)")
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_constant_hook)
     except UnicodeDecodeError as problem:
-        raise error(f"{path}: not a trace file: not UTF-8 ({problem.reason} at byte {problem.start})") from None
+        raise error(f"{path}: not {what}: not UTF-8 ({problem.reason} at byte {problem.start})") from None
     except json.JSONDecodeError as problem:
-        raise error(f"{path}: not a trace file: invalid JSON ({problem.msg} at line {problem.lineno})") from None
+        raise error(f"{path}: not {what}: invalid JSON ({problem.msg} at line {problem.lineno})") from None
     except ValueError as problem:
-        raise error(f"{path}: not a trace file: {problem}") from None
+        raise error(f"{path}: not {what}: {problem}") from None
 
 
 # Value checks: each returns None when the value fits, else what was expected.
