@@ -4,4 +4,5 @@ import sys
 
 from fpemu.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when multiprocessing's spawn imports it as __mp_main__ (fpemu.emulate.isolated)
+    sys.exit(main())

@@ -43,3 +43,19 @@ def read_text(path, error: type) -> str:
     except (OSError, UnicodeDecodeError) as problem:
         reason = getattr(problem, "strerror", None) or str(problem)
         raise error(f"{path}: cannot read: {reason}") from None
+
+
+def read_bounded(path, error: type, max_bytes: int) -> bytes:
+    """The bytes of ``path``, refused (``error`` naming it) when it holds more than ``max_bytes``: the size
+    is checked before anything is read."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise error(f"{path}: {size:,} bytes, over the {max_bytes:,} a reader of it accepts")
+            data = handle.read(max_bytes + 1)  # a file that grew (or a pipe) is bounded too
+    except OSError as problem:
+        raise error(f"{path}: cannot read: {problem.strerror or problem}") from None
+    if len(data) > max_bytes:
+        raise error(f"{path}: over the {max_bytes:,} bytes a reader of it accepts")
+    return data

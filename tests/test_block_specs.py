@@ -52,7 +52,7 @@ def test_spec_loads_with_the_adapters_that_drive_its_rule():
     (('"edges"]', '"zeros"]'), "blocks.kinds: each kind once"),
     (("rows = 16", "rows = 0"), "blocks.rows: expected an integer >= 1, got 0"),
     (("rows = 16", "rows = 2.5"), "blocks.rows: expected an integer, got 2.5"),
-    (("rows = 16", "rows = 1_000_000"), "blocks.rows: expected at most 65536 rows per kind"),
+    (("rows = 16", "rows = 1_000_000"), "blocks.rows: expected an integer in 1..65,536"),
     (("rows = 16", "rows = 16\nscale = 2"), "blocks.scale: unknown key"),
     (("rows = 16", "rows = 16\n[implementations.te_block_reference]"),
      "implementations.te_block_reference: te_block_reference does not drive rule 'torchao_floor'; it drives "

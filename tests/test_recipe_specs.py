@@ -49,7 +49,9 @@ def test_generated_amaxes_are_seeded_with_events():
 
 @pytest.mark.parametrize("edit, words", [
     (('name = "te_delayed"', 'name = "te_nvfp4"'), "recipe.name: expected one of te_delayed"),
-    (("amax_history_len = 2", "amax_history_len = 0"), "recipe.params: amax_history_len: expected an integer >= 1"),
+    (("amax_history_len = 2", "amax_history_len = 0"), "recipe.params.amax_history_len: expected an integer in 1..65,536"),
+    (("amax_history_len = 2", "amax_history_len = 9223372036854775807"),
+     "recipe.params.amax_history_len: expected an integer in 1..65,536"),
     (("amax_history_len = 2", "path = 'unfused'"), "recipe.params: path: set by the recipe itself"),
     (("[1.0, nan, inf]", "[1.0, -2.0, 3.0]"), "amax.sequence: expected a non-empty list of amaxes"),
     (("[1.0, nan, inf]", "[1.0]"), "amax.sequence: expected steps=3 amaxes, got 1"),

@@ -6,25 +6,35 @@ import pathlib
 
 from fpemu.cli import output
 from fpemu.cli.questions import parse_params
+from fpemu.emulate.isolated import DEFAULT_STEP_TIMEOUT
 from fpemu.errors import FpemuInputError
 
 
+def _threads(args):
+    """The child's torch threads: --threads, else the parent's where it set them (a test's one thread)."""
+    import sys
+    if args.threads is not None:
+        if args.threads < 1:
+            raise FpemuInputError(f"--threads {args.threads}: expected at least 1")
+        return args.threads
+    return sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+
+
 def _cmd_emulate(args) -> int:
-    from fpemu.emulate.run import emulate_file, write_outputs
+    from fpemu.emulate.isolated import emulate_isolated
+    from fpemu.emulate.run import write_outputs
     overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
                                                ("accumulation", args.accumulation)) if value is not None}
     if args.flush_subnormals:
         overrides["subnormals"] = False
     if args.steps < 1:
         raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
-    if args.threads is not None:
-        import torch
-        if args.threads < 1:
-            raise FpemuInputError(f"--threads {args.threads}: expected at least 1")
-        torch.set_num_threads(args.threads)
-    # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the emulator
-    trace = emulate_file(args.model, policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
-                         params=parse_params(args.param), seed=args.seed, semantics=args.semantics)
+    # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the
+    # emulator; the file runs in a child process, so a hang or an exit in it is a named error
+    trace = emulate_isolated(args.model, step_timeout=args.step_timeout, timeout=args.timeout, threads=_threads(args),
+                             progress=output.progress(args),
+                             policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
+                             params=parse_params(args.param), seed=args.seed, semantics=args.semantics)
     written = write_outputs(trace, args.out, plot=not args.no_plot)
     summary = trace.summary
     first = trace.metadata["telemetry"]["first_nonfinite"]
@@ -78,5 +88,10 @@ def add_commands(registry) -> None:
     emulate.add_argument("--no-plot", action="store_true", help="write no PNG (the page still has the tables)")
     emulate.add_argument("--threads", type=int, help="torch intra-op threads (default torch's; 1 is often fastest "
                          "on a shared machine)")
+    emulate.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT, metavar="SECONDS",
+                         help=f"seconds the file's import, build() and each step may take (default "
+                              f"{DEFAULT_STEP_TIMEOUT:g}); the file runs in a child process, killed past it")
+    emulate.add_argument("--timeout", type=float, metavar="SECONDS", help="seconds the whole run may take "
+                         "(default: no limit beyond --step-timeout)")
     emulate.add_argument("--out", type=pathlib.Path, default=output.DEFAULT_REPORTS / "emulate",
                          help="output folder (default reports/emulate)")

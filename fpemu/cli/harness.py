@@ -191,6 +191,19 @@ def _cmd_run(args) -> int:
     return code
 
 
+TIMEOUT_HELP = ("seconds each job (spec x implementation) may run; a job past it is one result line, 'timed out "
+                "after N s' (cannot run), and the other jobs still run (default: no limit)")
+
+
+def _timed(handler):
+    """``handler`` with each of its jobs under the command's --timeout (fpemu.harness.limits)."""
+    def run(args) -> int:
+        from fpemu.harness.limits import job_timeout
+        with job_timeout(args.timeout):
+            return handler(args)
+    return run
+
+
 def add_commands(registry) -> None:
     """golden, record, diff, audit, compare, report and run."""
     command, specs_help, impl_help, selection = (registry.command, registry.specs_help, registry.impl_help,
@@ -201,20 +214,24 @@ def add_commands(registry) -> None:
 
     record = command("record", "record real implementations' traces (a baseline for `fpemu audit`); the folder "
                      "ends up holding exactly this run's traces: traces in it that this run did not write are "
-                     "removed, and listed", _cmd_record)
+                     "removed, and listed", _timed(_cmd_record))
     record.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     record.add_argument("--out", type=pathlib.Path, required=True, help="folder for the recorded traces")
+    record.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     selection(record, impl_help, "exit 0 even when every job was skipped (nothing recorded) instead of 1")
 
-    diff = command("diff", "drive real implementations through the specs and compare with golden traces", _cmd_diff)
+    diff = command("diff", "drive real implementations through the specs and compare with golden traces",
+                   _timed(_cmd_diff))
     diff.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     diff.add_argument("--golden", type=pathlib.Path, required=True, help="folder of golden traces")
+    diff.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     selection(diff, impl_help + " (default: each spec's own)")
     diff.add_argument("--save", type=pathlib.Path, help="also write the observed traces into this folder")
 
     audit = command("audit", "re-record a baseline's implementations here and list every behaviour change",
-                    _cmd_audit)
+                    _timed(_cmd_audit))
     audit.add_argument("--baseline", type=pathlib.Path, required=True, help="folder written by `fpemu record`")
+    audit.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     selection(audit, "audit only these implementations of the baseline (a name: every device)",
               "exit 0 even when baseline implementations cannot run here (skipped) instead of 1")
 
@@ -232,12 +249,13 @@ def add_commands(registry) -> None:
                         "output of `fpemu diff --json`")
 
     run = command("run", "the main job: golden traces, diff against every installed implementation, reports",
-                  _cmd_run)
+                  _timed(_cmd_run))
     run.add_argument("--specs", type=pathlib.Path, default=output.DEFAULT_SPECS,
                      help="spec folder (default: specs/ of the current folder, i.e. run it from the checkout)")
     run.add_argument("--reports", type=pathlib.Path, default=output.RUN_REPORTS,
                      help="output folder (default: reports/local/, which git ignores; --reports reports rewrites the "
                           "committed reports, from a full install: rows that cannot run here would replace measured ones)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     selection(run, impl_help + " (default: each spec's own)")
     run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
                      help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "

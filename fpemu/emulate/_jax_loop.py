@@ -35,7 +35,7 @@ def _flat_float32(tree) -> list:
 
 
 def run_jax_steps(grads, update, state, *, steps: int, policy="program", semantics="jax_cpu_strict",
-                  profile="flax", params=None, where="step"):
+                  profile="flax", params=None, where="step", on_step=None):
     """Run ``steps`` emulated steps of ``grads`` and ``update`` from ``state`` under a scaler profile.
 
     Args:
@@ -47,6 +47,7 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
       policy, semantics: as :func:`emulate_jax`.
       profile, params: the scaler profile and its parameters.
       where: how errors name the step's source (the model file).
+      on_step: called with each step's index before it runs (fpemu.emulate.isolated times each step by it).
 
     Returns:
       (list of :class:`StepRecord`, the whole run's TelemetrySummary, the final state).
@@ -66,10 +67,13 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
     emulated_update = emulate_jax(update, policy, semantics=semantics, telemetry=telemetry)
     records = []
     for index in range(steps):
+        if on_step is not None:
+            on_step(index)
         telemetry.reset_step(index)
         telemetry.location = None
         step = np.int32(index)
-        loss, scaled = _call(emulated_grads, (state, np.float32(scaler.scale), step), where, index, telemetry)
+        loss, scaled = _pair(_call(emulated_grads, (state, np.float32(scaler.scale), step), where, index, telemetry),
+                             where, index)
         leaves = _flat_float32(scaled)
         flat = np.concatenate([leaf.ravel() for leaf in leaves]) if leaves else np.zeros(0, np.float32)
         overflow = bool(step_overflowed(flat, scaler.scale, chosen))
@@ -95,6 +99,13 @@ def _call(emulated, args, where: str, index: int, telemetry: Telemetry):
         if isinstance(error, FpemuInputError):  # a primitive the interpreter cannot place
             raise FpemuInputError(f"{where}: step {index}{module}: {error}") from error
         raise FpemuInputError(f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
+
+
+def _pair(out, where: str, index: int) -> tuple:
+    """What ``grads`` returned, checked: ``(loss, grads)``."""
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise FpemuInputError(f"{where}: step {index}: grads() returned {type(out).__name__}; it returns (loss, grads)")
+    return tuple(out)
 
 
 def _loss_value(loss, where: str, index: int) -> float:

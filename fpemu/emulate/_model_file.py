@@ -61,7 +61,7 @@ def load_model_file(path) -> tuple:
 def framework_of(module, path) -> str:
     """The framework the model file declares (``FRAMEWORK``), torch where it declares none."""
     framework = getattr(module, "FRAMEWORK", "torch")
-    if framework not in CONTRACTS:
+    if not isinstance(framework, str) or framework not in CONTRACTS:
         known = ", ".join(map(repr, CONTRACTS))
         raise FpemuInputError(f"{path}: FRAMEWORK = {framework!r}; fpemu emulate runs {known}")
     return framework

@@ -84,8 +84,10 @@ class EmulatedScaler:
         self.updates += 1
 
 
-def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", params=None, where="step"):
-    """Run ``step(model, optimizer, scaler, index)`` ``steps`` times under ``policy``.
+def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", params=None, where="step",
+              on_step=None):
+    """Run ``step(model, optimizer, scaler, index)`` ``steps`` times under ``policy`` (``on_step(index)``
+    before each: fpemu.emulate.isolated times each step by it).
 
     Returns:
       (list of :class:`StepRecord`, the whole run's TelemetrySummary).
@@ -100,6 +102,8 @@ def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", pa
     telemetry = Telemetry()
     with emulate_torch(policy, model=model, telemetry=telemetry):
         for index in range(steps):
+            if on_step is not None:
+                on_step(index)
             telemetry.reset_step(index)
             telemetry.location = None
             before = scaler.updates

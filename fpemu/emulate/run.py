@@ -14,7 +14,7 @@ JAX_IMPLEMENTATION = "emulate_jax@cpu"
 
 
 def emulate_file(path, *, policy=None, steps: int, profile=None, params=None, seed: int = 0, overrides=None,
-                 semantics=None) -> Trace:
+                 semantics=None, on_step=None) -> Trace:
     """Run the model file at ``path`` (see ``fpemu.emulate._model_file``) under ``policy``.
 
     Args:
@@ -26,6 +26,8 @@ def emulate_file(path, *, policy=None, steps: int, profile=None, params=None, se
       seed: passed to the file's ``build``.
       overrides: Policy fields to replace; the policy is then named after them (``pure_fp16-fp8_e4m3fn-up``).
       semantics: JAX only: the interpreter's :data:`fpemu.steps.SEMANTICS` preset (default ``jax_cpu_strict``).
+      on_step: called with ``"build"`` once the file is imported, then with each step's index before it
+        runs (fpemu.emulate.isolated times each phase by it).
 
     Returns:
       The run's trace (v1): scale trajectory, skips, shares, per-module underflow, the op table.
@@ -37,6 +39,8 @@ def emulate_file(path, *, policy=None, steps: int, profile=None, params=None, se
     from fpemu.emulate.policy import get_policy
     path = pathlib.Path(path)
     module, text = load_model_file(path)
+    if on_step is not None:
+        on_step("build")
     framework = framework_of(module, path)
     default_policy, default_profile, run = FRAMEWORKS[framework]
     if semantics is not None and framework != "jax":
@@ -46,10 +50,10 @@ def emulate_file(path, *, policy=None, steps: int, profile=None, params=None, se
         name = "-".join([policy.name, *("noSubnormals" if v is False else str(v) for v in overrides.values())])
         policy = get_policy(policy, **overrides, name=name)
     return run(module, text, path, policy=policy, steps=steps, profile=profile or default_profile,
-               params=params or {}, seed=seed, semantics=semantics)
+               params=params or {}, seed=seed, semantics=semantics, on_step=on_step)
 
 
-def _torch_file(module, text, path, *, policy, steps, profile, params, seed, semantics) -> Trace:
+def _torch_file(module, text, path, *, policy, steps, profile, params, seed, semantics, on_step) -> Trace:
     import torch
 
     from fpemu.emulate._model_file import build_model
@@ -57,14 +61,14 @@ def _torch_file(module, text, path, *, policy, steps, profile, params, seed, sem
     from fpemu.emulate._torch_mode import op_table
     model, optimizer = build_model(module, path, seed)
     records, telemetry = run_steps(module.step, model, optimizer, steps=steps, policy=policy, profile=profile,
-                                   params=params, where=str(path))
+                                   params=params, where=str(path), on_step=on_step)
     packages = {**installed_versions(["numpy", "ml_dtypes"]), "torch": torch.__version__}
     return emulation_trace(records, profile=profile, params=params, model_name=path.stem, model_text=text,
                            policy=policy.describe(), op_table=op_table(policy), packages=packages,
                            run_telemetry=telemetry)
 
 
-def _jax_file(module, text, path, *, policy, steps, profile, params, seed, semantics) -> Trace:
+def _jax_file(module, text, path, *, policy, steps, profile, params, seed, semantics, on_step) -> Trace:
     from fpemu.emulate._jax_interpreter import primitive_table
     from fpemu.emulate._jax_loop import run_jax_steps
     from fpemu.steps.semantics import DEFAULT_SEMANTICS
@@ -74,7 +78,8 @@ def _jax_file(module, text, path, *, policy, steps, profile, params, seed, seman
     except Exception as error:
         raise FpemuInputError(f"{path}: build({seed}) raised {type(error).__name__}: {error}") from error
     records, telemetry, _ = run_jax_steps(module.grads, module.update, state, steps=steps, policy=policy,
-                                          semantics=semantics, profile=profile, params=params, where=str(path))
+                                          semantics=semantics, profile=profile, params=params, where=str(path),
+                                          on_step=on_step)
     packages = installed_versions(["numpy", "ml_dtypes", "jax", "jaxlib", "flax"])
     return emulation_trace(records, profile=profile, params=params, model_name=path.stem, model_text=text,
                            policy=policy.describe(), op_table=primitive_table(semantics), packages=packages,

@@ -17,6 +17,7 @@ from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare import compare_traces
 from fpemu.compare.diff import API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict
 from fpemu.errors import FpemuInputError, RefusedCall
+from fpemu.harness.limits import JOB_TIMEOUT, JobTimedOut, time_limit
 from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
 from fpemu.kinds import explain, kind_of, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
@@ -304,11 +305,12 @@ def job_failure(scenario, impl, error: BaseException) -> Verdict:
     return Verdict(scenario.name, impl.key, status, note=note, packages=packages)
 
 
-def _skipped(scenario, impl, reason: str) -> Verdict:
+def _skipped(scenario, impl, reason: str, status: str = SKIPPED) -> Verdict:
+    """The result line of a job that made no trace: skipped (``reason``), or another ``status``."""
     from fpemu.adapters import ADAPTERS
     adapter = ADAPTERS.get(impl.name)
     packages = adapter_versions(adapter) if adapter is not None else {}
-    return Verdict(scenario.name, impl.key, SKIPPED, note=reason, packages=packages)
+    return Verdict(scenario.name, impl.key, status, note=reason, packages=packages)
 
 
 def run_job(scenario, impl):
@@ -321,11 +323,15 @@ def run_job(scenario, impl):
     if reason:
         return None, _skipped(scenario, impl, reason)
     try:
-        return record_trace(scenario, impl), None
+        with time_limit(JOB_TIMEOUT.get()):  # --timeout (fpemu.harness.limits)
+            return record_trace(scenario, impl), None
     except FpemuInputError:
         raise
+    except JobTimedOut as timed_out:
+        return None, _skipped(scenario, impl, str(timed_out), CANNOT_RUN)  # one result line, the others still run
     except (Exception, SystemExit) as error:  # noqa: BLE001 -- one job's failure is one result line
         return None, job_failure(scenario, impl, error)
+
 
 
 def skipped_summary(verdicts) -> str:
@@ -420,7 +426,7 @@ def _trace_files(folder: pathlib.Path) -> dict:
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             body = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not ours, whatever it is
             continue
         if isinstance(body, dict) and body.get("format") == "fpemu-trace":
             found[path] = (body.get("metadata") or {}).get("implementation")

@@ -18,6 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fpemu.adapters import resolve
+from fpemu.kinds.bounds import MAX_SPEC_BYTES, bound_for
 from fpemu.errors import FpemuInputError
 from fpemu.kinds.scenario import ExpectedDivergence
 from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS, fields_recorded_by
@@ -29,10 +30,22 @@ class SpecError(FpemuInputError):
 
 def parse_toml(text: str, path: str) -> dict:
     """The TOML table of a spec's ``text``; a SpecError names ``path`` when it is not valid TOML."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: {len(text):,} characters, over the {MAX_SPEC_BYTES:,} a spec may hold "
+                        "(fpemu.kinds.bounds)")
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:  # TOMLDecodeError, and an integer literal past Python's 4,300 digits
         raise SpecError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid TOML: arrays or tables nested too deep to read") from None
+
+
+def _short(value) -> str:
+    """``repr(value)``, cut to a readable length (a huge literal is named, not printed)."""
+    big = isinstance(value, int) and value.bit_length() > 100
+    text = f"an integer of {value.bit_length()} bits" if big else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class Checker:
@@ -43,6 +56,7 @@ class Checker:
     def __init__(self, path: str):
         self.path = path
         self.errors = []
+        self.kind = ""  # the scenario kind, once known: some bounds differ by kind (fpemu.kinds.bounds)
 
     def fail(self, key: str, message: str):
         raise SpecError(f"{self.path}: {key}: {message}")
@@ -69,10 +83,31 @@ class Checker:
         return value
 
     def integer(self, value, key: str, minimum: int) -> int:
+        """An integer >= ``minimum`` and within the bound of ``key`` in fpemu.kinds.bounds (before anything
+        allocates or loops over it)."""
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {value!r}")
+            self.fail(key, f"expected an integer, got {_short(value)}")
         if value < minimum:
-            self.fail(key, f"expected an integer >= {minimum}, got {value}")
+            self.fail(key, f"expected an integer >= {minimum}, got {_short(value)}")
+        return self.bounded(value, key)
+
+    def parameter(self, value, key: str):
+        """A scaler's or recipe's parameter: a number, true/false or a string (the model checks which), an
+        integer within its row of fpemu.kinds.bounds.BOUNDS."""
+        if not isinstance(value, (int, float, str)):
+            self.fail(key, f"expected a number, true/false or a string, got {_short(value)}")
+        return self.bounded(value, key)
+
+    def bounded(self, value, key: str):
+        """``value``, or a failure naming ``key`` when it is an integer outside its row of
+        fpemu.kinds.bounds.BOUNDS (other values are left to the check that knows their kind)."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value
+        bound = bound_for(key)
+        if not bound.minimum <= value <= bound.limit(self.kind):
+            kind = f" for a {self.kind} spec" if isinstance(bound.maximum, dict) and self.kind else ""
+            self.fail(key, f"expected an integer in {bound.minimum:,}..{bound.limit(self.kind):,}{kind} "
+                           f"({bound.why}), got {_short(value)}")
         return value
 
     def number(self, value, key: str, low: float, high: float) -> float:

@@ -12,8 +12,9 @@ import json
 import pathlib
 
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import atomic_write, read_text
+from fpemu.fileio import atomic_write, read_bounded
 from fpemu.harness.matrix import RESULTS_FORMAT, UNKNOWN
+from fpemu.traces.schema import READ_LIMITS, bounded_json
 
 RESULTS_FOLDER = "upgrades"
 REPORT = "upgrades.md"
@@ -37,10 +38,8 @@ XLA and torch compile for the CPU they run on, so step numerics are those of one
 
 def read_results(path) -> dict:
     """A results file; anything else is an input error naming it."""
-    try:
-        body = json.loads(read_text(path, FpemuInputError))
-    except ValueError as error:
-        raise FpemuInputError(f"{path}: not JSON: {error}") from None
+    body = bounded_json(read_bounded(path, FpemuInputError, READ_LIMITS["bytes"]), str(path), FpemuInputError,
+                        "a matrix results file")
     if not isinstance(body, dict) or body.get("format") != RESULTS_FORMAT:
         raise FpemuInputError(f"{path}: not an fpemu matrix results file (format {RESULTS_FORMAT!r})")
     return body

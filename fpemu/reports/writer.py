@@ -10,10 +10,11 @@ import numpy as np
 
 from fpemu.compare.diff import JOB_FAILURES, SKIPPED, STATUSES
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import atomic_write, read_text
+from fpemu.fileio import atomic_write, read_bounded
 from fpemu.formats import FORMATS, range_stats
 from fpemu.scalers import PROFILES, simulate_scaler
 from fpemu.scalers.profiles import REQUIRED
+from fpemu.traces.schema import READ_LIMITS, bounded_json
 
 
 def markdown_table(header, rows) -> str:
@@ -306,12 +307,34 @@ def _one_number(value) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("nan", "inf", "-inf")
 
 
+# What the report reads of each verdict of a diff result: key -> (a check, what it expects).
+_VERDICT_KEYS = {
+    "spec": (lambda v: isinstance(v, str), "a string"),
+    "implementation": (lambda v: isinstance(v, str), "a string"),
+    "status": (lambda v: v in STATUSES, f"one of {', '.join(STATUSES)}"),
+    "note": (lambda v: v is None or isinstance(v, str), "null or a string"),
+    "divergence": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("field"), str)
+                                           and isinstance(v.get("step"), int) and isinstance(v.get("cause"), str)
+                                           and isinstance(v.get("element", ""), (str, type(None)))),
+                   "null or an object with step, field and cause"),
+}
+
+
 def _read_verdicts(path) -> list:
-    try:
-        verdicts = json.loads(read_text(path, FpemuInputError))["verdicts"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    """The verdicts of a diff result, bounded before parsing (fpemu.traces.schema) and checked before use."""
+    body = bounded_json(read_bounded(path, FpemuInputError, READ_LIMITS["bytes"]), str(path), FpemuInputError,
+                        "a diff result")
+    verdicts = body.get("verdicts") if isinstance(body, dict) else None
+    if not isinstance(verdicts, list):
         raise FpemuInputError(f"{path}: not a diff result (expected the JSON that `fpemu run` writes, "
-                              "with a 'verdicts' list)") from None
+                              "with a 'verdicts' list)")
+    for index, verdict in enumerate(verdicts):
+        if not isinstance(verdict, dict):
+            raise FpemuInputError(f"{path}: verdicts[{index}]: expected an object")
+        for key, (fits, expected) in _VERDICT_KEYS.items():
+            if not fits(verdict.get(key)):
+                raise FpemuInputError(f"{path}: verdicts[{index}].{key}: expected {expected}, got "
+                                      f"{json.dumps(verdict.get(key))[:60]}")
     return verdicts
 
 

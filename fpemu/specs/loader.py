@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pathlib
 
-from fpemu.fileio import read_text
+from fpemu.fileio import read_bounded
+from fpemu.kinds.bounds import MAX_SPEC_BYTES
 from fpemu.kinds import kind_of_spec, spec_tables
 from fpemu.kinds.scenario import ScenarioBase
 from fpemu.kinds.schema import Checker, SpecError, parse_toml
@@ -31,12 +32,18 @@ def parse_spec(text: str, path: str = "<string>") -> ScenarioBase:
     check = Checker(path)
     raw = parse_toml(text, path)
     check.table(raw, "", COMMON_KEYS | spec_tables())
-    return kind_of_spec(raw).parse(check, raw, text, path)
+    kind = kind_of_spec(raw)
+    check.kind = kind.name  # some bounds differ by kind (fpemu.kinds.bounds)
+    return kind.parse(check, raw, text, path)
 
 
 def load_spec(path) -> ScenarioBase:
     """Load and validate one spec file."""
-    return parse_spec(read_text(path, SpecError), str(path))
+    data = read_bounded(path, SpecError, MAX_SPEC_BYTES)
+    try:
+        return parse_spec(data.decode("utf-8"), str(path))
+    except UnicodeDecodeError as problem:
+        raise SpecError(f"{path}: cannot read: not UTF-8 ({problem.reason} at byte {problem.start})") from None
 
 
 def find_specs(paths) -> list:

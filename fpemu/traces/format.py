@@ -31,7 +31,8 @@ Every float is stored twice: a readable value and ``float.hex()`` of it, which
 round-trips exactly; comparisons read the hex.  Files are written with sorted
 keys and fixed separators (the same trace gives the same bytes), through a
 temporary file and a rename (never half-written).  A file whose checksum does
-not match its content is refused.
+not match its content is refused, and so is one that does not fit fpemu.traces.schema (bounded before
+parsing, every field checked after the checksum: docs/bounds.md).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import pathlib
 from typing import Optional
 
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import atomic_write, read_text
+from fpemu.fileio import atomic_write, read_bounded
+from fpemu.traces.schema import READ_LIMITS, bounded_json, trace_problem
 
 FORMAT_NAME = "fpemu-trace"
 FORMAT_VERSION = 1
@@ -248,11 +250,10 @@ def write_golden_trace(trace: Trace, path) -> pathlib.Path:
     return write_trace(trace, path)
 
 
-def loads(text: str, path: str = "<string>") -> Trace:
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise TraceError(f"{path}: not a trace file: invalid JSON ({error.msg} at line {error.lineno})") from None
+def loads(text: str | bytes, path: str = "<string>") -> Trace:
+    """The trace in ``text``: bounded before it is parsed, its checksum checked, then every field against
+    fpemu.traces.schema (a checksum anyone can recompute proves no more than that the file is as written)."""
+    body = bounded_json(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text, path, TraceError)
     if isinstance(body, dict) and "format" not in body and "steps" in body:
         raise TraceError(f"{path}: not a trace file but a command's --json result (no 'format' key; `fpemu "
                          "simulate --json` prints one; `fpemu simulate --save DIR` writes traces): traces come from `fpemu golden`, `fpemu record`, `fpemu diff "
@@ -269,30 +270,14 @@ def loads(text: str, path: str = "<string>") -> Trace:
     if stored != computed:
         raise TraceError(f"{path}: checksum mismatch: the file was modified or corrupted after it was written "
                          "(regenerate it: `fpemu golden` for golden traces, `fpemu record` for baselines)")
-    _check_structure(body, path)
+    problem = trace_problem(body)
+    if problem:
+        raise TraceError(f"{path}: not a valid trace: {problem}")
     return Trace(body["metadata"], tuple(body["steps"]), body["summary"])
 
 
-def _check_structure(body: dict, path: str) -> None:
-    """The keys every reader relies on (a checksum only proves the file is as written)."""
-    metadata, steps = body.get("metadata"), body.get("steps")
-    problems = []
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("spec"), dict):
-        problems.append("metadata.spec")
-    elif not all(isinstance(metadata["spec"].get(k), str) for k in ("name", "sha256", "text")):
-        problems.append("metadata.spec.name/sha256/text")
-    if isinstance(metadata, dict) and not isinstance(metadata.get("implementation"), str):
-        problems.append("metadata.implementation")
-    if not isinstance(steps, list) or not all(isinstance(record, dict) for record in steps):
-        problems.append("steps (a list of step records)")
-    if not isinstance(body.get("summary"), dict):
-        problems.append("summary")
-    if problems:
-        raise TraceError(f"{path}: not a valid trace: missing or malformed {', '.join(problems)}")
-
-
 def read_trace(path) -> Trace:
-    return loads(read_text(path, TraceError), str(path))
+    return loads(read_bounded(path, TraceError, READ_LIMITS["bytes"]), str(path))
 
 
 def trace_filename(spec_name: str, implementation: str) -> str:

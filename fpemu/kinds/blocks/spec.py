@@ -34,7 +34,6 @@ from fpemu.kinds.schema import build_scenario, implementation_tables, record_fie
 _KEYS = {"rule", "element", "block_size", "kinds", "rows", "seed"}
 _IMPLEMENTATION_PARAMS = {"rule"}
 PROBE_COLUMNS = 32  # values per probe row (the recipe pages' width), rounded to whole blocks
-MAX_ROWS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,13 +94,6 @@ def _kinds(check, kinds) -> tuple:
     return tuple(kinds)
 
 
-def _rows(check, rows) -> int:
-    check.integer(rows, "blocks.rows", 1)
-    if rows > MAX_ROWS:
-        check.fail("blocks.rows", f"expected at most {MAX_ROWS} rows per kind (a spec is a quick check), got {rows}")
-    return rows
-
-
 def _driving(check, key: str, adapter: str, rule: str, element: str, block_size: int) -> None:
     """``adapter`` can run ``rule`` on ``element`` at ``block_size``, or the failure names ``key``."""
     driven = driven_rules(adapter)
@@ -141,7 +133,7 @@ def parse_blocks_spec(check, raw: dict, text: str, path: str) -> BlocksScenario:
     block_size = (check.attempt(check.integer, table.get("block_size", SCALE_RULES[rule].block_size),
                                 "blocks.block_size", 1) if rule else None)
     kinds = check.attempt(_kinds, check, table.get("kinds", list(PROBE_KINDS)))
-    rows = check.attempt(_rows, check, table.get("rows", 64))
+    rows = check.attempt(check.integer, table.get("rows", 64), "blocks.rows", 1)
     seed = check.attempt(check.integer, table.get("seed", 0), "blocks.seed", 0)
     implementations = (check.attempt(_implementations, check, raw.get("implementations", {}), rule, element,
                                      block_size) if None not in (element, block_size) else None)

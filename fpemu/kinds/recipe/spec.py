@@ -122,6 +122,8 @@ def _recipe_params(check, recipe: str, params, key: str) -> dict:
     from fpemu.scalers.fp8_recipes import make_recipe
     if not isinstance(params, dict):
         check.fail(key, f"expected a table, got {type(params).__name__}")
+    for name, value in params.items():
+        check.parameter(value, f"{key}.{name}")
     try:
         make_recipe(recipe, **params)
     except ValueError as error:

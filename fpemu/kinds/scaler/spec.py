@@ -177,6 +177,8 @@ def _recorded_source(check: Checker, raw) -> dict:
 def profile_params(check: Checker, profile: str, params, key: str) -> dict:
     if not isinstance(params, dict):
         check.fail(key, f"expected a table, got {type(params).__name__}")
+    for name, value in params.items():
+        check.parameter(value, f"{key}.{name}")
     try:
         get_profile(profile).rules(**params)
     except (TypeError, ValueError) as error:
@@ -233,6 +235,8 @@ def parse_scaler_spec(check: Checker, raw: dict, text: str, path: str) -> Scaler
     for required in ("steps", "scaler", "overflow"):
         if required not in raw:
             check.attempt(check.fail, required, "missing required key")
+    if isinstance(raw.get("overflow"), dict) and raw["overflow"].get("source") == "model":
+        check.kind = "model"  # a model-driven spec's steps train a model: its own bounds (fpemu.kinds.bounds)
     steps = check.attempt(check.integer, raw["steps"], "steps", 1) if "steps" in raw else None
     profile, params = (check.attempt(_scaler, check, raw["scaler"]) if "scaler" in raw else None) or (None, None)
     overflow = check.attempt(overflow_source, check, raw["overflow"]) if "overflow" in raw else None

@@ -91,9 +91,7 @@ def _step_source(check: Checker, raw) -> StepSource:
         fields["compute"] = check.choice(raw["compute"], "step.compute", checked_compute(get_semantics(mode)))
     for key in ("batch", "features", "outputs"):
         if key in raw:
-            fields[key] = check.integer(raw[key], f"step.{key}", 1)
-            if fields[key] > 4:
-                check.fail(f"step.{key}", f"expected an integer in 1..4 (the fitted step orders), got {fields[key]}")
+            fields[key] = check.integer(raw[key], f"step.{key}", 1)  # 1..4, the fitted step orders: fpemu.kinds.bounds
     for key, low, high in (("magnitude", 1e-30, 1e30), ("spread", 0.0, 100.0), ("lr", 1e-12, 1e30),
                            ("init_scale", 1e-30, 3.2e38)):
         if key in raw:

@@ -1,0 +1,69 @@
+"""A time limit on each job (``--timeout SECONDS``): a job past it is one result line, never a hang.
+
+The CLI sets the limit for a command with :func:`job_timeout`; :func:`fpemu.harness.jobs.run_job` runs each
+job under :func:`time_limit`, which raises :class:`JobTimedOut` in the job when the limit passes
+(``SIGALRM``: the main thread of a POSIX process; elsewhere no limit is set).  The signal is handled
+between Python bytecodes, so a job stuck inside one C call (a framework kernel) stops when that call
+returns; a [ranks] case runs in worker processes under its own limit (``--rank-timeout``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import signal
+import threading
+from typing import Optional
+
+from fpemu.errors import FpemuInputError
+
+JOB_TIMEOUT = contextvars.ContextVar("fpemu_job_timeout", default=None)  # seconds, or None: no limit
+
+
+class JobTimedOut(BaseException):
+    """A job ran past its limit (a BaseException: a framework's ``except Exception`` must not swallow it)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"timed out after {seconds:g} s (--timeout)")
+        self.seconds = seconds
+
+
+def checked_timeout(seconds, option: str = "--timeout") -> Optional[float]:
+    """``seconds`` when it is a usable limit (None: none), else an FpemuInputError naming ``option``."""
+    if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):
+        raise FpemuInputError(f"{option} {seconds!r}: expected seconds > 0 (a finite number)")
+    return seconds
+
+
+@contextlib.contextmanager
+def job_timeout(seconds: Optional[float]):
+    """Every job run inside the block has at most ``seconds`` (checked: FpemuInputError naming --timeout)."""
+    token = JOB_TIMEOUT.set(checked_timeout(seconds))
+    try:
+        yield
+    finally:
+        JOB_TIMEOUT.reset(token)
+
+
+def _can_alarm() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: Optional[float]):
+    """Raise :class:`JobTimedOut` in the block once ``seconds`` pass (None, or no SIGALRM here: no limit)."""
+    if seconds is None or not _can_alarm():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise JobTimedOut(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

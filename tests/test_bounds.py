@@ -1,0 +1,176 @@
+"""Input bounds (fpemu.kinds.bounds) and the trace schema (fpemu.traces.schema): documented, and refused by name."""
+
+import importlib
+import json
+import pathlib
+import re
+
+import pytest
+
+from fpemu.cli import main
+from fpemu.specs import SpecError, parse_spec
+from fpemu.kinds.bounds import BOUNDS, bound_for
+from fpemu.traces import read_trace
+from fpemu.traces.format import FIELDS, TraceError
+from fpemu.traces import schema
+from input_mutations import DAMAGED_TRACES, resealed
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TABLE = re.compile(r"<!-- table: (\S+) -->\n(.*?)\n<!-- end table -->", re.DOTALL)
+
+
+def test_docs_bounds_tables_are_the_tables():
+    page = (ROOT / "docs" / "bounds.md").read_text()
+    tables = TABLE.findall(page)
+    assert [name for name, _ in tables] == ["fpemu.kinds.bounds.bounds_table", "fpemu.traces.schema.read_limits_table",
+                                            "fpemu.traces.schema.schema_table"]
+    for name, text in tables:
+        module, _, function = name.rpartition(".")
+        assert text == getattr(importlib.import_module(module), function)(), f"docs/bounds.md: {name} is stale"
+
+
+def test_every_trace_field_has_a_schema_row():
+    assert set(schema.STEP_VALUES) == set(FIELDS)
+
+
+def test_bound_rows_match_their_keys():
+    assert bound_for("implementations.torch.expect_divergence.step").key == "implementations.*.expect_divergence.step"
+    assert bound_for("ranks.world_sizes[12]").maximum == 16
+    assert bound_for("recipe.params.amax_history_len").maximum == 1 << 16
+    with pytest.raises(LookupError, match="no bound .* 'blocks.nowhere'"):
+        bound_for("blocks.nowhere")
+    assert len({row.key for row in BOUNDS}) == len(BOUNDS)
+
+
+# The fuzzer's cases from issue 24: counts that reached numpy (exit 3) or ran until killed.
+@pytest.mark.parametrize("spec, old, new, words", [
+    ("bernoulli_flax", "steps = 400", "steps = 9223372036854775807", "steps: expected an integer in 1..100,000"),
+    ("bernoulli_flax", "steps = 400", "steps = 1000000", "steps: expected an integer in 1..100,000 for a scaler"),
+    ("model_fp16_mlp_torch", "steps = 60", "steps = 100000", "steps: expected an integer in 1..10,000 for a model"),
+    ("step_bf16_torch", "steps = 40", "steps = 9223372036854775807", "steps: expected an integer in 1..10,000"),
+    ("fp8_training_torchao_tensorwise", "steps = 6", "steps = 9223372036854775807",
+     "steps: expected an integer in 1..1,000 for a fp8_training"),
+    ("recipe_te_delayed_fused_events", "amax_history_len = 16", "amax_history_len = 9223372036854775807",
+     "recipe.params.amax_history_len: expected an integer in 1..65,536"),
+    ("factor3_near_max_flax", "growth_interval = 1", "growth_interval = 9223372036854775807",
+     "scaler.params.growth_interval: expected an integer in -1,000,000,000..1,000,000,000"),
+    ("bernoulli_flax", "steps = 400", "steps = " + "9" * 5000, "not valid TOML: Exceeds the limit"),
+    ("bernoulli_flax", "steps = 400", "steps = 400\nx = " + "[" * 50_000 + "]" * 50_000, "nested too deep"),
+])
+def test_spec_counts_are_bounded_at_load(spec, old, new, words):
+    text = (ROOT / "specs" / f"{spec}.toml").read_text()
+    assert old in text
+    with pytest.raises(SpecError, match=f"^{spec}.toml: .*{words}"):
+        parse_spec(text.replace(old, new, 1), f"{spec}.toml")
+
+
+def test_a_spec_over_the_size_bound_is_refused_unread(tmp_path, capsys):
+    big = tmp_path / "big.toml"
+    big.write_text("steps = 1\n" + "# padding\n" * 300_000)
+    assert main(["golden", str(big), "--out", str(tmp_path / "g"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{big}: " in err and "over the 2,097,152 a reader of it accepts" in err, err
+
+
+def _golden_body():
+    return json.loads((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+
+
+# Structurally wrong traces whose checksum was recomputed: each is refused, naming the field.
+@pytest.mark.parametrize("edit, words", [
+    (lambda b: b["metadata"].update(device=None), "metadata.device: expected a string, got null"),
+    (lambda b: b["metadata"].update(device=-1), "metadata.device: expected a string, got -1"),
+    (lambda b: b["metadata"].update(packages=[[]]), "metadata.packages: expected an object of strings, got a list"),
+    (lambda b: b["metadata"].pop("fpemu_version"), "metadata.fpemu_version: missing"),
+    (lambda b: b["metadata"].update(extra=1), "metadata.extra: unknown key"),
+    (lambda b: b["steps"][0].update(scale_hex=1), r"steps\[0\].scale_hex: expected a float.hex\(\) string, got 1"),
+    (lambda b: b["steps"][1].update(scale_hex="../../etc/passwd"), r"steps\[1\].scale_hex: expected a float.hex"),
+    (lambda b: b["steps"][2].update(step=7), r"steps\[2\].step: expected 2 \(records are in step order\), got 7"),
+    (lambda b: b["steps"][0].update(overflow="no"), r"steps\[0\].overflow: expected true or false, got 'no'"),
+    (lambda b: b["steps"][0].update(growth_counter=[1, 2]), r"steps\[0\].growth_counter: expected an integer"),
+    (lambda b: b["steps"].__setitem__(0, []), r"steps\[0\]: expected an object, got a list"),
+    (lambda b: b["steps"][0].update(scale=0.5), r"steps\[0\].scale: 0.5 is not scale_hex 0x1.0000000000000p\+16"),
+    (lambda b: b["summary"].update(final_scale="nan"), "summary.final_scale: 'nan' is not final_scale_hex"),
+    (lambda b: b["summary"].update(events="x"), "summary.events: expected a list of \\[step, text\\] pairs"),
+    (lambda b: b["summary"].update(attempts=-1), "summary.attempts: expected an integer >= 0, got -1"),
+    (lambda b: b.update(steps={}), "steps: expected a list of step records, got an object"),
+])
+def test_a_resealed_wrong_trace_is_refused_naming_the_field(tmp_path, edit, words):
+    body = _golden_body()
+    edit(body)
+    path = tmp_path / "t.json"
+    path.write_text(resealed(body))
+    with pytest.raises(TraceError, match=f"t.json: not a valid trace: {words}"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("deep_list", "JSON nested 100,000 deep, over the reader's 64"),
+    ("deep_object", "JSON nested 50,000 deep"),
+    ("huge_int", "a number of 5,001 digits, over the reader's 64"),
+    ("huge_float", "a number of 5,000 digits, over the reader's 64"),
+    ("nan_literal", "the literal NaN"),
+    ("truncated", "invalid JSON"),
+    ("garbage", "invalid JSON"),
+    ("empty", "invalid JSON"),
+    ("bare_list", "'format' is not 'fpemu-trace'"),
+])
+def test_damaged_traces_are_refused_before_parsing(tmp_path, capsys, damage, words):
+    golden = ROOT / "reports" / "golden" / "bernoulli_flax.json"
+    path = tmp_path / "t.json"
+    path.write_text(DAMAGED_TRACES[damage](golden.read_text()))
+    assert main(["compare", str(path), str(golden)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not a trace file" in err and words in err, err
+
+
+def test_the_scan_leaves_strings_out():
+    text = json.dumps({"a": 'x\\" [[[ "' + "9" * 100, "b": [12345, 1.5e300, [[[]]]]})
+    assert schema._scan(text.encode()) == (5, 5)  # escaped quotes end no string; digits in strings are no number
+
+
+def test_an_oversize_trace_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+    monkeypatch.setitem(schema.READ_LIMITS, "bytes", 1000)
+    with pytest.raises(TraceError, match=r"t.json: [\d,]+ bytes, over the 1,000 a reader of it accepts"):
+        read_trace(path)
+
+
+def test_a_trace_over_the_step_bound_is_refused(tmp_path, monkeypatch):
+    body = _golden_body()
+    monkeypatch.setitem(schema.READ_LIMITS, "steps", 10)
+    path = tmp_path / "t.json"
+    path.write_text(resealed(body))
+    with pytest.raises(TraceError, match="steps: 400 records, over the reader's 10"):
+        read_trace(path)
+
+
+def test_a_job_past_timeout_is_one_result_line(tmp_path, capsys):
+    pytest.importorskip("torch")
+    spec = tmp_path / "long_torch.toml"
+    spec.write_text((ROOT / "specs" / "bernoulli_torch.toml").read_text().replace("steps = 400", "steps = 100000"))
+    assert main(["golden", str(spec), "--out", str(tmp_path / "g"), "--quiet"]) == 0
+    code = main(["diff", str(spec), "--golden", str(tmp_path / "g"), "--impl", "torch", "--timeout", "0.5", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1 and "cannot run  long_torch / torch@cpu" in out and "timed out after 0.5 s (--timeout)" in out, out
+
+
+def test_timeout_must_be_positive(tmp_path, capsys):
+    assert main(["diff", str(ROOT / "specs" / "bernoulli_torch.toml"), "--golden", str(tmp_path), "--timeout", "-1"]) == 2
+    assert "--timeout -1.0: expected seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"verdicts": ' + "[" * 10_000 + "]" * 10_000 + "}", "not a diff result: JSON nested 10,001 deep"),
+    ('{"verdicts": [{"spec": 1}]}', r"verdicts\[0\].spec: expected a string, got 1"),
+    ('{"verdicts": [{"spec": "s", "implementation": "torch@cpu", "status": "fine"}]}', r"verdicts\[0\].status: expected one of"),
+    ('{"verdicts": [' + "1" * 5000 + "]}", "not a diff result: a number of 5,000 digits"),
+])
+def test_report_refuses_a_bad_diff_result_naming_the_key(tmp_path, capsys, text, words):
+    bad = tmp_path / "diff.json"
+    bad.write_text(text)
+    assert main(["report", "--reports", str(tmp_path / "r"), "--golden", str(ROOT / "reports" / "golden"),
+                 "--diff", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(f"{bad}: {words}", err), err

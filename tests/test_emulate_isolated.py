@@ -1,0 +1,90 @@
+"""fpemu emulate runs the model file in a child process: a hang, an exit or a KeyboardInterrupt in it is a named
+error (exit 2, naming the file and the phase), never a hang of fpemu, a traceback or fpemu ending with the file's code."""
+
+import textwrap
+
+import pytest
+
+from fpemu.cli import main
+from fpemu.emulate.run import emulate_file
+from fpemu.errors import FpemuInputError
+
+
+def _run(tmp_path, text, *extra, name="model.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    code = main(["emulate", str(path), "--steps", "2", "--no-plot", "--out", str(tmp_path / "out"), *extra])
+    return code, path
+
+
+# The outside fuzzer's model files (issue 24): each hung, escaped as a traceback, or ended fpemu with its own code.
+@pytest.mark.parametrize("text, words", [
+    ("while True:\n    pass\n", "importing it timed out: it ran past the per-step limit of 3 s (--step-timeout)"),
+    ("import os\nos._exit(7)\n", "the model file ended its process (exit code 7) during importing it"),
+    ("import sys\nsys.exit(5)\n", "importing it raised SystemExit: 5"),
+    ("raise KeyboardInterrupt\n", "importing it raised KeyboardInterrupt"),
+    ("FRAMEWORK = ['jax']\n", "FRAMEWORK = ['jax']; fpemu emulate runs 'torch', 'jax'"),
+])
+def test_a_model_file_that_hangs_or_exits_at_import_is_a_named_error(tmp_path, capsys, text, words):
+    code, path = _run(tmp_path, text, "--step-timeout", "3")
+    err = capsys.readouterr().err
+    assert code == 2 and f"{path}: " in err and words in err, err
+
+
+def test_the_whole_run_honours_timeout(tmp_path, capsys):
+    code, path = _run(tmp_path, "import time\ntime.sleep(600)\n", "--timeout", "8")
+    err = capsys.readouterr().err  # the limit counts from the start: the child's own start-up is inside it
+    assert code == 2 and f"{path}: " in err and "timed out: it ran past the --timeout of 8 s" in err, err
+
+
+SLOW_STEP = '''
+import torch
+
+def build(seed):
+    model = torch.nn.Linear(2, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(model, optimizer, scaler, index):
+    if index == 1:
+        {hang}
+    loss = model(torch.ones(1, 2)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+'''
+
+
+@pytest.mark.parametrize("hang, limit, words", [
+    # build() imports torch: a limit that leaves it time on a loaded machine
+    ("import time; time.sleep(600)", "30", "step 1 timed out: it ran past the per-step limit of 30 s"),
+    ("import os; os._exit(3)", "600", "ended its process (exit code 3) during step 1"),
+    ("raise KeyboardInterrupt", "600", "step 1 raised KeyboardInterrupt"),
+])
+def test_a_step_that_hangs_or_exits_is_a_named_error(tmp_path, capsys, hang, limit, words):
+    pytest.importorskip("torch")
+    code, path = _run(tmp_path, SLOW_STEP.replace("{hang}", hang), "--step-timeout", limit)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{path}: " in err and words in err, err
+
+
+def test_bad_limits_are_refused(tmp_path, capsys):
+    code, _ = _run(tmp_path, "x = 1\n", "--step-timeout", "0")
+    assert code == 2 and "--step-timeout 0.0: expected seconds > 0" in capsys.readouterr().err
+
+
+def test_jax_grads_that_return_none_are_named(tmp_path):
+    pytest.importorskip("jax")
+    path = tmp_path / "none_grads.py"
+    path.write_text(textwrap.dedent('''
+        import jax.numpy as jnp
+        FRAMEWORK = "jax"
+        def build(seed):
+            return {"w": jnp.ones(2)}
+        def grads(state, scale, index):
+            return None
+        def update(state, g, index):
+            return state
+    '''))
+    with pytest.raises(FpemuInputError, match=f"{path}: step 0: grads\\(\\) returned NoneType; it returns \\(loss, grads\\)"):
+        emulate_file(path, steps=1)
