@@ -31,6 +31,7 @@ torch is imported on first use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 from typing import Callable, Optional
@@ -138,17 +139,20 @@ def _top_class_measures(torch, piece) -> tuple:
     return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
 
 
-def _group_stats(elements: int, measured: list) -> GroupStats:
-    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces; elements without a
-    gradient count as zeros."""
+def _group_stats(elements: int, measured: list, microbatches: int = 1) -> GroupStats:
+    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces over ``microbatches``
+    backward passes: the shares are of ``elements`` x ``microbatches`` values, and elements a pass gave
+    no gradient count as zeros."""
+    values = elements * microbatches
     present = sum(sum(counts) for counts, *_ in measured)
-    zero = elements - present + sum(counts[0] for counts, *_ in measured)
+    zero = values - present + sum(counts[0] for counts, *_ in measured)
     subnormal = sum(counts[1] for counts, *_ in measured)
     nan = sum(n for *_, n in measured)
     beyond = sum(counts[3] for counts, *_ in measured) - nan  # NaN lands in the top bucket
-    return GroupStats.from_counts(elements, int(zero), int(subnormal), int(beyond), int(nan),
-                                  max((m for _, m, _, _ in measured), default=0.0),
-                                  min((m for _, _, m, _ in measured), default=math.inf))
+    stats = GroupStats.from_counts(values, int(zero), int(subnormal), int(beyond), int(nan),
+                                   max((m for _, m, _, _ in measured), default=0.0),
+                                   min((m for _, _, m, _ in measured), default=math.inf))
+    return dataclasses.replace(stats, elements=elements)
 
 
 def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
@@ -232,6 +236,13 @@ class TorchRecorder:
         self._compute_format = compute_format
         RecorderSettings(self._grouping, shadow_every, compute_format or "fp16", self._statistics)  # checks them
         self._edges = None
+        self._hooks: list = []
+        # each backward pass's gradients as it hands them to the parameters (group, gradient), measured
+        # when the pass ends; what the attempt's passes measured, per group; how many passes; the pass
+        self._incoming: list = []
+        self._passes: dict = {}
+        self._microbatches = 0
+        self._pass_task: Optional[int] = None
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -244,9 +255,14 @@ class TorchRecorder:
 
     def __enter__(self) -> "TorchRecorder":
         self.audit.__enter__()
+        if self._statistics:
+            self._hooks = [param.register_hook(functools.partial(self._on_incoming, group))
+                           for group, members in self._groups for param in members]
         return self
 
     def __exit__(self, *exc_info) -> None:
+        while self._hooks:
+            self._hooks.pop().remove()
         self.audit.__exit__(*exc_info)
         self._close_open()
         self.trace = self._build_trace(clean=exc_info[0] is None)
@@ -262,12 +278,15 @@ class TorchRecorder:
             self._loss = loss if self._loss is None else self._loss + loss
 
     def before_unscale(self, log) -> None:
-        if self._statistics and self._grad_stats is None:
-            self._grad_stats = self._measure()
+        if self._statistics and self._grad_stats is None and not self._microbatches:
+            self._grad_stats = self._measure()  # gradients no backward pass handed over (set by hand)
 
     def attempt_finished(self, log, completed: bool) -> None:
         self._close_open()
-        if self._statistics and self._grad_stats is None:  # no unscale_ ran (a disabled scaler, no scaler)
+        if self._statistics and self._microbatches:
+            self._grad_stats = {group: _group_stats(sum(p.numel() for p in members), self._passes[group],
+                                                    self._microbatches) for group, members in self._groups}
+        elif self._statistics and self._grad_stats is None:  # no unscale_ ran (a disabled scaler, no scaler)
             self._grad_stats = self._measure()
         scale = self.audit._scale()
         loss, self._loss = self._loss, None
@@ -275,8 +294,10 @@ class TorchRecorder:
             step=log.attempts, scale=scale, overflow=self._found_inf(completed), applied=bool(completed),
             loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
             lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
-            shadow=self._shadow, shadow_histogram=self._shadow_histogram)
+            shadow=self._shadow, shadow_histogram=self._shadow_histogram,
+            microbatches=self._microbatches if self._microbatches > 1 else None)
         self._grad_stats = self._shadow = self._shadow_histogram = None
+        self._passes, self._microbatches = {}, 0
         self._open = _OpenStep(step)
         if not self.audit._scaling:
             self._close_open()
@@ -348,11 +369,30 @@ class TorchRecorder:
             self._edges = _class_bounds(_torch(), self._format(), device)
         return self._edges
 
-    def _measure(self) -> dict:
-        """GroupStats of every group at the gradients' current values (two transfers per CHUNK elements)."""
+    def _on_incoming(self, group: str, grad) -> None:
+        """Tensor hook: ``grad`` is what this backward pass hands the parameter, before it is added into
+        ``.grad`` (so one microbatch's own gradient, in the compute format where autocast cast the
+        parameter, not the float32 sum of the microbatches so far); measured when the pass ends."""
+        if self.audit._paused:  # the shadow pass
+            return
         torch = _torch()
-        pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
-                  for piece in _pieces(p.grad) if piece.numel()]
+        task = torch._C._current_graph_task_id()
+        if task != self._pass_task:
+            self._pass_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
+        self._incoming.append((group, grad))
+
+    def _pass_ended(self) -> None:
+        incoming, self._incoming, self._pass_task = self._incoming, [], None
+        for group, measured in self._measure_grads(incoming).items():
+            self._passes.setdefault(group, []).extend(measured)
+        self._microbatches += 1
+
+    def _measure_grads(self, grads) -> dict:
+        """group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs (two
+        transfers per CHUNK elements)."""
+        torch = _torch()
+        pieces = [(group, piece) for group, grad in grads for piece in _pieces(grad) if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
         for batch in _batches(pieces):
             tensors = [piece for _, piece in batch]
@@ -362,6 +402,12 @@ class TorchRecorder:
                 if piece_counts[3]:
                     nan, largest = _top_class_measures(torch, piece)
                 by_group[group].append((piece_counts, largest, smallest, nan))
+        return by_group
+
+    def _measure(self) -> dict:
+        """GroupStats of every group at the gradients' current values."""
+        by_group = self._measure_grads([(group, p.grad) for group, members in self._groups for p in members
+                                        if p.grad is not None])
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
 
