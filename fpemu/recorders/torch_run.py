@@ -5,10 +5,19 @@ user's loop unchanged.  It watches through :class:`fpemu.audits.torch_loop.Torch
 same wrappers and hooks ``audit_torch`` uses; ``rec.audit`` holds its findings) and writes one
 step record per update attempt:
 
-* when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
-  scale: each parameter's gradient is measured there, on its own device, at most ``CHUNK`` elements
-  at a time (a large gradient in pieces, small ones together), so the temporaries stay under
-  ~40 MiB whatever the model; nothing is copied to the host but a handful of numbers per group;
+* each backward pass (microbatch) hands every parameter its own gradient, at the pass's scale,
+  before it is added into ``.grad``: a tensor hook keeps it and the pass's end measures them all, on
+  their own device, at most ``CHUNK`` elements at a time (a large gradient in pieces, small ones
+  together), so the temporaries stay under ~40 MiB whatever the model; nothing is copied to the host
+  but a handful of numbers per group.  So an attempt that accumulates microbatches is described by
+  what each backward produced in the compute format, not by the float32 sum in ``.grad`` (which can
+  pass fp16's range with no microbatch overflowing); gradients set by hand, with no backward pass,
+  are measured in ``.grad`` when ``scaler.step`` (or ``scaler.unscale_``) first unscales;
+* ``compute_max``: the largest gradient magnitude computed in the compute format, over the passes:
+  every module output held in it gets a tensor hook (an fp16 activation gradient overflows before
+  any parameter's), and the parameters whose gradients arrive as compute-format values (autocast cast
+  them; tested once per parameter) count, float32 ones (a norm's weight, an embedding) do not.  Replay
+  decides overflow at another scale from it;
 * the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
   returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
   (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
@@ -45,6 +54,8 @@ from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, S
                                    format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
+# fpemu compute format -> the torch dtype a backward computes in (autocast's)
+_COMPUTE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
 # stay under ~40 MiB whatever the model (about 10 bytes per element measured); smaller gradients are
 # measured together, up to CHUNK elements at once.
@@ -88,6 +99,15 @@ def _class_bounds(torch, fmt, device):
     # them down one float32 value (exact: they are float32 numbers)
     edges[1:] = torch.nextafter(edges[1:], torch.zeros(2))
     return edges.to(device)
+
+
+def _output_tensors(torch, output) -> list:
+    """The tensors a module returned: itself, or the tensors among a tuple's, list's or dict's items (a
+    transformers ModelOutput is a dict) one level down."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return [item for item in items if isinstance(item, torch.Tensor)]
 
 
 def _pieces(grad):
@@ -243,6 +263,11 @@ class TorchRecorder:
         self._passes: dict = {}
         self._microbatches = 0
         self._pass_task: Optional[int] = None
+        # the largest gradient magnitude computed in the compute format in the attempt's passes (module
+        # outputs held in it, parameters whose gradients arrive in it), and this pass's activation maxima
+        self._compute_max: Optional[float] = None
+        self._activation_maxima: list = []
+        self._in_format: dict = {}  # id(param) -> whether its gradients arrive as compute-format values
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -256,8 +281,9 @@ class TorchRecorder:
     def __enter__(self) -> "TorchRecorder":
         self.audit.__enter__()
         if self._statistics:
-            self._hooks = [param.register_hook(functools.partial(self._on_incoming, group))
+            self._hooks = [param.register_hook(functools.partial(self._on_incoming, group, param))
                            for group, members in self._groups for param in members]
+            self._hooks.append(_torch().nn.modules.module.register_module_forward_hook(self._on_output))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -295,8 +321,8 @@ class TorchRecorder:
             loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
             lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
             shadow=self._shadow, shadow_histogram=self._shadow_histogram,
-            microbatches=self._microbatches if self._microbatches > 1 else None)
-        self._grad_stats = self._shadow = self._shadow_histogram = None
+            microbatches=self._microbatches if self._microbatches > 1 else None, compute_max=self._compute_max)
+        self._grad_stats = self._shadow = self._shadow_histogram = self._compute_max = None
         self._passes, self._microbatches = {}, 0
         self._open = _OpenStep(step)
         if not self.audit._scaling:
@@ -364,50 +390,102 @@ class TorchRecorder:
             self._compute_format = {torch.bfloat16: "bf16"}.get(used, "fp16")
         return self._compute_format
 
+    def _compute_dtype(self):
+        """The torch dtype of the compute format (None for a format torch does not compute in)."""
+        name = _COMPUTE_DTYPES.get(self._format())
+        return None if name is None else getattr(_torch(), name)
+
     def _bounds(self, device):
         if self._edges is None or self._edges.device != device:
             self._edges = _class_bounds(_torch(), self._format(), device)
         return self._edges
 
-    def _on_incoming(self, group: str, grad) -> None:
-        """Tensor hook: ``grad`` is what this backward pass hands the parameter, before it is added into
-        ``.grad`` (so one microbatch's own gradient, in the compute format where autocast cast the
-        parameter, not the float32 sum of the microbatches so far); measured when the pass ends."""
-        if self.audit._paused:  # the shadow pass
-            return
+    def _in_pass(self) -> None:
+        """Measure what the running backward pass hands over when it ends (queued once per pass)."""
         torch = _torch()
         task = torch._C._current_graph_task_id()
         if task != self._pass_task:
             self._pass_task = task
             torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
-        self._incoming.append((group, grad))
+
+    def _on_incoming(self, group: str, param, grad) -> None:
+        """Tensor hook: ``grad`` is what this backward pass hands the parameter, before it is added into
+        ``.grad`` (so one microbatch's own gradient, in the compute format where autocast cast the
+        parameter, not the float32 sum of the microbatches so far); measured when the pass ends."""
+        if self.audit._paused:  # the shadow pass
+            return
+        self._in_pass()
+        self._incoming.append((group, param, grad))
+
+    def _on_output(self, _module, _args, output) -> None:
+        """Global forward hook: the gradient of each module output held in the compute format is where a
+        backward overflows first (an fp16 activation gradient, before any parameter's): keep its maximum."""
+        torch = _torch()
+        if self.audit._paused or not torch.is_grad_enabled():
+            return
+        dtype = self._compute_dtype()
+        for tensor in _output_tensors(torch, output):
+            if tensor.requires_grad and tensor.dtype == dtype:
+                tensor.register_hook(self._on_activation_grad)
+
+    def _on_activation_grad(self, grad) -> None:
+        if not self.audit._paused:
+            self._in_pass()
+            self._activation_maxima.append(grad.detach().abs().amax().float())
 
     def _pass_ended(self) -> None:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
-        for group, measured in self._measure_grads(incoming).items():
+        activations, self._activation_maxima = self._activation_maxima, []
+        by_group, largest = self._measure_grads([(group, grad) for group, _, grad in incoming])
+        for group, measured in by_group.items():
             self._passes.setdefault(group, []).extend(measured)
+        self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
+        maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
+        if activations:
+            maxima.append(float(_torch().stack(activations).amax()))
+        if maxima:
+            top = max(math.inf if math.isnan(m) else m for m in maxima)  # NaN: non-finite
+            self._compute_max = top if self._compute_max is None else max(self._compute_max, top)
         self._microbatches += 1
 
-    def _measure_grads(self, grads) -> dict:
-        """group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs (two
-        transfers per CHUNK elements)."""
+    def _classify(self, grads) -> None:
+        """Whether each parameter's gradient arrives as compute-format values (autocast cast the
+        parameter, so its gradient is computed in the format) or as float32 computed in float32 (a norm's
+        weight, an embedding), which no scale makes overflow the format: decided once per parameter, at
+        its first finite nonzero gradient (one extra pass over it)."""
         torch = _torch()
-        pieces = [(group, piece) for group, grad in grads for piece in _pieces(grad) if piece.numel()]
+        dtype = self._compute_dtype()
+        for param, grad in grads:
+            grad = grad.detach()
+            if dtype is None:
+                self._in_format[id(param)] = True  # a format torch has no dtype for: every value counts
+            elif bool(torch.isfinite(grad).all()) and bool(grad.any()):
+                self._in_format[id(param)] = bool((grad.to(dtype).to(grad.dtype) == grad).all())
+
+    def _measure_grads(self, grads) -> tuple:
+        """(group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs, and each
+        gradient's max_abs) (two transfers per CHUNK elements)."""
+        torch = _torch()
+        pieces = [(group, index, piece) for index, (group, grad) in enumerate(grads) for piece in _pieces(grad)
+                  if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
-        for batch in _batches(pieces):
+        largest_of = [0.0] * len(grads)
+        for batch in _batches([((group, index), piece) for group, index, piece in pieces]):
             tensors = [piece for _, piece in batch]
             counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device))
-            for (group, piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(), extremes.tolist()):
+            for ((group, index), piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(),
+                                                                                  extremes.tolist()):
                 nan = 0
                 if piece_counts[3]:
                     nan, largest = _top_class_measures(torch, piece)
                 by_group[group].append((piece_counts, largest, smallest, nan))
-        return by_group
+                largest_of[index] = max(largest_of[index], math.inf if nan else largest)  # NaN: non-finite
+        return by_group, largest_of
 
     def _measure(self) -> dict:
         """GroupStats of every group at the gradients' current values."""
-        by_group = self._measure_grads([(group, p.grad) for group, members in self._groups for p in members
-                                        if p.grad is not None])
+        by_group, _ = self._measure_grads([(group, p.grad) for group, members in self._groups for p in members
+                                           if p.grad is not None])
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
 

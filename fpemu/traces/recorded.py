@@ -294,6 +294,11 @@ class RecordedStep:
       shadow_histogram: group name -> :class:`ShadowHistogram` on sampled attempts, else None.
       microbatches: the backward passes the attempt accumulated, where more than one (None: one, or
         not observed); ``grad_stats`` then describe every pass's own gradient, not their sum.
+      compute_max: the largest gradient magnitude the attempt's backward passes computed in the compute
+        format, at the attempt's scale (inf where one overflowed; None where not observed): module
+        outputs' gradients held in the format (where a backward overflows first) and the gradients of
+        parameters autocast cast to it, not float32 gradients (a norm's weight, an embedding) that no
+        scale makes overflow the format.  Replay decides overflow at another scale from it.
     """
 
     step: int
@@ -308,13 +313,14 @@ class RecordedStep:
     shadow: Optional[Mapping] = None
     shadow_histogram: Optional[Mapping] = None
     microbatches: Optional[int] = None
+    compute_max: Optional[float] = None
 
     def max_abs(self) -> float:
         """The largest stored gradient magnitude over every group (0 without statistics)."""
         return max((stats.max_abs for stats in self.grad_stats.values()), default=0.0)
 
 
-_OPTIONAL_FLOATS = ("loss", "grad_norm", "lr")
+_OPTIONAL_FLOATS = ("loss", "grad_norm", "lr", "compute_max")
 _OPTIONAL_INTS = ("growth_counter", "microbatches")
 # the per-group tables of sampled (shadow-pass) attempts: step field -> its class
 _PER_GROUP_SAMPLED = {"shadow": ShadowStats, "shadow_histogram": ShadowHistogram}
