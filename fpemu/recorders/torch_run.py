@@ -268,6 +268,7 @@ class TorchRecorder:
         self._compute_max: Optional[float] = None
         self._activation_maxima: list = []
         self._in_format: dict = {}  # id(param) -> whether its gradients arrive as compute-format values
+        self._dtype = None  # the compute format's torch dtype, once known
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -391,9 +392,13 @@ class TorchRecorder:
         return self._compute_format
 
     def _compute_dtype(self):
-        """The torch dtype of the compute format (None for a format torch does not compute in)."""
+        """The torch dtype of the compute format (None for a format torch does not compute in); kept once the
+        run's autocast dtype is known (the format follows it)."""
         name = _COMPUTE_DTYPES.get(self._format())
-        return None if name is None else getattr(_torch(), name)
+        dtype = None if name is None else getattr(_torch(), name)
+        if self.audit._autocast or self._compute_format is not None:
+            self._dtype = dtype
+        return dtype
 
     def _bounds(self, device):
         if self._edges is None or self._edges.device != device:
@@ -423,7 +428,7 @@ class TorchRecorder:
         torch = _torch()
         if self.audit._paused or not torch.is_grad_enabled():
             return
-        dtype = self._compute_dtype()
+        dtype = self._dtype if self._dtype is not None else self._compute_dtype()
         for tensor in _output_tensors(torch, output):
             if tensor.requires_grad and tensor.dtype == dtype:
                 tensor.register_hook(self._on_activation_grad)
@@ -431,7 +436,8 @@ class TorchRecorder:
     def _on_activation_grad(self, grad) -> None:
         if not self.audit._paused:
             self._in_pass()
-            self._activation_maxima.append(grad.detach().abs().amax().float())
+            # one reduction kernel (abs, then amax, is two); NaN and inf propagate
+            self._activation_maxima.append(_torch().linalg.vector_norm(grad.detach(), math.inf))
 
     def _pass_ended(self) -> None:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
@@ -442,7 +448,7 @@ class TorchRecorder:
         self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
         maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
         if activations:
-            maxima.append(float(_torch().stack(activations).amax()))
+            maxima.append(float(_torch().stack(activations).amax()))  # one dtype: the compute format's
         if maxima:
             top = max(math.inf if math.isnan(m) else m for m in maxima)  # NaN: non-finite
             self._compute_max = top if self._compute_max is None else max(self._compute_max, top)
