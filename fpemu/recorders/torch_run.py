@@ -436,8 +436,9 @@ class TorchRecorder:
     def _on_activation_grad(self, grad) -> None:
         if not self.audit._paused:
             self._in_pass()
-            # one reduction kernel (abs, then amax, is two); NaN and inf propagate
-            self._activation_maxima.append(_torch().linalg.vector_norm(grad.detach(), math.inf))
+            # the largest magnitude as the largest 15-bit pattern of the 16-bit values (they order as the magnitudes,
+            # NaN's above inf's): an integer max is ~20x faster on the CPU than an fp16 vector_norm or abs().amax()
+            self._activation_maxima.append((grad.detach().view(_torch().int16) & 0x7FFF).amax())
 
     def _pass_ended(self) -> None:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
@@ -447,8 +448,8 @@ class TorchRecorder:
             self._passes.setdefault(group, []).extend(measured)
         self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
         maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
-        if activations:
-            maxima.append(float(_torch().stack(activations).amax()))  # one dtype: the compute format's
+        if activations:  # 16-bit patterns of the compute format (the only dtype hooked): back to its value
+            maxima.append(float(_torch().stack(activations).amax().view(self._compute_dtype())))
         if maxima:
             top = max(math.inf if math.isnan(m) else m for m in maxima)  # NaN: non-finite
             self._compute_max = top if self._compute_max is None else max(self._compute_max, top)
