@@ -96,7 +96,8 @@ def main(argv=None) -> dict:
         # per round, against the plain block of the same round: the ratio the alternation makes comparable
         ratios = sorted(t / p - 1 for t, p in zip(times[mode], plain))
         rows.append({"mode": mode, "step_ms": min(times[mode]) * 1e3, "overhead_best": min(times[mode]) / min(plain) - 1,
-                     "overhead_median": ratios[len(ratios) // 2], "overhead_range": (ratios[0], ratios[-1])})
+                     "overhead_median": ratios[len(ratios) // 2],
+                     "overhead_range": f"{ratios[0]:+.1%} to {ratios[-1]:+.1%}"})
         print(rows[-1], flush=True)
     parameters = sum(p.numel() for p in setup[0].parameters())
     result = {"model": {**MODEL, "parameters": parameters, "microbatches": MICRO, "batch": BATCH, "length": LENGTH},

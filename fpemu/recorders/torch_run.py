@@ -12,7 +12,9 @@ step record per update attempt:
   but a handful of numbers per group.  So an attempt that accumulates microbatches is described by
   what each backward produced in the compute format, not by the float32 sum in ``.grad`` (which can
   pass fp16's range with no microbatch overflowing); gradients set by hand, with no backward pass,
-  are measured in ``.grad`` when ``scaler.step`` (or ``scaler.unscale_``) first unscales;
+  are measured in ``.grad`` when ``scaler.step`` (or ``scaler.unscale_``) first unscales.  Holding a
+  pass's gradients until it ends makes autograd copy them into a ``.grad`` that was None (it moves them
+  otherwise): one extra copy of the gradients at the first microbatch of each update;
 * ``compute_max``: the largest gradient magnitude computed in the compute format, over the passes:
   every module output held in it gets a tensor hook (an fp16 activation gradient overflows before
   any parameter's), and the parameters whose gradients arrive as compute-format values (autocast cast
@@ -43,6 +45,7 @@ import dataclasses
 import functools
 import math
 import pathlib
+import weakref
 from typing import Callable, Optional
 
 from fpemu._host import installed_versions
@@ -269,6 +272,7 @@ class TorchRecorder:
         self._activation_maxima: list = []
         self._in_format: dict = {}  # id(param) -> whether its gradients arrive as compute-format values
         self._dtype = None  # the compute format's torch dtype, once known
+        self._hooked = weakref.WeakSet()  # module outputs whose gradient is watched
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -430,7 +434,10 @@ class TorchRecorder:
             return
         dtype = self._dtype if self._dtype is not None else self._compute_dtype()
         for tensor in _output_tensors(torch, output):
-            if tensor.requires_grad and tensor.dtype == dtype:
+            # a container returns its last child's output: hook each tensor once (a GPT-2 forward hands 38
+            # outputs over, 21 of them distinct)
+            if tensor.requires_grad and tensor.dtype == dtype and tensor not in self._hooked:
+                self._hooked.add(tensor)
                 tensor.register_hook(self._on_activation_grad)
 
     def _on_activation_grad(self, grad) -> None:
