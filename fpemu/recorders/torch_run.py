@@ -57,6 +57,8 @@ from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, S
                                    format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
+# module outputs noted as watched before the notes are dropped (forwards with no backward)
+_HOOKED_AT_MOST = 1 << 16
 # fpemu compute format -> the torch dtype a backward computes in (autocast's)
 _COMPUTE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
@@ -272,7 +274,9 @@ class TorchRecorder:
         self._activation_maxima: list = []
         self._in_format: dict = {}  # id(param) -> whether its gradients arrive as compute-format values
         self._dtype = None  # the compute format's torch dtype, once known
-        self._hooked = weakref.WeakSet()  # module outputs whose gradient is watched
+        # id -> a weak reference to each module output whose gradient is watched (a tensor's == is elementwise,
+        # so no WeakSet); emptied when a backward pass ends
+        self._hooked: dict = {}
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -436,9 +440,19 @@ class TorchRecorder:
         for tensor in _output_tensors(torch, output):
             # a container returns its last child's output: hook each tensor once (a GPT-2 forward hands 38
             # outputs over, 21 of them distinct)
-            if tensor.requires_grad and tensor.dtype == dtype and tensor not in self._hooked:
-                self._hooked.add(tensor)
+            if tensor.requires_grad and tensor.dtype == dtype and not self._hooked_already(tensor):
                 tensor.register_hook(self._on_activation_grad)
+
+    def _hooked_already(self, tensor) -> bool:
+        """Whether ``tensor`` is watched already; else note it (a forward without a backward piles up no more
+        than _HOOKED_AT_MOST notes)."""
+        known = self._hooked.get(id(tensor))
+        if known is not None and known() is tensor:
+            return True
+        if len(self._hooked) >= _HOOKED_AT_MOST:
+            self._hooked.clear()
+        self._hooked[id(tensor)] = weakref.ref(tensor)
+        return False
 
     def _on_activation_grad(self, grad) -> None:
         if not self.audit._paused:
@@ -449,6 +463,7 @@ class TorchRecorder:
 
     def _pass_ended(self) -> None:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
+        self._hooked.clear()
         activations, self._activation_maxima = self._activation_maxima, []
         by_group, largest = self._measure_grads([(group, grad) for group, _, grad in incoming])
         for group, measured in by_group.items():
