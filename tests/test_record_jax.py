@@ -325,3 +325,55 @@ def test_keras_on_jax_loop():
 def test_docstring_examples():
     result = doctest.testmod(jax_run, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def _jmp_loop(recorder, guarded: bool, steps: int = 8):
+    """The jmp + optax loop; ``guarded=False`` applies every update, overflowed or not (no select_tree).  Each
+    attempt records what the step really did: ``applied`` from whether the parameters changed."""
+    jmp = pytest.importorskip("jmp")
+    optimizer = optax.adam(1e-2)
+
+    @jax.jit
+    def train_step(params, opt_state, loss_scale, x, y):
+        grads = jax.grad(lambda p: loss_scale.scale(_mlp_loss(p, x, y, jnp.float16)))(params)
+        stats = grad_stats(grads, "fp16")
+        grads = loss_scale.unscale(grads)
+        finite = jmp.all_finite(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new = (optax.apply_updates(params, updates), new_opt_state)
+        new_params, opt_state = jmp.select_tree(finite, new, (params, opt_state)) if guarded else new
+        return new_params, opt_state, loss_scale.adjust(finite), stats, finite
+
+    params = _mlp_params()
+    opt_state = optimizer.init(params)
+    loss_scale = jmp.DynamicLossScale(jnp.float32(2.0 ** 18), period=3)
+    for x, y in _batches(steps):
+        new_params, opt_state, new_scale, stats, finite = train_step(params, opt_state, loss_scale, x, y)
+        recorder.record(stats, scale_state=loss_scale, next_scale_state=new_scale, overflow=~finite,
+                        params_before=params, params_after=new_params)
+        params, loss_scale = new_params, new_scale
+    return recorder
+
+
+def test_applied_is_observed_from_the_parameters_not_inferred():
+    """Issue 28: a loop that applies its update on overflowed steps is recorded as applying it."""
+    guarded = _jmp_loop(record_jax("fp16", name="guarded", scaler="jmp"), guarded=True).steps
+    unguarded = _jmp_loop(record_jax("fp16", name="unguarded", scaler="jmp"), guarded=False).steps
+    assert any(s.overflow for s in guarded) and unguarded[0].overflow == guarded[0].overflow
+    assert [s.applied for s in guarded] == [not s.overflow for s in guarded]
+    first = next(i for i, s in enumerate(unguarded) if s.overflow)
+    assert unguarded[first].applied  # the update ran on the inf/NaN gradients: the parameters changed
+    assert bool(jax_run.params_changed({"w": jnp.array([jnp.nan, 1.0])}, {"w": jnp.array([jnp.nan, 1.0])})) is False
+
+
+def test_scaler_parameters_come_from_the_real_state_not_the_caller():
+    """Issue 28: stale parameters passed by the caller (period 5, scale 2^10) lose to the state's (period 3,
+    2^18), so the trace replays under its own profile and parameters as the run went."""
+    from fpemu.traces.replay import replay
+    recorder = _jmp_loop(record_jax("fp16", name="stale", scaler="jmp", params={"loss_scale": 2.0 ** 10, "period": 5}),
+                         guarded=True)
+    trace = recorder.trace()
+    assert trace.metadata["params"] == {"loss_scale": 2.0 ** 18, "period": 3, "factor": 2, "min_loss_scale": 1.0}
+    same = replay(trace, "jmp", **trace.metadata["params"])
+    assert [float(s) for s in same.trace.scales] == [s.scale for s in recorder.steps]
+    assert jax_run.state_params(2.0 ** 15, "jmp") == {}

@@ -6,6 +6,7 @@ Shared by the torch and JAX audits; imports nothing beyond the standard library.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 # kind -> the fix, one sentence each.
@@ -25,6 +26,9 @@ FIXES = {
     "gradients_carried_across_steps":
         "Zero the gradients after every scaler.step(optimizer), or accumulate microbatches without stepping "
         "and call scaler.step and scaler.update only at the accumulation boundary.",
+    "zero_grad_between_microbatches":
+        "Call optimizer.zero_grad() once per update, after scaler.step(optimizer) and scaler.update() (or before "
+        "the first microbatch), never between the backward passes that accumulate into it.",
     "scale_changed_in_accumulation":
         "Keep one scale through the accumulated microbatches: call scaler.update() (and step every optimizer "
         "that shares the scaler) only at effective-batch boundaries.",
@@ -50,8 +54,8 @@ FIXES = {
         "Reduce found-inf across every rank that shares parameters (ShardedGradScaler, or FSDP2's DTensor "
         "gradients) and find the rank-local source of the non-finite gradient.",
     "update_on_nonfinite_grads":
-        "Apply the update only where the gradients are finite (jmp.select_tree(grads_finite, new, old) or "
-        "optax.apply_if_finite).",
+        "Apply the update only where the gradients are finite: torch: step through scaler.step(optimizer), not "
+        "optimizer.step(); JAX: jmp.select_tree(grads_finite, new, old) or optax.apply_if_finite.",
 }
 
 
@@ -77,6 +81,12 @@ class Finding:
 
     def __str__(self) -> str:
         return f"[{self.kind}] step {self.step}, {self.call}: {self.detail} Fix: {self.fix}"
+
+    @property
+    def measurable(self) -> bool:
+        """Every number of its effect is finite (at an overflowed step a norm or error is inf/NaN)."""
+        values = [v for value in self.effect.values() for v in (value if isinstance(value, tuple) else (value,))]
+        return all(math.isfinite(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def make_finding(kind: str, step: int, call: str, effect: dict, detail: str) -> Finding:
@@ -149,6 +159,13 @@ class AuditResult:
         for kind in sorted(self.kinds, key=list(FIXES).index):
             found = self.of_kind(kind)
             steps = ", ".join(str(f.step) for f in found[:10]) + (", ..." if len(found) > 10 else "")
-            lines.append(f"{kind}: {len(found)}x at step {steps}; first: {found[0].call}: {found[0].detail}")
-            lines.append(f"  fix: {found[0].fix}")
+            measurable = [f for f in found if f.measurable]
+            shown = measurable[0] if measurable else found[0]
+            first = "first" if shown is found[0] else f"first measurable (step {shown.step})"
+            line = f"{kind}: {len(found)}x at step {steps}; {first}: {shown.call}: {shown.detail}"
+            if measurable and len(measurable) < len(found):
+                line += (f" ({len(found) - len(measurable)} at steps whose gradients held inf/NaN, where its "
+                         f"size has no value)")
+            lines.append(line)
+            lines.append(f"  fix: {shown.fix}")
         return "\n".join(lines)

@@ -138,8 +138,15 @@ class _OptimizerLog:
     norms_task: Optional[int] = None
     # id(param) -> (id of its .grad, the grad's version counter) as the last backward pass left it
     left_as: dict = dataclasses.field(default_factory=dict)
+    # id(param) -> its .grad tensor as a backward pass of this attempt left it (kept, so that gradients a
+    # zero_grad between microbatches drops can still be measured); the dropped passes and their sum
+    left_grads: dict = dataclasses.field(default_factory=dict)
+    dropped_passes: int = 0
+    dropped_unmeasured: int = 0
+    dropped_sum: Optional[object] = None
     stepping: bool = False  # inside scaler.step(optimizer)
     update_ran: bool = False  # the real update ran inside the current scaler.step
+    nonfinite_grads: int = 0  # inf/NaN gradient elements the running optimizer.step applies
     # the scale of each backward pass since the last unscale_, and (backward index, flat gradients
     # before it) at each backward pass whose scale differs from the one before
     window: list = dataclasses.field(default_factory=list)
@@ -167,6 +174,7 @@ class _OptimizerLog:
 
     def start_window(self) -> None:
         self.window, self.snapshots = [], []
+        self.left_grads = {}
 
 
 def _as_list(value, name: str, check, expected: str) -> list:
@@ -230,6 +238,7 @@ class TorchLoopAudit:
         self._findings: list = []
         self._scheduler_steps = [0] * len(self._schedulers)
         self._backward_passes = 0
+        self._updates = 0  # scaler.update() calls
         self._first_scale: Optional[float] = None
         self._autocast: dict = {}  # autocast dtype -> attempt index where first seen
         self._grad_stats: Optional[dict] = None  # format -> RangeStats of the first update's gradients
@@ -346,10 +355,11 @@ class TorchLoopAudit:
             unscale, step = scaler.unscale_, scaler.step
             self._set(scaler, "unscale_", lambda optimizer: self._unscale(unscale, optimizer))
             self._set(scaler, "step", lambda optimizer, *a, **k: self._scaler_step(step, optimizer, *a, **k))
+            update = scaler.update  # counted always: a finding says whether the scale could have changed
+            self._set(scaler, "update", lambda *a, **k: self._updated(update, *a, **k))
             if self._observers:
-                scale, update = scaler.scale, scaler.update
+                scale = scaler.scale
                 self._set(scaler, "scale", lambda outputs: self._scaled(scale, outputs))
-                self._set(scaler, "update", lambda *a, **k: self._updated(update, *a, **k))
         for index, scheduler in enumerate(self._schedulers):
             real = scheduler.step
             self._set(scheduler, "step",
@@ -378,6 +388,7 @@ class TorchLoopAudit:
         self._findings.append(make_finding(kind, step, call, effect, detail))
 
     def _finish_attempt(self, log: _OptimizerLog, completed: bool) -> None:
+        self._report_dropped(log, f"{log.name}.step()")  # an attempt that never unscaled
         self._notify("attempt_finished", log, completed)
         log.scales.append(self._scale())
         if self._first_scale is None:  # gradients set by hand: no backward pass read the scale
@@ -411,6 +422,8 @@ class TorchLoopAudit:
         log.adds_to_unscaled = holds_unscaled and log.unscaled_in == log.attempts
         if holds_unscaled and log.unscaled_in < log.attempts:
             log.carried_norm = _norm([p.grad for p in log.params() if p.grad is not None])
+        if log.window and not log.unscaled and log.left_grads:
+            self._check_dropped(log)
         if log.window and scale != log.window[-1]:
             log.snapshots.append((len(log.window), _flat(log.grads())))
         log.window.append(scale)
@@ -425,6 +438,7 @@ class TorchLoopAudit:
             torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._take_norms, log))
         log.pending_norms.append((param, param.grad))
         log.left_as[id(param)] = (id(param.grad), param.grad._version)
+        log.left_grads[id(param)] = param.grad
         if log.carried_norm is not None:
             self._report_carried(log, log.carried_norm)
             log.carried_norm = None
@@ -437,6 +451,49 @@ class TorchLoopAudit:
                       f"already unscaled, and scaler.step will neither unscale them nor check them for "
                       f"inf/NaN: they count {scale:g}x too much")
 
+    def _check_dropped(self, log: _OptimizerLog) -> None:
+        """Before a backward pass of an attempt that already ran one: every gradient the last pass left
+        is gone (set to None, replaced, or zeroed in place: a zero_grad between microbatches), so the
+        update will hold only the passes after it.  Keeps the dropped sum to measure the error."""
+        params = [p for p in log.params() if id(p) in log.left_grads]
+        left = [(p, log.left_grads[id(p)]) for p in params]
+        if any(p.grad is grad and log.left_as[id(p)][1] == grad._version for p, grad in left):
+            return  # something the last pass left is still there: no zero_grad
+        in_place = [grad for p, grad in left if p.grad is grad]
+        if any(bool(grad.any()) for grad in in_place):
+            return  # changed in place but not zeroed (a clip between microbatches): not a zero_grad
+        log.dropped_passes += 1
+        if in_place:  # zeroed in place: the values are gone
+            log.dropped_unmeasured += 1
+        else:
+            by_id = {id(p): grad for p, grad in left}
+            dropped = _flat([by_id.get(id(p), _torch().zeros_like(p)) for p in log.params()])
+            log.dropped_sum = dropped if log.dropped_sum is None else log.dropped_sum + dropped
+        log.left_grads = {}
+
+    def _report_dropped(self, log: _OptimizerLog, call: str) -> None:
+        """File the attempt's zero_grad_between_microbatches finding (once), with the gradient's error."""
+        dropped, total = log.dropped_passes, len(log.window)
+        if not dropped:
+            return
+        effect = {"microbatches": total, "dropped_microbatches": dropped}
+        detail = (f"the gradients of {dropped} of {total} accumulated microbatches were cleared (zero_grad between "
+                  f"backward passes) before {call}, so the update holds only the last {total - dropped}")
+        if log.dropped_sum is not None and not log.dropped_unmeasured:
+            kept = _flat(log.grads())
+            intended = float((kept + log.dropped_sum).norm())
+            lost = float(log.dropped_sum.norm())
+            if math.isfinite(intended) and intended:
+                effect["relative_gradient_error"] = error = lost / intended
+                detail += f": the gradient is off by {error:.1%} of the accumulated gradient's norm"
+            else:
+                detail += "; a microbatch overflowed, so the size of the error was not measured"
+        else:
+            detail += "; they were zeroed in place, so the size of the error was not measured"
+        log.dropped_passes = log.dropped_unmeasured = 0
+        log.dropped_sum = None
+        self._add("zero_grad_between_microbatches", log.attempts, call, effect, detail)
+
     def _take_norms(self, log: _OptimizerLog) -> None:
         """At the end of a backward pass, the norm of each gradient it accumulated, in one call (the same
         values as one torch.linalg.vector_norm per gradient; kept on the device: read only if an unscale_
@@ -447,11 +504,19 @@ class TorchLoopAudit:
         log.accumulated_norms.update((id(param), norm) for (param, _), norm in zip(pending, norms))
 
     def _report_carried(self, log: _OptimizerLog, carried: float) -> None:
-        """A backward pass adds scaled gradients to ones the last attempt unscaled and stepped with."""
+        """A backward pass adds scaled gradients to ones the last attempt unscaled and stepped with (or, where it
+        overflowed and was skipped, to its inf/NaN)."""
         scale = self._scale()
-        self._add("gradients_carried_across_steps", log.attempts,
-                  f"backward after scaler.step({log.name}) without zero_grad",
-                  {"scale": scale, "carried_weight": 1 / scale, "carried_grad_norm": carried},
+        call = f"backward after scaler.step({log.name}) without zero_grad"
+        effect = {"scale": scale, "carried_weight": 1 / scale, "carried_grad_norm": carried}
+        if log.unscaled_in in log.skipped or not math.isfinite(carried):
+            self._add("gradients_carried_across_steps", log.attempts, call, {**effect, "carried_nonfinite": 1.0},
+                      f"this backward pass adds to the gradients of attempt {log.unscaled_in}, which overflowed "
+                      f"(they hold inf/NaN, so its update was skipped) and were never zeroed: the inf/NaN stays in "
+                      f"every later microbatch's sum, so each later attempt of this window overflows and is "
+                      f"skipped too")
+            return
+        self._add("gradients_carried_across_steps", log.attempts, call, effect,
                   f"this backward pass adds gradients multiplied by the scale {scale:g} to the gradients "
                   f"of attempt {log.unscaled_in}, which scaler.step already unscaled and applied; the next "
                   f"unscale_ divides both by {scale:g}, so the update mixes g_old / {scale:g} + g_new and "
@@ -466,15 +531,49 @@ class TorchLoopAudit:
                 self._autocast.setdefault(torch.get_autocast_dtype(device), self._logs[0].attempts)
 
     def _before_update(self, optimizer, _args, _kwargs) -> None:
-        """Step pre-hook: after a clip before unscale_, keep the parameters as they are now."""
+        """Step pre-hook: after a clip before unscale_, keep the parameters as they are now; an update about to
+        run on an overflowed step is counted."""
         log = self._log_for(optimizer)
+        log.nonfinite_grads = self._nonfinite_grads(log) if self._scaling else 0
         if log.clip_check is not None:
             log.before_update = ([p.detach().clone() for p in log.params()],
                                  copy.deepcopy(optimizer.state_dict()))
 
+    def _nonfinite_grads(self, log: _OptimizerLog) -> int:
+        """The inf/NaN gradient elements an update about to run applies: inside scaler.step only where the
+        scaler found inf and still stepped (a fused optimizer that skips by itself is told found_inf); outside
+        it (optimizer.step() called directly) nothing checked them, so they are counted (one pass)."""
+        torch = _torch()
+        optimizer = log.optimizer
+        if log.stepping:
+            if getattr(optimizer, "_step_supports_amp_scaling", False) or getattr(optimizer, "found_inf", None) is not None:
+                return 0
+            state = self._scaler._per_optimizer_states.get(id(optimizer), {})
+            if not any(float(v) for v in state.get("found_inf_per_device", {}).values()):
+                return 0
+        grads = [p.grad for p in log.params() if p.grad is not None]
+        return sum(int((~torch.isfinite(grad)).sum()) for grad in grads)
+
+    def _report_nonfinite_update(self, log: _OptimizerLog) -> None:
+        """The update ran on inf/NaN gradients: how many parameter elements it left non-finite."""
+        torch = _torch()
+        params = log.params()
+        broken = sum(int((~torch.isfinite(p.detach())).sum()) for p in params)
+        elements = sum(p.numel() for p in params)
+        call = f"scaler.step({log.name})" if log.stepping else f"{log.name}.step() outside scaler.step"
+        self._add("update_on_nonfinite_grads", log.attempts, call,
+                  {"nonfinite_grad_elements": log.nonfinite_grads, "nonfinite_param_elements": broken,
+                   "param_elements": elements, "scale": self._scale()},
+                  f"the optimizer's update ran on gradients holding {log.nonfinite_grads} inf/NaN elements (an "
+                  f"overflowed step, which scaler.step(optimizer) would have skipped); it left {broken} of "
+                  f"{elements} parameter elements inf/NaN")
+        log.nonfinite_grads = 0
+
     def _on_update(self, optimizer, _args, _kwargs) -> None:
         """Step post-hook: the optimizer's real update ran (unless a fused optimizer found infs)."""
         log = self._log_for(optimizer)
+        if log.nonfinite_grads:
+            self._report_nonfinite_update(log)
         if log.before_update is not None:
             self._measure_clip_update(log)
         found_inf = getattr(optimizer, "found_inf", None)
@@ -533,6 +632,7 @@ class TorchLoopAudit:
             self._check_manual_unscale(log, call)
         if len(set(log.window)) > 1:
             self._record_scale_change(log, call)
+        self._report_dropped(log, call)
         self._notify("before_unscale", log)
         real(optimizer)
         log.scaled, log.unscaled, log.unscaled_in = False, True, log.attempts
@@ -606,6 +706,7 @@ class TorchLoopAudit:
 
     def _updated(self, real, *args, **kwargs):
         result = _at_callers_line(real, *args, **kwargs)
+        self._updates += 1
         self._notify("updated")
         return result
 
@@ -655,13 +756,16 @@ class TorchLoopAudit:
             this_order = _norm([g * inv_scale.to(g.device) for g in grads])
             shrink = correct / this_order if this_order else float("inf")
             call = f"torch.nn.utils.{name}({limit_name}={limit:g})"
-            self._add("clip_before_unscale", owners[0].attempts, call,
-                      {"scale": scale, "limit": limit, "true_grad_norm": true_norm,
-                       "grad_norm_correct_order": correct, "grad_norm_this_order": this_order,
-                       "grad_shrink": shrink},
-                      f"clipped gradients still multiplied by the scale {scale:g}: the clipped gradient's norm "
-                      f"is {this_order:.4g} instead of {correct:.4g} ({shrink:.4g}x too small; the update was "
-                      f"skipped, so its size was not measured)")
+            effect = {"scale": scale, "limit": limit, "true_grad_norm": true_norm,
+                      "grad_norm_correct_order": correct, "grad_norm_this_order": this_order, "grad_shrink": shrink}
+            if not math.isfinite(true_norm):
+                detail = (f"clipped gradients still multiplied by the scale {scale:g}, at a step whose gradients hold "
+                          f"inf/NaN (it overflowed, and scaler.step skips its update), so the error has no size here")
+            else:
+                detail = (f"clipped gradients still multiplied by the scale {scale:g}: the clipped gradient's norm "
+                          f"is {this_order:.4g} instead of {correct:.4g} ({shrink:.4g}x too small; the update was "
+                          f"skipped, so its size was not measured)")
+            self._add("clip_before_unscale", owners[0].attempts, call, effect, detail)
             # measured when the optimizer steps (the finding's text above stands if it never does)
             owners[0].clip_check = (len(self._findings) - 1, {id(p): s.grad for p, s in
                                                                zip([p for p in params if p.grad is not None],
@@ -682,8 +786,8 @@ class TorchLoopAudit:
                 "all_updates_skipped", last.attempts - 1, f"scaler.step({last.name})",
                 {"attempts": accounting.attempts, "first_scale": self._first_scale,
                  "final_scale": self._scale()},
-                f"all {accounting.attempts} updates were skipped for non-finite gradients; the scale fell from "
-                f"{self._first_scale:g} to {self._scale():g}"))
+                f"all {accounting.attempts} updates were skipped for non-finite gradients; "
+                f"{self._scale_history()}"))
         if torch.float16 in self._autocast and not self._scaling:
             found.append(self._autocast_finding(
                 "fp16_autocast_without_scaler", torch.float16, "torch.autocast(dtype=torch.float16)",
@@ -697,6 +801,15 @@ class TorchLoopAudit:
                 f"a GradScaler ran under bf16 autocast, whose range is float32's, and skipped "
                 f"{accounting.skipped_updates} of {accounting.attempts} updates"))
         return found
+
+    def _scale_history(self) -> str:
+        """What the scale did over the run, in words (it cannot fall where scaler.update() never ran)."""
+        first, last = self._first_scale, self._scale()
+        if not self._updates:
+            return f"scaler.update() was never called, so the scale stayed at {last:g}"
+        if first == last:
+            return f"the scale stayed at {last:g} through {self._updates} scaler.update() calls"
+        return f"the scale {'fell' if last < first else 'rose'} from {first:g} to {last:g}"
 
     def _autocast_finding(self, kind: str, dtype, call: str, fmt: str, effect: dict, detail: str):
         """A finding about the autocast dtype, with what ``fmt`` did to the first update's gradients."""

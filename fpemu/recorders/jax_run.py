@@ -23,7 +23,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from fpemu._host import installed_versions
-from fpemu._jax_states import scale_of, state_field
+from fpemu._jax_states import scale_of, state_field, state_kind
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
 from fpemu.traces.format import write_trace
@@ -328,6 +328,46 @@ def keras_scale_state(optimizer, variables=None) -> dict:
             "growth_interval": optimizer.dynamic_growth_steps}
 
 
+# (state package, state class, the recorder's scaler) -> profile parameter -> the state's attribute (or a
+# Mapping's key) holding it: what the real state says wins over the parameters the caller passed, which may be
+# stale.  The scale itself is the initial scale of the first attempt's state.
+STATE_PARAMS = {
+    ("jmp", "DynamicLossScale", "jmp"): {"loss_scale": "loss_scale", "period": "period", "factor": "factor",
+                                         "min_loss_scale": "min_loss_scale"},
+    ("jmp", "StaticLossScale", "static"): {"loss_scale": "loss_scale"},
+    ("flax", "DynamicScale", "flax"): {"scale": "scale", "growth_factor": "growth_factor",
+                                       "backoff_factor": "backoff_factor", "growth_interval": "growth_interval",
+                                       "minimum_scale": "minimum_scale"},
+    ("", "Mapping", "keras"): {"initial_scale": "scale", "dynamic_growth_steps": "growth_interval"},
+}
+
+
+def state_params(state, scaler: str) -> dict:
+    """The profile parameters ``state`` (the first attempt's loss-scale state) holds, for ``scaler``'s profile;
+    {} for a plain number or a state of another scaler."""
+    row = state_kind(state)
+    fields = {} if row is None else STATE_PARAMS.get((row.package, row.cls, scaler), {})
+    read = state.get if isinstance(state, dict) else functools.partial(getattr, state)
+    values = {param: read(name, None) for param, name in fields.items()}
+    return {param: np.asarray(value).item() for param, value in values.items() if value is not None}
+
+
+def params_changed(before, after):
+    """Whether any leaf of ``after`` differs from ``before`` bit for bit (NaN-aware: a NaN that stays NaN is
+    no change): whether an update was applied.  A JAX bool; call it inside jit or on the host."""
+    import jax
+    import jax.numpy as jnp
+
+    def differs(a, b):
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            return jnp.any(a != b)
+        return jnp.any((a != b) & ~(jnp.isnan(a) & jnp.isnan(b)))
+
+    leaves = jax.tree_util.tree_leaves(jax.tree_util.tree_map(differs, before, after))
+    return functools.reduce(jnp.logical_or, leaves, jnp.bool_(False))
+
+
 class JaxRecorder:
     """Appends the attempts of a JAX loop on the host and writes them as a recorded trace.
 
@@ -357,8 +397,8 @@ class JaxRecorder:
         return shadow_stats(grads, reference, self.format, scale=scale, group_by=self.group_by)
 
     def record(self, stats, *, scale_state, next_scale_state=None, loss=None, grad_norm=None, lr=None,
-               overflow: Optional[bool] = None, applied: Optional[bool] = None,
-               schedule_count=None, shadow=None) -> RecordedStep:
+               overflow: Optional[bool] = None, applied: Optional[bool] = None, params_before=None,
+               params_after=None, schedule_count=None, shadow=None) -> RecordedStep:
         """Append one attempt.
 
         Args:
@@ -371,7 +411,12 @@ class JaxRecorder:
             (any scalar; None: not recorded).
           overflow: whether the scaler saw non-finite gradients (jmp's ``all_finite``, flax's
             ``is_fin``, negated); None: any NaN or overflow in ``stats``.
-          applied: whether the update ran; None: exactly when it did not overflow.
+          applied: whether the update ran (:func:`params_changed` inside the step says it); None: observed
+            from ``params_before`` and ``params_after`` where given, else assumed exactly when it did not
+            overflow (an assumption, not an observation: a loop that applies inf/NaN updates is recorded
+            as skipping them).
+          params_before, params_after: the parameters the step received and returned, to observe
+            ``applied`` (compared on their device; one bool comes to the host).
           schedule_count: the optax schedule's count after the step (``ScaleByScheduleState.count``,
             ``ScaleByAdamState.count``); the last one given is the summary's ``scheduler_steps``.
           shadow: what :meth:`shadow_stats` returned for this step's batch (sampled steps only).
@@ -380,6 +425,10 @@ class JaxRecorder:
           The :class:`~fpemu.traces.recorded.RecordedStep` appended.
         """
         groups = host_grad_stats(stats, self.format)
+        if not self._steps:  # what the real state holds beats what the caller said
+            self.params.update(state_params(scale_state, self.scaler))
+        if applied is None and params_before is not None and params_after is not None:
+            applied = _changed(params_before, params_after)
         if overflow is None:
             overflow = any(row.nan or row.overflow for row in groups.values())
         overflow = bool(np.asarray(overflow))
@@ -434,6 +483,16 @@ class JaxRecorder:
             settings=RecorderSettings(groups=groups, shadow_every=self.shadow_every, compute_format=self.format.name))
 
 
+@functools.lru_cache(maxsize=None)
+def _changed_jit():
+    import jax
+    return jax.jit(params_changed)
+
+
+def _changed(before, after) -> bool:
+    return bool(np.asarray(_changed_jit()(before, after)))
+
+
 def _optional(value) -> Optional[float]:
     return None if value is None else float(np.asarray(value))
 
@@ -460,7 +519,10 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
       fmt: the compute format the statistics are taken in.
       name: the run's name (the trace's spec name).
       scaler: which loss scaler the loop uses: one of ``jmp``, ``flax``, ``optax``, ``keras``, ``static``.
-      params: the scaler's parameters, as the loop set them.
+      params: the scaler's parameters, as the loop set them; those its loss-scale state exposes (jmp's
+        period, factor and floor, flax's growth and backoff factors, interval and floor, the Keras
+        state's growth steps, and every initial scale) are read from the first attempt's state instead
+        (:data:`STATE_PARAMS`), so stale ones cannot make a comparison blame growth timing.
       group_by: "parameter", "module" or a callable path -> group name (see :func:`grad_stats`).
       batch_size: examples per attempt (the summary counts examples when given).
       path: where the trace is written when a ``with`` block ends without an exception.
@@ -494,6 +556,7 @@ def record_jax(fmt="fp16", *, name: str, scaler: str, params: Optional[dict] = N
                        batch_size=batch_size, path=path, shadow_every=shadow_every)
 
 
-__all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "GroupCounts", "grad_stats", "host_grad_stats",
+__all__ = ["STAT_NAMES", "SHADOW_NAMES", "GROUPINGS", "STATE_PARAMS", "GroupCounts", "grad_stats", "host_grad_stats",
+           "state_params", "params_changed",
            "shadow_stats", "host_shadow_stats", "host_shadow_histograms",
            "keras_scale_state", "JaxRecorder", "record_jax"]

@@ -5,10 +5,21 @@ user's loop unchanged.  It watches through :class:`fpemu.audits.torch_loop.Torch
 same wrappers and hooks ``audit_torch`` uses; ``rec.audit`` holds its findings) and writes one
 step record per update attempt:
 
-* when ``scaler.step`` (or ``scaler.unscale_``) first unscales, the gradients still carry the
-  scale: each parameter's gradient is measured there, on its own device, at most ``CHUNK`` elements
-  at a time (a large gradient in pieces, small ones together), so the temporaries stay under
-  ~40 MiB whatever the model; nothing is copied to the host but a handful of numbers per group;
+* each backward pass (microbatch) hands every parameter its own gradient, at the pass's scale,
+  before it is added into ``.grad``: a tensor hook keeps it and the pass's end measures them all, on
+  their own device, at most ``CHUNK`` elements at a time (a large gradient in pieces, small ones
+  together), so the temporaries stay under ~40 MiB whatever the model; nothing is copied to the host
+  but a handful of numbers per group.  So an attempt that accumulates microbatches is described by
+  what each backward produced in the compute format, not by the float32 sum in ``.grad`` (which can
+  pass fp16's range with no microbatch overflowing); gradients set by hand, with no backward pass,
+  are measured in ``.grad`` when ``scaler.step`` (or ``scaler.unscale_``) first unscales.  Holding a
+  pass's gradients until it ends makes autograd copy them into a ``.grad`` that was None (it moves them
+  otherwise): one extra copy of the gradients at the first microbatch of each update;
+* ``compute_max``: the largest gradient magnitude computed in the compute format, over the passes:
+  every module output held in it gets a tensor hook (an fp16 activation gradient overflows before
+  any parameter's), and the parameters whose gradients arrive as compute-format values (autocast cast
+  them; tested once per parameter) count, float32 ones (a norm's weight, an embedding) do not.  Replay
+  decides overflow at another scale from it;
 * the scale, found-inf, whether the update ran and the learning rate when ``scaler.step``
   returns; the growth tracker after ``scaler.update``; the loss as handed to ``scaler.scale``
   (summed over the attempt's microbatches); the gradient norm from the norms the audit keeps of
@@ -31,8 +42,10 @@ torch is imported on first use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
+import weakref
 from typing import Callable, Optional
 
 from fpemu._host import installed_versions
@@ -44,6 +57,10 @@ from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, S
                                    format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
+# module outputs noted as watched before the notes are dropped (forwards with no backward)
+_HOOKED_AT_MOST = 1 << 16
+# fpemu compute format -> the torch dtype a backward computes in (autocast's)
+_COMPUTE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 # Elements measured at once: a gradient larger than this is measured in pieces, so the temporaries
 # stay under ~40 MiB whatever the model (about 10 bytes per element measured); smaller gradients are
 # measured together, up to CHUNK elements at once.
@@ -87,6 +104,15 @@ def _class_bounds(torch, fmt, device):
     # them down one float32 value (exact: they are float32 numbers)
     edges[1:] = torch.nextafter(edges[1:], torch.zeros(2))
     return edges.to(device)
+
+
+def _output_tensors(torch, output) -> list:
+    """The tensors a module returned: itself, or the tensors among a tuple's, list's or dict's items (a
+    transformers ModelOutput is a dict) one level down."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return [item for item in items if isinstance(item, torch.Tensor)]
 
 
 def _pieces(grad):
@@ -138,17 +164,20 @@ def _top_class_measures(torch, piece) -> tuple:
     return nan, float(magnitude.nan_to_num_(nan=0.0, posinf=math.inf).amax())
 
 
-def _group_stats(elements: int, measured: list) -> GroupStats:
-    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces; elements without a
-    gradient count as zeros."""
+def _group_stats(elements: int, measured: list, microbatches: int = 1) -> GroupStats:
+    """GroupStats from [(counts, max_abs, min_nonzero, nan)] of the group's pieces over ``microbatches``
+    backward passes: the shares are of ``elements`` x ``microbatches`` values, and elements a pass gave
+    no gradient count as zeros."""
+    values = elements * microbatches
     present = sum(sum(counts) for counts, *_ in measured)
-    zero = elements - present + sum(counts[0] for counts, *_ in measured)
+    zero = values - present + sum(counts[0] for counts, *_ in measured)
     subnormal = sum(counts[1] for counts, *_ in measured)
     nan = sum(n for *_, n in measured)
     beyond = sum(counts[3] for counts, *_ in measured) - nan  # NaN lands in the top bucket
-    return GroupStats.from_counts(elements, int(zero), int(subnormal), int(beyond), int(nan),
-                                  max((m for _, m, _, _ in measured), default=0.0),
-                                  min((m for _, _, m, _ in measured), default=math.inf))
+    stats = GroupStats.from_counts(values, int(zero), int(subnormal), int(beyond), int(nan),
+                                   max((m for _, m, _, _ in measured), default=0.0),
+                                   min((m for _, _, m, _ in measured), default=math.inf))
+    return dataclasses.replace(stats, elements=elements)
 
 
 def _shadow_counts(torch, shadow_grad, run_grad, factor, edges):
@@ -232,6 +261,22 @@ class TorchRecorder:
         self._compute_format = compute_format
         RecorderSettings(self._grouping, shadow_every, compute_format or "fp16", self._statistics)  # checks them
         self._edges = None
+        self._hooks: list = []
+        # each backward pass's gradients as it hands them to the parameters (group, gradient), measured
+        # when the pass ends; what the attempt's passes measured, per group; how many passes; the pass
+        self._incoming: list = []
+        self._passes: dict = {}
+        self._microbatches = 0
+        self._pass_task: Optional[int] = None
+        # the largest gradient magnitude computed in the compute format in the attempt's passes (module
+        # outputs held in it, parameters whose gradients arrive in it), and this pass's activation maxima
+        self._compute_max: Optional[float] = None
+        self._activation_maxima: list = []
+        self._in_format: dict = {}  # id(param) -> whether its gradients arrive as compute-format values
+        self._dtype = None  # the compute format's torch dtype, once known
+        # id -> a weak reference to each module output whose gradient is watched (a tensor's == is elementwise,
+        # so no WeakSet); emptied when a backward pass ends
+        self._hooked: dict = {}
         self._loss = None  # the attempt's summed loss, a device tensor (read once per attempt)
         self._grad_stats: Optional[dict] = None
         self._shadow: Optional[dict] = None
@@ -244,9 +289,15 @@ class TorchRecorder:
 
     def __enter__(self) -> "TorchRecorder":
         self.audit.__enter__()
+        if self._statistics:
+            self._hooks = [param.register_hook(functools.partial(self._on_incoming, group, param))
+                           for group, members in self._groups for param in members]
+            self._hooks.append(_torch().nn.modules.module.register_module_forward_hook(self._on_output))
         return self
 
     def __exit__(self, *exc_info) -> None:
+        while self._hooks:
+            self._hooks.pop().remove()
         self.audit.__exit__(*exc_info)
         self._close_open()
         self.trace = self._build_trace(clean=exc_info[0] is None)
@@ -262,12 +313,15 @@ class TorchRecorder:
             self._loss = loss if self._loss is None else self._loss + loss
 
     def before_unscale(self, log) -> None:
-        if self._statistics and self._grad_stats is None:
-            self._grad_stats = self._measure()
+        if self._statistics and self._grad_stats is None and not self._microbatches:
+            self._grad_stats = self._measure()  # gradients no backward pass handed over (set by hand)
 
     def attempt_finished(self, log, completed: bool) -> None:
         self._close_open()
-        if self._statistics and self._grad_stats is None:  # no unscale_ ran (a disabled scaler, no scaler)
+        if self._statistics and self._microbatches:
+            self._grad_stats = {group: _group_stats(sum(p.numel() for p in members), self._passes[group],
+                                                    self._microbatches) for group, members in self._groups}
+        elif self._statistics and self._grad_stats is None:  # no unscale_ ran (a disabled scaler, no scaler)
             self._grad_stats = self._measure()
         scale = self.audit._scale()
         loss, self._loss = self._loss, None
@@ -275,8 +329,10 @@ class TorchRecorder:
             step=log.attempts, scale=scale, overflow=self._found_inf(completed), applied=bool(completed),
             loss=None if loss is None else float(loss), grad_norm=self._grad_norm(log, scale),
             lr=float(self._optimizer.param_groups[0]["lr"]), grad_stats=self._grad_stats or {},
-            shadow=self._shadow, shadow_histogram=self._shadow_histogram)
-        self._grad_stats = self._shadow = self._shadow_histogram = None
+            shadow=self._shadow, shadow_histogram=self._shadow_histogram,
+            microbatches=self._microbatches if self._microbatches > 1 else None, compute_max=self._compute_max)
+        self._grad_stats = self._shadow = self._shadow_histogram = self._compute_max = None
+        self._passes, self._microbatches = {}, 0
         self._open = _OpenStep(step)
         if not self.audit._scaling:
             self._close_open()
@@ -343,25 +399,122 @@ class TorchRecorder:
             self._compute_format = {torch.bfloat16: "bf16"}.get(used, "fp16")
         return self._compute_format
 
+    def _compute_dtype(self):
+        """The torch dtype of the compute format (None for a format torch does not compute in); kept once the
+        run's autocast dtype is known (the format follows it)."""
+        name = _COMPUTE_DTYPES.get(self._format())
+        dtype = None if name is None else getattr(_torch(), name)
+        if self.audit._autocast or self._compute_format is not None:
+            self._dtype = dtype
+        return dtype
+
     def _bounds(self, device):
         if self._edges is None or self._edges.device != device:
             self._edges = _class_bounds(_torch(), self._format(), device)
         return self._edges
 
-    def _measure(self) -> dict:
-        """GroupStats of every group at the gradients' current values (two transfers per CHUNK elements)."""
+    def _in_pass(self) -> None:
+        """Measure what the running backward pass hands over when it ends (queued once per pass)."""
         torch = _torch()
-        pieces = [(group, piece) for group, members in self._groups for p in members if p.grad is not None
-                  for piece in _pieces(p.grad) if piece.numel()]
+        task = torch._C._current_graph_task_id()
+        if task != self._pass_task:
+            self._pass_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
+
+    def _on_incoming(self, group: str, param, grad) -> None:
+        """Tensor hook: ``grad`` is what this backward pass hands the parameter, before it is added into
+        ``.grad`` (so one microbatch's own gradient, in the compute format where autocast cast the
+        parameter, not the float32 sum of the microbatches so far); measured when the pass ends."""
+        if self.audit._paused:  # the shadow pass
+            return
+        self._in_pass()
+        self._incoming.append((group, param, grad))
+
+    def _on_output(self, _module, _args, output) -> None:
+        """Global forward hook: the gradient of each module output held in the compute format is where a
+        backward overflows first (an fp16 activation gradient, before any parameter's): keep its maximum."""
+        torch = _torch()
+        if self.audit._paused or not torch.is_grad_enabled():
+            return
+        dtype = self._dtype if self._dtype is not None else self._compute_dtype()
+        for tensor in _output_tensors(torch, output):
+            # a container returns its last child's output: hook each tensor once (a GPT-2 forward hands 38
+            # outputs over, 21 of them distinct)
+            if tensor.requires_grad and tensor.dtype == dtype and not self._hooked_already(tensor):
+                tensor.register_hook(self._on_activation_grad)
+
+    def _hooked_already(self, tensor) -> bool:
+        """Whether ``tensor`` is watched already; else note it (a forward without a backward piles up no more
+        than _HOOKED_AT_MOST notes)."""
+        known = self._hooked.get(id(tensor))
+        if known is not None and known() is tensor:
+            return True
+        if len(self._hooked) >= _HOOKED_AT_MOST:
+            self._hooked.clear()
+        self._hooked[id(tensor)] = weakref.ref(tensor)
+        return False
+
+    def _on_activation_grad(self, grad) -> None:
+        if not self.audit._paused:
+            self._in_pass()
+            # the largest magnitude as the largest 15-bit pattern of the 16-bit values (they order as the magnitudes,
+            # NaN's above inf's): an integer max is ~20x faster on the CPU than an fp16 vector_norm or abs().amax()
+            self._activation_maxima.append((grad.detach().view(_torch().int16) & 0x7FFF).amax())
+
+    def _pass_ended(self) -> None:
+        incoming, self._incoming, self._pass_task = self._incoming, [], None
+        self._hooked.clear()
+        activations, self._activation_maxima = self._activation_maxima, []
+        by_group, largest = self._measure_grads([(group, grad) for group, _, grad in incoming])
+        for group, measured in by_group.items():
+            self._passes.setdefault(group, []).extend(measured)
+        self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
+        maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
+        if activations:  # 16-bit patterns of the compute format (the only dtype hooked): back to its value
+            maxima.append(float(_torch().stack(activations).amax().view(self._compute_dtype())))
+        if maxima:
+            top = max(math.inf if math.isnan(m) else m for m in maxima)  # NaN: non-finite
+            self._compute_max = top if self._compute_max is None else max(self._compute_max, top)
+        self._microbatches += 1
+
+    def _classify(self, grads) -> None:
+        """Whether each parameter's gradient arrives as compute-format values (autocast cast the
+        parameter, so its gradient is computed in the format) or as float32 computed in float32 (a norm's
+        weight, an embedding), which no scale makes overflow the format: decided once per parameter, at
+        its first finite nonzero gradient (one extra pass over it)."""
+        torch = _torch()
+        dtype = self._compute_dtype()
+        for param, grad in grads:
+            grad = grad.detach()
+            if dtype is None:
+                self._in_format[id(param)] = True  # a format torch has no dtype for: every value counts
+            elif bool(torch.isfinite(grad).all()) and bool(grad.any()):
+                self._in_format[id(param)] = bool((grad.to(dtype).to(grad.dtype) == grad).all())
+
+    def _measure_grads(self, grads) -> tuple:
+        """(group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs, and each
+        gradient's max_abs) (two transfers per CHUNK elements)."""
+        torch = _torch()
+        pieces = [(group, index, piece) for index, (group, grad) in enumerate(grads) for piece in _pieces(grad)
+                  if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
-        for batch in _batches(pieces):
+        largest_of = [0.0] * len(grads)
+        for batch in _batches([((group, index), piece) for group, index, piece in pieces]):
             tensors = [piece for _, piece in batch]
             counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device))
-            for (group, piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(), extremes.tolist()):
+            for ((group, index), piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(),
+                                                                                  extremes.tolist()):
                 nan = 0
                 if piece_counts[3]:
                     nan, largest = _top_class_measures(torch, piece)
                 by_group[group].append((piece_counts, largest, smallest, nan))
+                largest_of[index] = max(largest_of[index], math.inf if nan else largest)  # NaN: non-finite
+        return by_group, largest_of
+
+    def _measure(self) -> dict:
+        """GroupStats of every group at the gradients' current values."""
+        by_group, _ = self._measure_grads([(group, p.grad) for group, members in self._groups for p in members
+                                           if p.grad is not None])
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
 

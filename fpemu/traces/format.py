@@ -122,6 +122,8 @@ FIELDS = {field.name: field for field in [
     TraceField("grad_norm", True, ("recorded",), by_default=False, trajectory=False),
     TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
     TraceField("grad_stats", False, ("recorded",), by_default=False, trajectory=False),
+    TraceField("microbatches", False, ("recorded",), by_default=False, trajectory=False),
+    TraceField("compute_max", True, ("recorded",), by_default=False, trajectory=False),
     TraceField("shadow", False, ("recorded",), by_default=False, trajectory=False),
     TraceField("shadow_histogram", False, ("recorded",), by_default=False, trajectory=False),
 ]}

@@ -30,7 +30,12 @@ A recorded trace is an ordinary trace (see :mod:`fpemu.traces.format`), so ``fpe
 ``grad_stats`` describe each group's gradients as the run holds them at the attempt's scale
 (scaled, before unscaling), rounded to the recorder's compute format: the shares of elements that
 are zero, subnormal, beyond the format's range (``overflow``, inf included) and NaN there, and
-the largest magnitude and the smallest nonzero magnitude of the stored (scaled) values.
+the largest magnitude and the smallest nonzero magnitude of the stored (scaled) values.  Where an
+attempt accumulates several backward passes (microbatches) the torch recorder measures each pass's
+own gradient as the backward hands it to the parameter (in the compute format where autocast cast
+the parameter), not the float32 sum in ``.grad``, which may exceed the format's range without any
+pass overflowing: the step then holds ``"microbatches": n``, the shares are of ``elements * n``
+values and the extremes are over the passes.
 ``shadow`` compares a float32 pass over the same batch (autocast off) with the run's gradients
 element by element: ``underflow`` is the share of elements nonzero in float32 but zero in the run,
 ``subnormal`` the share nonzero in float32 but subnormal in the compute format in the run.
@@ -287,6 +292,13 @@ class RecordedStep:
       grad_stats: group name -> :class:`GroupStats` (empty where statistics are off).
       shadow: group name -> :class:`ShadowStats` on sampled attempts, else None.
       shadow_histogram: group name -> :class:`ShadowHistogram` on sampled attempts, else None.
+      microbatches: the backward passes the attempt accumulated, where more than one (None: one, or
+        not observed); ``grad_stats`` then describe every pass's own gradient, not their sum.
+      compute_max: the largest gradient magnitude the attempt's backward passes computed in the compute
+        format, at the attempt's scale (inf where one overflowed; None where not observed): module
+        outputs' gradients held in the format (where a backward overflows first) and the gradients of
+        parameters autocast cast to it, not float32 gradients (a norm's weight, an embedding) that no
+        scale makes overflow the format.  Replay decides overflow at another scale from it.
     """
 
     step: int
@@ -300,13 +312,16 @@ class RecordedStep:
     grad_stats: Mapping = dataclasses.field(default_factory=dict)
     shadow: Optional[Mapping] = None
     shadow_histogram: Optional[Mapping] = None
+    microbatches: Optional[int] = None
+    compute_max: Optional[float] = None
 
     def max_abs(self) -> float:
         """The largest stored gradient magnitude over every group (0 without statistics)."""
         return max((stats.max_abs for stats in self.grad_stats.values()), default=0.0)
 
 
-_OPTIONAL_FLOATS = ("loss", "grad_norm", "lr")
+_OPTIONAL_FLOATS = ("loss", "grad_norm", "lr", "compute_max")
+_OPTIONAL_INTS = ("growth_counter", "microbatches")
 # the per-group tables of sampled (shadow-pass) attempts: step field -> its class
 _PER_GROUP_SAMPLED = {"shadow": ShadowStats, "shadow_histogram": ShadowHistogram}
 
@@ -321,8 +336,9 @@ def to_step_record(step: RecordedStep) -> dict:
     """
     record = {"step": step.step, **float_fields("scale", step.scale), "overflow": bool(step.overflow),
               "applied": bool(step.applied)}
-    if step.growth_counter is not None:
-        record["growth_counter"] = int(step.growth_counter)
+    for name in _OPTIONAL_INTS:
+        if getattr(step, name) is not None:
+            record[name] = int(getattr(step, name))
     for name in _OPTIONAL_FLOATS:
         if getattr(step, name) is not None:
             record.update(float_fields(name, getattr(step, name)))
@@ -342,6 +358,7 @@ def from_step_record(record: Mapping) -> RecordedStep:
     """
     where = f"steps[{record.get('step', '?')}]"
     optional = {name: _read(record, name, where) if name in record else None for name in _OPTIONAL_FLOATS}
+    optional.update((name, _read(record, name, where, int) if name in record else None) for name in _OPTIONAL_INTS)
     grad_stats = {group: GroupStats.from_json(raw, f"{where}.grad_stats.{group}")
                   for group, raw in record.get("grad_stats", {}).items()}
     sampled = {name: None if record.get(name) is None else
@@ -350,7 +367,6 @@ def from_step_record(record: Mapping) -> RecordedStep:
     return RecordedStep(
         step=_read(record, "step", where, int), scale=_read(record, "scale", where),
         overflow=_read(record, "overflow", where, bool), applied=_read(record, "applied", where, bool),
-        growth_counter=_read(record, "growth_counter", where, int) if "growth_counter" in record else None,
         grad_stats=grad_stats, **sampled, **optional)
 
 

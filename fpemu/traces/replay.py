@@ -8,8 +8,10 @@ scaler holds then, from what the run showed at its own scale:
 * ``recorded``: the same scale and format as the run: the run's own verdict;
 * ``implied``: a larger scale than one that overflowed, or a smaller one than one that did not
   (multiplying by a power of two moves every value alike);
-* ``estimated``: otherwise, from the largest gradient magnitude: unscaled (``max_abs / scale``),
-  times the replayed scale, it overflows where it reaches the format's overflow threshold.  A step
+* ``estimated``: otherwise, from the largest gradient magnitude computed in the compute format
+  (``compute_max``: the module outputs' and autocast-cast parameters' gradients, over every
+  microbatch, as the torch recorder keeps it; else the largest ``max_abs``): unscaled, times the
+  replayed scale, it overflows where it reaches the format's overflow threshold.  A step
   whose gradients held inf/NaN has no finite maximum; the nearest finite step's stands in.
 
 Where the run recorded a shadow pass (``shadow_histogram``: its float32 gradients by binade), the
@@ -82,10 +84,18 @@ class ReplayResult:
         return {kind: self.decisions.count(kind) for kind in DECISIONS}
 
 
+def _largest(step) -> Optional[float]:
+    """The step's largest gradient magnitude that can overflow the compute format: ``compute_max`` where
+    recorded, else (older traces, JAX) the largest of every group's."""
+    if step.compute_max is not None:
+        return step.compute_max
+    return step.max_abs() if step.grad_stats else None
+
+
 def _unscaled_maxima(steps) -> list:
     """Per step, the largest unscaled gradient magnitude; a non-finite step takes its nearest finite
     neighbour's (the earlier one on a tie), None where no step is finite or statistics are absent."""
-    own = [step.max_abs() / step.scale if step.grad_stats and step.scale and math.isfinite(step.max_abs())
+    own = [_largest(step) / step.scale if _largest(step) is not None and step.scale and math.isfinite(_largest(step))
            and not step.overflow else None for step in steps]
     finite = [i for i, value in enumerate(own) if value is not None]
     if not finite:
