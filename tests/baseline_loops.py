@@ -6,6 +6,6 @@ import os
 
 def pytest_configure(config):
     import fpemu.blocks.quantize as quantize
-    import fpemu.formats._compiled as compiled
+    import fpemu.formats.kernels as compiled
     import fpemu.formats._shortcuts as shortcuts
     compiled.KERNELS = shortcuts.KERNELS = quantize.KERNELS = compiled.library(os.environ["FPEMU_BASELINE_LOOPS"])

@@ -11,7 +11,7 @@ import sysconfig
 
 import pytest
 
-import fpemu.formats._compiled as compiled
+import fpemu.formats.kernels as compiled
 
 SOURCE = pathlib.Path(compiled.__file__).with_name("_ckernels.c")
 TESTS = ["tests/test_shortcuts.py", "tests/test_blocks.py", "tests/test_format_fields.py"]

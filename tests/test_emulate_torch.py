@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fpemu  # noqa: E402
-from fpemu._host import cpu_flags  # noqa: E402
+from fpemu.host import cpu_flags  # noqa: E402
 from fpemu.emulate import Telemetry, get_policy, op_table  # noqa: E402
 from fpemu.emulate._torch_loop import EmulatedScaler, run_steps  # noqa: E402
 from fpemu.emulate._torch_rounding import round_tensor  # noqa: E402

@@ -116,14 +116,14 @@ def test_plugin_real_torch_matches_golden(assert_trace_matches):
     assert set(host) == {"platform", "machine", "python", "cpu_features", "flags", "torch_cpu"} | jax
     assert host["torch_cpu"]["aten_cpu_capability"] == sys.modules["torch"].backends.cpu.get_cpu_capability()
     assert recorded.metadata["packages"]["torch"] == importlib.metadata.version("torch")  # build tag kept (+cpu)
-    from fpemu._host import NUMERIC_CPU_FEATURES, cpu_flags
+    from fpemu.host import NUMERIC_CPU_FEATURES, cpu_flags
     assert set(host["cpu_features"]) == cpu_flags() & set(NUMERIC_CPU_FEATURES)
 
 
 def test_host_features_use_linux_names():
     """/proc/cpuinfo spells AVX512-FP16 avx512_fp16: the old name avx512fp16 matched no CPU, so
     recorded traces of Sapphire Rapids hosts lacked the one feature that explains their f16 results."""
-    from fpemu._host import NUMERIC_CPU_FEATURES
+    from fpemu.host import NUMERIC_CPU_FEATURES
     assert {"avx512_fp16", "avx512_bf16", "amx_bf16", "amx_tile"} <= set(NUMERIC_CPU_FEATURES)
     assert "avx512fp16" not in NUMERIC_CPU_FEATURES
 

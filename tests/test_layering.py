@@ -17,7 +17,7 @@ PACKAGE = ROOT / "fpemu"
 
 # Low to high: a module may import its own layer and the layers before it.
 LAYERS = (
-    ("base", ("fpemu.version", "fpemu.errors", "fpemu.fileio", "fpemu.figures", "fpemu._host", "fpemu._jax_states",
+    ("base", ("fpemu.version", "fpemu.errors", "fpemu.fileio", "fpemu.figures", "fpemu.host", "fpemu.jax_states",
               "fpemu.environments")),  # environments: isolated Pythons that adapters and the matrix run in
     ("core", ("fpemu.formats", "fpemu.blocks", "fpemu.scalers", "fpemu.steps", "fpemu.ranks", "fpemu.strategies")),
     ("traces", ("fpemu.traces",)),
@@ -138,3 +138,29 @@ def test_the_analysis_sees_function_level_imports():
     graph = import_graph()
     assert "fpemu.kinds" in graph["fpemu.harness.matrix"]  # imported inside a function
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to for privacy: fpemu.<first part> (fpemu itself for its top-level modules)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "fpemu"
+
+
+def private_imports() -> list:
+    """(importer, what) for every import of a private module or name (a ``_`` part) from another package."""
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("fpemu"):
+                continue
+            for alias in node.names:
+                named = f"{node.module}.{alias.name}"
+                private = any(part.startswith("_") and not part.startswith("__") for part in named.split(".")[1:])
+                if private and _package(node.module) != _package(module):
+                    found.append((module, named))
+    return found
+
+
+def test_no_private_name_is_imported_across_packages():
+    assert not private_imports(), "private names imported from another package: " + "; ".join(
+        f"{m} imports {n}" for m, n in private_imports())

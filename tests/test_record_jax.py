@@ -15,7 +15,7 @@ from fpemu import quantize, simulate_scaler  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 from fpemu.formats import get_format, range_stats  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces._binades import CODES, numpy_codes  # noqa: E402
+from fpemu.traces.binades import CODES, numpy_codes  # noqa: E402
 from fpemu.traces.recorded import GroupStats, ShadowHistogram, recorded_steps, rounding_limits  # noqa: E402
 from fpemu.recorders.jax_run import grad_stats, host_grad_stats, keras_scale_state, record_jax  # noqa: E402
 from tests.trace_checks import bits64  # noqa: E402

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 import fpemu  # noqa: E402
 from fpemu.traces import read_trace  # noqa: E402
-from fpemu.traces._binades import CODES, numpy_codes  # noqa: E402
+from fpemu.traces.binades import CODES, numpy_codes  # noqa: E402
 from fpemu.traces.recorded import ShadowHistogram, format_thresholds, recorded_steps  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))

@@ -10,7 +10,7 @@ import pytest
 from fpemu.formats import get_format, quantize
 from fpemu.traces import dumps, loads
 from fpemu.traces.format import FIELDS, TraceError
-from fpemu.traces._binades import CODES, numpy_codes
+from fpemu.traces.binades import CODES, numpy_codes
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
                                    format_thresholds,
                                    from_step_record, recorded_metadata, recorded_steps, recorded_trace,

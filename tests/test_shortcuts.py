@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fpemu
-from fpemu.formats._compiled import DISABLE_ENV, KERNELS
+from fpemu.formats.kernels import DISABLE_ENV, KERNELS
 from fpemu.formats._shortcuts import _SHORTCUTS, paths
 from fpemu.formats.rounding import _round_array
 from test_formats import same_bits
@@ -90,7 +90,7 @@ def test_the_compiled_loops_take_the_narrow_formats_where_they_were_built():
 
 
 def test_without_the_compiled_loops_quantize_takes_the_numpy_paths():
-    code = ("import numpy as np, fpemu; from fpemu.formats._compiled import KERNELS; "
+    code = ("import numpy as np, fpemu; from fpemu.formats.kernels import KERNELS; "
             "from fpemu.formats._shortcuts import paths; assert KERNELS is None; "
             "assert not any(p.compiled for p in paths(fpemu.get_format('fp8_e4m3fn'), 'nearest_even', True)); "
             "print(fpemu.quantize(np.float32([465.0, -1e-30, 3.0]), 'fp8_e4m3fn').tolist())")

@@ -18,7 +18,7 @@ import importlib.util
 import os
 from typing import Optional
 
-from fpemu._host import installed_versions
+from fpemu.host import installed_versions
 from fpemu.ranks import LAYOUTS
 from fpemu.traces.format import OBSERVED_FIELDS
 

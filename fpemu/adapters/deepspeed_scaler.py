@@ -47,7 +47,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 from fpemu.scalers.profiles import get_profile
 
 TREE_0_17_ENV = "FPEMU_DEEPSPEED_0_17"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ import pickle
 import subprocess
 import sys
 
-from fpemu._host import xla_cpu_tier
+from fpemu.host import xla_cpu_tier
 from fpemu.steps.semantics import XLA_CPU_TIERS
 
 STRICT_FLAG = "--xla_allow_excess_precision=false"

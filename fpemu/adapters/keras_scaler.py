@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 from fpemu.errors import RefusedCall
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 from fpemu.scalers.profiles import get_profile
 
 DEVICES = ("cpu", "cuda")

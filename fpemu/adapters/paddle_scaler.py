@@ -14,7 +14,7 @@ constructed, and ``scale()`` switches dynamic scaling off unless it runs under
 
 from __future__ import annotations
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 
 
 def _enabled_on_cpu(paddle, params):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 
 
 def _import_tf_keras():

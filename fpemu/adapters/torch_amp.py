@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 from fpemu.recorders.grad_scaler import grad_scaler_params
 
 

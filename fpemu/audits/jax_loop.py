@@ -6,7 +6,7 @@ JAX loops are pure functions, so nothing can be wrapped: the loop appends one re
 ``(scale_state, grads, update)`` or a :class:`JaxStep` with the optional measurements, and
 :func:`audit_jax_loop` checks the sequence.  Records hold numpy or JAX arrays (converted with
 ``np.asarray``; jax is not imported here) in dicts, lists and tuples; the scale state is a number,
-a dict with ``scale`` or a jmp / flax loss-scale object (``fpemu._jax_states`` lists them).
+a dict with ``scale`` or a jmp / flax loss-scale object (``fpemu.jax_states`` lists them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fpemu._jax_states import scale_of, state_field, state_kind
+from fpemu.jax_states import scale_of, state_field, state_kind
 from fpemu.audits.findings import AuditResult, LoopAccounting, make_finding
 
 # Relative tolerance between norms computed in float32 in different orders.

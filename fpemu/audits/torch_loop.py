@@ -47,7 +47,8 @@ from fpemu.formats import RangeStats, range_stats
 _CLIPS = {"clip_grad_norm_": "max_norm", "clip_grad_value_": "clip_value"}
 
 
-def _torch():
+def import_torch():
+    """torch, imported on first use (the audit and the recorder run where torch is installed)."""
     import torch
     return torch
 
@@ -71,7 +72,7 @@ def _rebind(old, new) -> None:
 
 def _flat(tensors):
     """The tensors' values as one float64 vector."""
-    torch = _torch()
+    torch = import_torch()
     if not tensors:
         return torch.zeros(0, dtype=torch.float64)
     return torch.cat([t.detach().reshape(-1).double().cpu() for t in tensors])
@@ -84,7 +85,7 @@ _HOST_BATCH = 1 << 22
 
 def _host_batches(grads):
     """The gradients as float32 host arrays, consecutive small ones concatenated up to _HOST_BATCH elements."""
-    torch = _torch()
+    torch = import_torch()
     batch, size = [], 0
     for grad in grads:
         if batch and size + grad.numel() > _HOST_BATCH:
@@ -112,7 +113,7 @@ def _range_stats_per_tensor(params, fmt) -> RangeStats:
 
 def _norm(tensors) -> float:
     """Euclidean norm of all the tensors' values together, in float64."""
-    return float(_torch().linalg.vector_norm(_flat(tensors)))
+    return float(import_torch().linalg.vector_norm(_flat(tensors)))
 
 
 @dataclasses.dataclass
@@ -169,7 +170,7 @@ class _OptimizerLog:
 
     def grads(self) -> list:
         """Each parameter's gradient, zeros where it has none."""
-        torch = _torch()
+        torch = import_torch()
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params()]
 
     def start_window(self) -> None:
@@ -218,7 +219,7 @@ class TorchLoopAudit:
     """
 
     def __init__(self, scaler, optimizers, scheduler=None, *, batch_size: Optional[int] = None):
-        torch = _torch()
+        torch = import_torch()
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {type(scaler).__name__}")
         optimizers = _as_list(optimizers, "optimizers", lambda o: isinstance(o, torch.optim.Optimizer),
@@ -329,7 +330,7 @@ class TorchLoopAudit:
         self._undo.append(lambda: setattr(owner, name, old) if had else delattr(owner, name))
 
     def _instrument(self) -> None:
-        torch = _torch()
+        torch = import_torch()
         graph = torch.autograd.graph
         trainable = [p for log in self._logs for p in log.params() if p.requires_grad]
         if trainable and len(self._logs) > 1:  # one optimizer: its own hook counts the passes (one hook less)
@@ -431,7 +432,7 @@ class TorchLoopAudit:
 
     def _on_accumulated(self, log: _OptimizerLog, param) -> None:
         """Runs after a backward pass added into ``param.grad``."""
-        torch = _torch()
+        torch = import_torch()
         task = torch._C._current_graph_task_id()
         if task != log.norms_task:  # the pass's first accumulation: take all its norms when it ends
             log.norms_task = task
@@ -467,7 +468,7 @@ class TorchLoopAudit:
             log.dropped_unmeasured += 1
         else:
             by_id = {id(p): grad for p, grad in left}
-            dropped = _flat([by_id.get(id(p), _torch().zeros_like(p)) for p in log.params()])
+            dropped = _flat([by_id.get(id(p), import_torch().zeros_like(p)) for p in log.params()])
             log.dropped_sum = dropped if log.dropped_sum is None else log.dropped_sum + dropped
         log.left_grads = {}
 
@@ -498,7 +499,7 @@ class TorchLoopAudit:
         """At the end of a backward pass, the norm of each gradient it accumulated, in one call (the same
         values as one torch.linalg.vector_norm per gradient; kept on the device: read only if an unscale_
         follows, so no sync here)."""
-        torch = _torch()
+        torch = import_torch()
         pending, log.pending_norms, log.norms_task = log.pending_norms, [], None
         norms = torch._foreach_norm([grad.detach() for _, grad in pending], 2, dtype=torch.float64)
         log.accumulated_norms.update((id(param), norm) for (param, _), norm in zip(pending, norms))
@@ -523,7 +524,7 @@ class TorchLoopAudit:
                   f"applies g_old a second time")
 
     def _on_forward(self, _module, _args) -> None:
-        torch = _torch()
+        torch = import_torch()
         if self._paused:
             return
         for device in self._devices:
@@ -543,7 +544,7 @@ class TorchLoopAudit:
         """The inf/NaN gradient elements an update about to run applies: inside scaler.step only where the
         scaler found inf and still stepped (a fused optimizer that skips by itself is told found_inf); outside
         it (optimizer.step() called directly) nothing checked them, so they are counted (one pass)."""
-        torch = _torch()
+        torch = import_torch()
         optimizer = log.optimizer
         if log.stepping:
             if getattr(optimizer, "_step_supports_amp_scaling", False) or getattr(optimizer, "found_inf", None) is not None:
@@ -556,7 +557,7 @@ class TorchLoopAudit:
 
     def _report_nonfinite_update(self, log: _OptimizerLog) -> None:
         """The update ran on inf/NaN gradients: how many parameter elements it left non-finite."""
-        torch = _torch()
+        torch = import_torch()
         params = log.params()
         broken = sum(int((~torch.isfinite(p.detach())).sum()) for p in params)
         elements = sum(p.numel() for p in params)
@@ -682,14 +683,14 @@ class TorchLoopAudit:
         scale = self._scale()
         total = _flat(log.grads())
         bounds = [0] + [index for index, _ in log.snapshots] + [len(log.window)]
-        cumulative = [_torch().zeros_like(total)] + [snapshot for _, snapshot in log.snapshots] + [total]
+        cumulative = [import_torch().zeros_like(total)] + [snapshot for _, snapshot in log.snapshots] + [total]
         intended = sum((cumulative[r + 1] - cumulative[r]) / log.window[bounds[r]]  # each run at its own scale
                        for r in range(len(bounds) - 1))
         weights = tuple(s / scale for s in log.window)
         effect = {"scales": tuple(log.window), "unscale_scale": scale, "weights": weights}
         detail = (f"{len(log.window)} accumulated microbatches were scaled by {list(log.window)} and "
                   f"unscaled once by {scale:g}: they weigh {list(weights)} instead of 1 each")
-        if bool(_torch().isfinite(total).all()):
+        if bool(import_torch().isfinite(total).all()):
             actual = total / scale
             reference = float(intended.norm())
             effect["relative_gradient_error"] = error = (float((actual - intended).norm()) / reference
@@ -734,7 +735,7 @@ class TorchLoopAudit:
         signature = inspect.signature(real)
 
         def clip(parameters, *args, **kwargs):
-            torch = _torch()
+            torch = import_torch()
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             ids = {id(p) for p in params}
             owners = [log for log in self._logs if log.scaled and log.param_ids & ids]
@@ -778,7 +779,7 @@ class TorchLoopAudit:
 
     def _run_findings(self) -> list:
         """Findings about the whole run: every update skipped, and the scaler against the autocast dtype."""
-        torch = _torch()
+        torch = import_torch()
         accounting, found = self.accounting, []
         if self._scaling and accounting.attempts and not accounting.completed_updates:
             last = max(self._logs, key=lambda log: log.attempts)

@@ -17,7 +17,7 @@ import numpy as np
 from fpemu.blocks.log2 import ceil_log2, floor_log2
 from fpemu.blocks.rules import SCALE_RULES, ScaleRule
 from fpemu.errors import FpemuInputError
-from fpemu.formats._compiled import KERNELS
+from fpemu.formats.kernels import KERNELS
 from fpemu.formats.format import Format, get_format
 from fpemu.formats.packing import pack_nibbles
 from fpemu.formats.rounding import as_float_array, codes_of_values, decode, encode, quantize

@@ -131,7 +131,7 @@ def _simulation_trace(run, overflow_text: str, steps: int):
     overflow steps and step count (not the profile), so two profiles' traces compare as one scenario."""
     import hashlib
     import types
-    from fpemu._host import installed_versions
+    from fpemu.host import installed_versions
     from fpemu.traces import Trace
     from fpemu.traces.layout import REFERENCE, trace_metadata, trace_steps, trace_summary
     trace, profile, params = run

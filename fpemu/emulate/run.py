@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from fpemu._host import installed_versions
+from fpemu.host import installed_versions
 from fpemu.emulate.trace import emulation_trace
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from fpemu._host import host_provenance
+from fpemu.host import host_provenance
 from fpemu.emulate.telemetry import COUNTERS, TelemetrySummary
 from fpemu.scalers import get_profile, simulate_scaler
 from fpemu.traces import Trace

@@ -169,7 +169,7 @@ def _run_build_step(name: str, what: str, command: list, timeout: float, **kwarg
     return done.stdout
 
 
-def _isolated_env() -> dict:
+def isolated_env() -> dict:
     """os.environ without anything that would let another environment's packages in."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PYTHONNOUSERSITE"] = "1"
@@ -222,7 +222,7 @@ def _install_fpemu(name: str, pip: list, timeout: float, env: dict, folder: path
 def _build_into(name: str, folder: pathlib.Path, timeout: float, requirements=None) -> dict:
     """Make the venv in ``folder`` and install everything; returns the manifest."""
     started = time.monotonic()
-    env = _isolated_env()
+    env = isolated_env()
     _run_build_step(name, "python -m venv", [sys.executable, "-m", "venv", str(folder)], timeout, env=env)
     python = str(_python_in(folder))
     pip = _installer(python)
@@ -480,7 +480,7 @@ class _Worker:
         self.name = name
         self.python = python
         self.stderr = tempfile.TemporaryFile()
-        env = {**_isolated_env(), "PYTHONPATH": str(fpemu_source())}
+        env = {**isolated_env(), "PYTHONPATH": str(fpemu_source())}
         self.process = subprocess.Popen([str(python), str(_WORKER_SCRIPT)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         env=env)

@@ -1,6 +1,6 @@
 /* fpemu's compiled quantize loops: float32 in, float32 out, one pass each.
  *
- * fpemu/formats/_compiled.py loads this module's shared object with ctypes and calls the fpemu_*
+ * fpemu/formats/kernels.py loads this module's shared object with ctypes and calls the fpemu_*
  * functions below; the module itself exports nothing to Python (it is a module only so that
  * setuptools builds it beside fpemu's sources).  Each loop is the numpy arithmetic of a short path
  * (fpemu/formats/_shortcuts.py) or of block quantization (fpemu/blocks/quantize.py) for one element

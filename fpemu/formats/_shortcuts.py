@@ -33,7 +33,7 @@ from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
-from fpemu.formats._compiled import KERNELS
+from fpemu.formats.kernels import KERNELS
 from fpemu.formats.format import Format, max_ends_binade, past_max
 
 _F32 = np.dtype(np.float32)

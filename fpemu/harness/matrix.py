@@ -357,9 +357,9 @@ def _set_env() -> dict:
     """The environment of a process run by a set's Python: isolated, this fpemu first on its path, and
     marked as a version set's (adapters that use an isolated environment elsewhere, paddle and tf_keras,
     run in this one: the set's own packages are the ones to drive)."""
-    from fpemu.environments import _isolated_env, fpemu_source
+    from fpemu.environments import isolated_env, fpemu_source
     from fpemu.adapters import IN_VERSION_SET
-    return {**_isolated_env(), "PYTHONPATH": str(fpemu_source()), IN_VERSION_SET: "1"}
+    return {**isolated_env(), "PYTHONPATH": str(fpemu_source()), IN_VERSION_SET: "1"}
 
 
 def _run_record(python, plan: MatrixPlan, out: pathlib.Path) -> dict:

@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from fpemu.adapters._trace import observed_trace
+from fpemu.adapters.observed import observed_trace
 # These import no torch (a GPU count is asked for on cuda only).
 from fpemu.adapters.torch_ranks import default_case_timeout, unavailable
 from fpemu.compare import compare_traces

@@ -22,12 +22,12 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from fpemu._host import installed_versions
-from fpemu._jax_states import scale_of, state_field, state_kind
+from fpemu.host import installed_versions
+from fpemu.jax_states import scale_of, state_field, state_kind
 from fpemu.errors import FpemuInputError
 from fpemu.formats import get_format, quantize
 from fpemu.traces.format import write_trace
-from fpemu.traces._binades import CODES, binade_codes
+from fpemu.traces.binades import CODES, binade_codes
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, RoundingLimits, ShadowHistogram,
                                    ShadowStats, recorded_metadata, recorded_trace, rounding_limits)
 
@@ -239,7 +239,7 @@ def shadow_stats(grads, reference, fmt="fp16", *, scale=None, group_by: Union[st
       nonzero in the float32 pass but zero in the run (or, for ``subnormal``, subnormal in ``fmt``).  Values
       that underflowed inside an fp16 backward arrive as plain zeros, which ``grad_stats`` can only
       count as zeros; this tells them from gradients that are really zero.  Its ``histogram``
-      column counts the float32 pass's magnitudes by binade (fpemu.traces._binades), from which a
+      column counts the float32 pass's magnitudes by binade (fpemu.traces.binades), from which a
       replay recounts underflow at another scale or in another format.
 
     Example:

@@ -48,11 +48,11 @@ import pathlib
 import weakref
 from typing import Callable, Optional
 
-from fpemu._host import installed_versions
-from fpemu.audits.torch_loop import TorchLoopAudit, _torch
+from fpemu.host import installed_versions
+from fpemu.audits.torch_loop import TorchLoopAudit, import_torch
 from fpemu.formats import get_format
 from fpemu.traces import write_trace
-from fpemu.traces._binades import CODES, binade_codes
+from fpemu.traces.binades import CODES, binade_codes
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
                                    format_thresholds, recorded_metadata, recorded_trace)
 
@@ -203,7 +203,7 @@ def _rank_path(path, ranks: Optional[dict]):
 
 
 def _shadow_histograms(torch, grads, groups: int):
-    """The dense binade histograms (fpemu.traces._binades) of float32-pass gradients, one row per group.
+    """The dense binade histograms (fpemu.traces.binades) of float32-pass gradients, one row per group.
 
     Args:
       grads: (group index, gradient) pairs.
@@ -244,7 +244,7 @@ class TorchRecorder:
     def __init__(self, scaler, optimizer, model=None, scheduler=None, *, groups="module", shadow_every: int = 0,
                  compute_format: Optional[str] = None, path=None, name: str = "recorded_run",
                  batch_size: Optional[int] = None, statistics: bool = True):
-        torch = _torch()
+        torch = import_torch()
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be one torch.optim.Optimizer, got {type(optimizer).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -292,7 +292,7 @@ class TorchRecorder:
         if self._statistics:
             self._hooks = [param.register_hook(functools.partial(self._on_incoming, group, param))
                            for group, members in self._groups for param in members]
-            self._hooks.append(_torch().nn.modules.module.register_module_forward_hook(self._on_output))
+            self._hooks.append(import_torch().nn.modules.module.register_module_forward_hook(self._on_output))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -307,7 +307,7 @@ class TorchRecorder:
     # --- what the audit reports ----------------------------------------------------------
 
     def scaled(self, outputs) -> None:
-        torch = _torch()
+        torch = import_torch()
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             loss = outputs.detach().float().reshape(())
             self._loss = loss if self._loss is None else self._loss + loss
@@ -363,7 +363,7 @@ class TorchRecorder:
         """
         if not self.shadow_due:
             return None
-        torch = _torch()
+        torch = import_torch()
         params = [param for _, members in self._groups for param in members]
         device_type = params[0].device.type
         with self.audit.paused(), torch.autocast(device_type, enabled=False):
@@ -394,7 +394,7 @@ class TorchRecorder:
     def _format(self) -> str:
         """The compute format: as given, else the autocast dtype the run used, else fp16."""
         if self._compute_format is None:
-            torch = _torch()
+            torch = import_torch()
             used = next(iter(self.audit._autocast), None)
             self._compute_format = {torch.bfloat16: "bf16"}.get(used, "fp16")
         return self._compute_format
@@ -403,19 +403,19 @@ class TorchRecorder:
         """The torch dtype of the compute format (None for a format torch does not compute in); kept once the
         run's autocast dtype is known (the format follows it)."""
         name = _COMPUTE_DTYPES.get(self._format())
-        dtype = None if name is None else getattr(_torch(), name)
+        dtype = None if name is None else getattr(import_torch(), name)
         if self.audit._autocast or self._compute_format is not None:
             self._dtype = dtype
         return dtype
 
     def _bounds(self, device):
         if self._edges is None or self._edges.device != device:
-            self._edges = _class_bounds(_torch(), self._format(), device)
+            self._edges = _class_bounds(import_torch(), self._format(), device)
         return self._edges
 
     def _in_pass(self) -> None:
         """Measure what the running backward pass hands over when it ends (queued once per pass)."""
-        torch = _torch()
+        torch = import_torch()
         task = torch._C._current_graph_task_id()
         if task != self._pass_task:
             self._pass_task = task
@@ -433,7 +433,7 @@ class TorchRecorder:
     def _on_output(self, _module, _args, output) -> None:
         """Global forward hook: the gradient of each module output held in the compute format is where a
         backward overflows first (an fp16 activation gradient, before any parameter's): keep its maximum."""
-        torch = _torch()
+        torch = import_torch()
         if self.audit._paused or not torch.is_grad_enabled():
             return
         dtype = self._dtype if self._dtype is not None else self._compute_dtype()
@@ -459,7 +459,7 @@ class TorchRecorder:
             self._in_pass()
             # the largest magnitude as the largest 15-bit pattern of the 16-bit values (they order as the magnitudes,
             # NaN's above inf's): an integer max is ~20x faster on the CPU than an fp16 vector_norm or abs().amax()
-            self._activation_maxima.append((grad.detach().view(_torch().int16) & 0x7FFF).amax())
+            self._activation_maxima.append((grad.detach().view(import_torch().int16) & 0x7FFF).amax())
 
     def _pass_ended(self) -> None:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
@@ -471,7 +471,7 @@ class TorchRecorder:
         self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
         maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
         if activations:  # 16-bit patterns of the compute format (the only dtype hooked): back to its value
-            maxima.append(float(_torch().stack(activations).amax().view(self._compute_dtype())))
+            maxima.append(float(import_torch().stack(activations).amax().view(self._compute_dtype())))
         if maxima:
             top = max(math.inf if math.isnan(m) else m for m in maxima)  # NaN: non-finite
             self._compute_max = top if self._compute_max is None else max(self._compute_max, top)
@@ -482,7 +482,7 @@ class TorchRecorder:
         parameter, so its gradient is computed in the format) or as float32 computed in float32 (a norm's
         weight, an embedding), which no scale makes overflow the format: decided once per parameter, at
         its first finite nonzero gradient (one extra pass over it)."""
-        torch = _torch()
+        torch = import_torch()
         dtype = self._compute_dtype()
         for param, grad in grads:
             grad = grad.detach()
@@ -494,7 +494,7 @@ class TorchRecorder:
     def _measure_grads(self, grads) -> tuple:
         """(group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs, and each
         gradient's max_abs) (two transfers per CHUNK elements)."""
-        torch = _torch()
+        torch = import_torch()
         pieces = [(group, index, piece) for index, (group, grad) in enumerate(grads) for piece in _pieces(grad)
                   if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
@@ -530,7 +530,7 @@ class TorchRecorder:
 
     def _grad_norm(self, log, scale: float) -> Optional[float]:
         """The unscaled norm of the gradients as the last backward pass left them."""
-        torch = _torch()
+        torch = import_torch()
         norms = [log.accumulated_norms[id(p)] for _, members in self._groups for p in members
                  if p.grad is not None and id(p) in log.accumulated_norms]
         if not norms:

@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from fpemu._host import host_provenance
+from fpemu.host import host_provenance
 from fpemu.formats import decode
 from fpemu.traces.format import encode_float, float_fields
 from fpemu.traces.replay import replayed_metadata

@@ -9,7 +9,7 @@ A recorded trace is an ordinary trace (see :mod:`fpemu.traces.format`), so ``fpe
       "framework": "torch" | "jax",
       "profile": "torch",  "params": {"init_scale": 65536.0, ...},   # the scaler as the run held it
       "recorder": {"groups": "module", "shadow_every": 10, "compute_format": "fp16", ...},
-      "host": {...}                                                  # fpemu._host.host_provenance()
+      "host": {...}                                                  # fpemu.host.host_provenance()
     },
     "steps": [   # one record per update attempt (scaler.step / an optax update)
       {"step": 0, "scale": 65536.0, "scale_hex": ..., "overflow": false, "applied": true,
@@ -65,10 +65,10 @@ from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from fpemu._host import host_provenance
+from fpemu.host import host_provenance
 from fpemu.formats import get_format
 from fpemu.formats.rounding import round_to_format
-from fpemu.traces._binades import NONFINITE_CODE, ZERO_CODE, count_below, sparse_binades
+from fpemu.traces.binades import NONFINITE_CODE, ZERO_CODE, count_below, sparse_binades
 from fpemu.traces.format import Trace, TraceError, decode_value, float_fields
 from fpemu.version import __version__
 
@@ -220,7 +220,7 @@ class ShadowHistogram:
 
     @classmethod
     def from_counts(cls, elements: int, counts) -> "ShadowHistogram":
-        """From a dense histogram of :data:`fpemu.traces._binades.CODES` counts of the group's present
+        """From a dense histogram of :data:`fpemu.traces.binades.CODES` counts of the group's present
         elements (the rest count as zeros)."""
         counts = [int(n) for n in counts]
         present = sum(counts)
@@ -249,7 +249,7 @@ class ShadowHistogram:
 
         Example:
           >>> import numpy as np
-          >>> from fpemu.traces._binades import CODES, numpy_codes
+          >>> from fpemu.traces.binades import CODES, numpy_codes
           >>> grads = np.array([2.0 ** -26, 2.0 ** -25, 3e-8, 1e-5, 0.0], np.float32)
           >>> hist = ShadowHistogram.from_counts(5, np.bincount(numpy_codes(grads), minlength=CODES))
           >>> hist.shares(1.0, "fp16")        # 2^-26 and the tie 2^-25 round to zero; 3e-8 and 1e-5 are subnormal

@@ -185,7 +185,7 @@ STEP_VALUES = {
     "block_tensor_scale": _FLOAT, "scale_codes": (_string, None), "element_codes": (_string, None),
     "block_values": (_string, None),
     "grad_norm": _FLOAT, "lr": _FLOAT, "grad_stats": (_object, None), "shadow": (_object, None),
-    "shadow_histogram": (_object, None),
+    "shadow_histogram": (_object, None), "microbatches": (_count, None), "compute_max": _FLOAT,
 }
 # Step keys outside FIELDS: fpemu.emulate's per-module underflow (reports read them; comparisons do not).
 EXTRA_STEP_VALUES = {"module_underflow": _object, "module_underflow_forward": _object}
