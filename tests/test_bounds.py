@@ -156,6 +156,22 @@ def test_a_job_past_timeout_is_one_result_line(tmp_path, capsys):
     assert code == 1 and "cannot run  long_torch / torch@cpu" in out and "timed out after 0.5 s (--timeout)" in out, out
 
 
+def test_a_golden_past_timeout_is_one_line_and_keeps_the_current_golden(tmp_path, capsys):
+    quick, slow = tmp_path / "quick.toml", tmp_path / "slow.toml"
+    model = (ROOT / "specs" / "model_fp16_mlp_torch.toml").read_text()
+    quick.write_text(model)
+    slow.write_text(re_steps(model, 10_000))  # a model-driven spec at its bound: minutes of training
+    out = tmp_path / "g"
+    code = main(["golden", str(quick), str(slow), "--out", str(out), "--timeout", "1", "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 1 and "no golden for slow: its reference model timed out after 1 s (--timeout)" in printed, printed
+    assert (out / "quick.json").exists() and not (out / "slow.json").exists()
+
+
+def re_steps(text: str, steps: int) -> str:
+    return re.sub(r"^steps = \d+", f"steps = {steps}", text, flags=re.M)
+
+
 def test_timeout_must_be_positive(tmp_path, capsys):
     assert main(["diff", str(ROOT / "specs" / "bernoulli_torch.toml"), "--golden", str(tmp_path), "--timeout", "-1"]) == 2
     assert "--timeout -1.0: expected seconds > 0" in capsys.readouterr().err

@@ -162,9 +162,9 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
     """Write the reference trace of every spec into ``out_dir``; returns the paths of its current goldens.
 
     A spec whose golden needs a real run that cannot run here (``golden_needs``: an fp8 training spec
-    without torchao) keeps its golden where one is current (same spec sha256; its path is returned) and
-    gets none otherwise; each such spec is appended to ``unmade`` (when given) as ``(name, reason, kept
-    path or None)``.
+    without torchao), or whose reference model ran past the command's ``--timeout``, keeps its golden where
+    one is current (same spec sha256; its path is returned) and gets none otherwise; each such spec is
+    appended to ``unmade`` (when given) as ``(name, reason, kept path or None)``.
     """
     scenarios = [s for s in load_specs(spec_paths) if runs_here(s)]
     written = []
@@ -172,8 +172,14 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
         missing = _golden_unmade(scenario)
         if not missing:
-            written.append(write_golden_trace(portable_spec_path(reference_trace(scenario), pathlib.Path.cwd()), path))
-        else:
+            try:
+                with time_limit(JOB_TIMEOUT.get()):
+                    trace = reference_trace(scenario)
+            except JobTimedOut as late:
+                missing = f"its reference model {late}"
+            else:
+                written.append(write_golden_trace(portable_spec_path(trace, pathlib.Path.cwd()), path))
+        if missing:
             kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
             written += [kept] if kept else []
             if unmade is not None:
@@ -185,7 +191,8 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
 def _golden_unmade(scenario):
     """Why the golden of ``scenario`` cannot be made here (its reference needs a real run whose framework
     is absent), or None."""
-    return skip_reason(Implementation(scenario.golden_needs, {})) if scenario.golden_needs else None
+    reason = skip_reason(Implementation(scenario.golden_needs, {})) if scenario.golden_needs else None
+    return reason and f"its golden needs a real run, which cannot run here ({reason})"
 
 
 def _is_current_golden(path: pathlib.Path, scenario) -> bool:
