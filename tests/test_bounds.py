@@ -190,3 +190,20 @@ def test_report_refuses_a_bad_diff_result_naming_the_key(tmp_path, capsys, text,
                  "--diff", str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert re.search(f"{bad}: {words}", err), err
+
+
+def test_a_timeout_during_a_frameworks_import_leaves_it_importable_for_the_next_job(tmp_path):
+    """The limit waits for an import in progress: raised inside torch's import, it would leave torch half-imported
+    and every later torch job of the process failing (pinned: the run after a 1 ms limit matches).  The limited
+    job itself ends in 0 or 1: it is stopped once no import is in progress, which a short job may never see."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    spec, golden = ROOT / "specs" / "bernoulli_torch.toml", tmp_path / "g"
+    script = (f"from fpemu.cli import main\n"
+              f"assert main(['golden', {str(spec)!r}, '--out', {str(golden)!r}, '--quiet']) == 0\n"
+              f"first = main(['diff', {str(spec)!r}, '--golden', {str(golden)!r}, '--impl', 'torch', '--timeout', '0.001', '--quiet'])\n"
+              f"second = main(['diff', {str(spec)!r}, '--golden', {str(golden)!r}, '--impl', 'torch', '--quiet'])\n"
+              f"print('codes', first, second)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert re.search(r"codes [01] 0", run.stdout), run.stdout + run.stderr

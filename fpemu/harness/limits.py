@@ -4,7 +4,8 @@ The CLI sets the limit for a command with :func:`job_timeout`; :func:`fpemu.harn
 job under :func:`time_limit`, which raises :class:`JobTimedOut` in the job when the limit passes
 (``SIGALRM``: the main thread of a POSIX process; elsewhere no limit is set).  The signal is handled
 between Python bytecodes, so a job stuck inside one C call (a framework kernel) stops when that call
-returns; a [ranks] case runs in worker processes under its own limit (``--rank-timeout``).
+returns, and one inside an import stops once the import is done (a module left half-imported would break
+every later job of the process); a [ranks] case runs in worker processes under its own limit (``--rank-timeout``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import contextvars
 import math
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -46,6 +48,15 @@ def job_timeout(seconds: Optional[float]):
         JOB_TIMEOUT.reset(token)
 
 
+_IMPORT_RECHECK_S = 0.05
+
+
+def _importing() -> bool:
+    """Whether a module is being imported now (its spec marked initializing, as importlib does)."""
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for module in list(sys.modules.values()))
+
+
 def _can_alarm() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
@@ -58,6 +69,9 @@ def time_limit(seconds: Optional[float]):
         return
 
     def expired(signum, frame):
+        if _importing():  # raised inside an import, it would leave a half-initialized module in sys.modules
+            signal.setitimer(signal.ITIMER_REAL, _IMPORT_RECHECK_S)  # for every later job: stop once it is done
+            return
         raise JobTimedOut(seconds)
 
     previous = signal.signal(signal.SIGALRM, expired)
