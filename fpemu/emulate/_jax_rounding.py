@@ -40,7 +40,7 @@ _SIGN_BIT, _NAN_BITS, _INF_BITS = 0x80000000, 0x7FC00000, 0x7F800000
 _RANDOM_BITS = 32  # the numpy kernel compares the discarded fraction, in 32-bit fixed point, with 32 random bits
 
 
-def _bits(value: float) -> int:
+def float32_bits(value: float) -> int:
     """The float32 bit pattern of ``value`` (inf's where it is beyond float32)."""
     with np.errstate(over="ignore"):
         return int(np.array(value, np.float32).view(np.uint32))
@@ -155,9 +155,9 @@ class _Constants:
     def __init__(self, fmt: Format):
         self.drop_normal = _MANTISSA - fmt.mantissa_bits
         self.min_normal_field = fmt.emin + _BIAS  # the float32 exponent field of fmt's min normal
-        self.max_bits = _bits(fmt.max_finite)
-        self.min_normal_bits = _bits(fmt.min_normal)
-        self.smallest_bits = _bits(np.ldexp(1.0, fmt.emin - fmt.mantissa_bits))
+        self.max_bits = float32_bits(fmt.max_finite)
+        self.min_normal_bits = float32_bits(fmt.min_normal)
+        self.smallest_bits = float32_bits(np.ldexp(1.0, fmt.emin - fmt.mantissa_bits))
 
 
 @functools.lru_cache(maxsize=64)
