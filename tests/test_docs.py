@@ -28,7 +28,7 @@ def test_readme_tour():
     assert result.failed == 0 and result.attempted > 5
 
 
-@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md"])
+@pytest.mark.parametrize("guide", ["fp8_recipes.md", "blocks.md", "emulate.md"])
 def test_guide_examples(guide):
     result = doctest.testfile(str(ROOT / "docs" / guide), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
