@@ -113,7 +113,8 @@ def main(argv=None) -> dict:
                  [("step", "step"), ("equations", "jaxpr equations"), ("jit_ms", "jax.jit (ms)"),
                   ("compiled_ms", "compiled (ms)"), ("compiled_ratio", "compiled / jit"),
                   ("interpreted_ms", "interpreter (ms)"), ("interpreted_ratio", "interpreter / jit"),
-                  ("compiled_first_s", "compiled first call (s)"), ("interpreted_first_s", "interpreter first call (s)"),
+                  ("compiled_first_s", "compiled first call (s)"),
+                  ("interpreted_first_s", "interpreter first call (s)"),
                   ("bit_identical", "outputs bit-identical")],
                  [f"jax {jax.__version__}, XLA:CPU; best of {args.repeats} steps after a warm-up step, the three "
                   "paths taking turns.", TIMING_NOTE,

@@ -382,7 +382,8 @@ class _Compiler(_Interpreter):
             outs, tally = self._traced(lambda: body(list(values)), clock)
             return tally.clock, _merged(rows, tally.stacked()), outs
 
-        clock, rows, outs = jax.lax.while_loop(lambda state: test(list(state[2])), step, (self.tally.clock, _empty_rows(len(keys)), carry))
+        start = (self.tally.clock, _empty_rows(len(keys)), carry)
+        clock, rows, outs = jax.lax.while_loop(lambda state: test(list(state[2])), step, start)
         self._adopt(keys, rows, clock)
         return list(outs)
 

@@ -52,11 +52,12 @@ def supported(fmt: Format) -> bool:
 
 
 def check_format(fmt) -> Format:
+    """``fmt`` as a Format, if the uint32 kernel takes it; else ValueError naming it and why."""
     fmt = get_format(fmt)
     if not supported(fmt):
-        raise ValueError(f"round_to_format_jax: format {fmt.name} (emin {fmt.emin}, {fmt.mantissa_bits} mantissa bits) "
-                         "rounds float32 inputs in float64 in fpemu's kernel; the uint32 JAX kernel takes formats whose "
-                         "min normal is a float32 normal and whose mantissa is narrower than float32's")
+        raise ValueError(f"round_to_format_jax: format {fmt.name} (emin {fmt.emin}, {fmt.mantissa_bits} mantissa "
+                         "bits) rounds float32 inputs in float64 in fpemu's kernel; the uint32 JAX kernel takes "
+                         "formats whose min normal is a float32 normal and whose mantissa is narrower than float32's")
     return fmt
 
 
