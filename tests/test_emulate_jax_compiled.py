@@ -1,4 +1,4 @@
-"""The compiled JAX emulator (fpemu.emulate._jax_compiled) against the interpreter it replaces as the default
+"""The compiled JAX emulator (fpemu.emulate._jax_compiled, opt-in) against the interpreter, its reference
 (jax 0.10.2, XLA:CPU): random programs, loops and branches whose first inf/NaN comes late, outputs and
 telemetry bit for bit; what it refuses and where it falls back.  tests/test_emulate_jax.py runs every
 emulate_jax test on both paths.
@@ -110,16 +110,16 @@ def test_refusals_and_fallback_name_why():
         emulate_jax(fn, rounding="stochastic", compiled=True)
     with pytest.raises(FpemuInputError, match="compiled must be None, True or False"):
         emulate_jax(fn, compiled="yes")
-    fallback = emulate_jax(fn, rounding="stochastic")
+    fallback = emulate_jax(fn, rounding="stochastic", compiled=None)
     fallback(x)
     assert fallback.last_path == "interpreted"
     # a low-precision reduce_sum under a rounding XLA's reducer does not make: the interpreter's float64 sum
     row_sum = lambda v: jax.lax.reduce_sum_p.bind(v, axes=(0,), out_sharding=None)  # noqa: E731
     with pytest.raises(FpemuInputError, match="cannot compile this program: a low-precision reduce_sum"):
         emulate_jax(row_sum, rounding="up", compiled=True)(x)
-    chosen = emulate_jax(row_sum, rounding="up")
+    chosen = emulate_jax(row_sum, rounding="up", compiled=None)
     assert float(chosen(x)) == 4.0 and chosen.last_path == "interpreted"
-    compiled = emulate_jax(fn)
+    compiled = emulate_jax(fn, compiled=None)
     compiled(x)
     assert compiled.last_path == "compiled"
 

@@ -1,5 +1,5 @@
 """Emulate a framework's training step in any format on the CPU: policies, telemetry, the torch mode,
-the JAX emulator (one compiled program, and the interpreter it is checked against).
+the JAX interpreter (and, opt-in, the compiled program checked against it).
 
 torch is imported on first use of :func:`emulate_torch`, JAX on first use of :func:`emulate_jax` (the
 policies and telemetry import no framework).

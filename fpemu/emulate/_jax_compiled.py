@@ -18,7 +18,8 @@ How it works (the WHY of each part):
   roundings threaded through the program, through loop carries and branches), so the host replays
   the sites into the :class:`~fpemu.emulate.telemetry.Telemetry` in the interpreter's order and
   picks each pass's first non-finite result as the interpreter does.
-* What the program cannot compute as the interpreter does is refused while tracing (``NotCompiled``
+* Opt-in (``compiled=None`` or ``True``; the default stays the interpreter: docs/emulate.md says why).
+  What the program cannot compute as the interpreter does is refused while tracing (``NotCompiled``
   naming why) and, unless ``compiled=True`` was asked for, run by the interpreter instead: stochastic
   rounding (the interpreter draws a seeded numpy stream per rounding call), a low-precision
   reduce_sum under a policy that rounds otherwise than XLA (its reference sum is float64), float64
@@ -491,14 +492,15 @@ def replay(telemetry: Telemetry, keys, rows: np.ndarray, float32_ops) -> None:
         telemetry.record(direction, op, module, (0, 0, 0, 0, 0), produced)
 
 
-def emulate_jax(fn, policy="program", *, compiled=None, **kwargs) -> JaxEmulation:
-    """:func:`fpemu.emulate._jax_interpreter.emulate_jax`, compiled: ``compiled=None`` (default) runs one jitted
+def emulate_jax(fn, policy="program", *, compiled=False, **kwargs) -> JaxEmulation:
+    """:func:`fpemu.emulate._jax_interpreter.emulate_jax`, optionally compiled: ``compiled=None`` runs one jitted
     program per signature where it computes what the interpreter computes (module docstring), else the
-    interpreter; ``True`` refuses (FpemuInputError naming why) what it cannot compile; ``False`` interprets.
+    interpreter; ``True`` refuses (FpemuInputError naming why) what it cannot compile; ``False`` (default, until
+    the flax example's trace is confirmed on the compiled path and its compile time is down) interprets.
 
     Example:
       >>> import jax.numpy as jnp
-      >>> double = emulate_jax(lambda x: (x * 3.0).astype(jnp.bfloat16) * 2)
+      >>> double = emulate_jax(lambda x: (x * 3.0).astype(jnp.bfloat16) * 2, compiled=None)
       >>> [float(v) for v in double(jnp.array([1.01, 2.0]))], double.last_path
       ([6.0625, 12.0], 'compiled')
     """

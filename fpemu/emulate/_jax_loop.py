@@ -35,7 +35,7 @@ def _flat_float32(tree) -> list:
 
 
 def run_jax_steps(grads, update, state, *, steps: int, policy="program", semantics="jax_cpu_strict",
-                  profile="flax", params=None, where="step", compiled=None):
+                  profile="flax", params=None, where="step", compiled=False):
     """Run ``steps`` emulated steps of ``grads`` and ``update`` from ``state`` under a scaler profile.
 
     Args:
@@ -47,7 +47,8 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
       policy, semantics: as :func:`emulate_jax`.
       profile, params: the scaler profile and its parameters.
       where: how errors name the step's source (the model file).
-      compiled: as :func:`emulate_jax` (None: one compiled program where it computes what the interpreter does).
+      compiled: as :func:`emulate_jax` (None: one compiled program where it computes what the interpreter
+        does; False, the default: the interpreter).
 
     Returns:
       (list of :class:`StepRecord`, the whole run's TelemetrySummary, the final state).
