@@ -1,7 +1,8 @@
 """fpemu.emulate_jax against jax.jit (jax 0.10.2, XLA:CPU, default flags): one-primitive programs bit for
 bit in bf16 and fp16, nested jaxprs and gradients, the built-in step against mixed_precision_step, the
 telemetry of a flax model, refusals; each on both paths, the interpreter and the compiled program
-(compiled=None, which must have been taken wherever compile_refusal allows).  benchmarks/jax_emulate_ops.py measures the rest (reports/emulate_jax_ops.md).
+(compiled=None, which must have been taken wherever compile_refusal allows).  benchmarks/jax_emulate_ops.py
+measures the rest (reports/emulate_jax_ops.md).
 """
 
 import os
