@@ -20,7 +20,7 @@ BUCKETS = ("0", "1", "2", "3-4", "5+", "nan differs")
 
 def _tiers() -> str:
     """The CPU kernel tiers the figures depend on (torch's ATen and oneDNN kernels differ per tier)."""
-    from fpemu._host import NUMERIC_CPU_FEATURES, cpu_flags, torch_cpu_tiers
+    from fpemu.host import NUMERIC_CPU_FEATURES, cpu_flags, torch_cpu_tiers
     tiers = torch_cpu_tiers()
     features = [f for f in NUMERIC_CPU_FEATURES if f in cpu_flags() and f.startswith(("avx512", "amx"))]
     return (f"ATen {tiers['aten_cpu_capability']} kernels, oneDNN bf16 {'on' if tiers['onednn_bf16'] else 'off'}; "

@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--cases", type=int, default=30, help="cases per shape, format and mode")
     args = parser.parse_args(argv)
     import jax
-    from fpemu._host import cpu_flags
+    from fpemu.host import cpu_flags
     from fpemu.adapters.jax_step import host_semantics, run_jax_steps
     rows = []
     for mode in MODES:

@@ -1,6 +1,8 @@
 """fpemu.emulate_jax against jax.jit (jax 0.10.2, XLA:CPU, default flags): one-primitive programs bit for
 bit in bf16 and fp16, nested jaxprs and gradients, the built-in step against mixed_precision_step, the
-telemetry of a flax model, refusals.  benchmarks/jax_emulate_ops.py measures the rest (reports/emulate_jax_ops.md).
+telemetry of a flax model, refusals; each on both paths, the interpreter and the compiled program
+(compiled=None, which must have been taken wherever compile_refusal allows).  benchmarks/jax_emulate_ops.py
+measures the rest (reports/emulate_jax_ops.md).
 """
 
 import os
@@ -11,7 +13,9 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from fpemu.emulate import Telemetry, emulate_jax, emulate_torch  # noqa: E402
+from fpemu.emulate import Telemetry, emulate_torch  # noqa: E402
+from fpemu.emulate import emulate_jax as _emulate_jax  # noqa: E402
+from fpemu.emulate._jax_compiled import compile_refusal  # noqa: E402
 from fpemu.emulate._jax_interpreter import parse_name_stack, primitive_table  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
 
@@ -26,6 +30,29 @@ XLA_COMPUTES_OTHERWISE = {"float16": {"expm1", "cumsum over rows"}, "bfloat16": 
 # Under the default semantics (reduce="xla_cpu") a low-precision reduce_sum is XLA's own reducer, so
 # comparing it with jit would prove nothing; the report measures fpemu's rounded-once sum against it.
 XLA_KERNEL_HERE = {"reduce_sum over rows"}
+
+
+PATHS = ("interpreted", "compiled")
+PATH = {"path": PATHS[0], "made": []}
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def path(request):
+    """Every test on both paths: the interpreter (the reference) and the compiled program.  Every program here
+    whose policy and semantics it takes (compile_refusal) must have run compiled, not fallen back."""
+    PATH["path"], PATH["made"] = request.param, []
+    yield request.param
+    for emulation in PATH["made"]:
+        if getattr(emulation, "last_path", None) is not None and compile_refusal(emulation.policy, emulation.semantics) is None:
+            assert emulation.last_path == "compiled", emulation.refusals
+    PATH["path"] = PATHS[0]
+
+
+def emulate_jax(fn, *args, **kwargs):
+    """emulate_jax on this test's path."""
+    emulation = _emulate_jax(fn, *args, compiled=None if PATH["path"] == "compiled" else False, **kwargs)
+    PATH["made"].append(emulation)
+    return emulation
 
 
 def _wide(value):

@@ -1,5 +1,5 @@
 """Emulate a framework's training step in any format on the CPU: policies, telemetry, the torch mode,
-the JAX interpreter.
+the JAX interpreter (and, opt-in, the compiled program checked against it).
 
 torch is imported on first use of :func:`emulate_torch`, JAX on first use of :func:`emulate_jax` (the
 policies and telemetry import no framework).
@@ -25,6 +25,6 @@ def op_table(policy) -> dict:
 
 
 def emulate_jax(fn, policy="program", **kwargs):
-    """See :func:`fpemu.emulate._jax_interpreter.emulate_jax` (imports JAX)."""
-    from fpemu.emulate._jax_interpreter import emulate_jax as run
+    """See :func:`fpemu.emulate._jax_compiled.emulate_jax` (imports JAX)."""
+    from fpemu.emulate._jax_compiled import emulate_jax as run
     return run(fn, policy, **kwargs)

@@ -218,7 +218,7 @@ class _Interpreter:
             return env[var]
 
         for var, value in zip(jaxpr.constvars, consts):
-            env[var] = _host(value)
+            env[var] = self._hold(value)
         for var, value in zip(jaxpr.invars, args):
             env[var] = value
         fused = self._fused_products(jaxpr) if self.semantics.fma else ()
@@ -235,6 +235,11 @@ class _Interpreter:
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
+
+    @staticmethod
+    def _hold(value):
+        """A jaxpr constant as this evaluator holds it (the compiled emulator's are tracers)."""
+        return _host(value)
 
     def _as_read_by(self, eqn, value):
         """A :class:`_Kept` value as ``eqn`` reads it: a jit call (which XLA inlines) or a move XLA deletes

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from fpemu.emulate._jax_interpreter import emulate_jax
+from fpemu.emulate._jax_compiled import emulate_jax
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.emulate.trace import StepRecord
 from fpemu.errors import FpemuInputError
@@ -35,7 +35,7 @@ def _flat_float32(tree) -> list:
 
 
 def run_jax_steps(grads, update, state, *, steps: int, policy="program", semantics="jax_cpu_strict",
-                  profile="flax", params=None, where="step", on_step=None):
+                  profile="flax", params=None, where="step", on_step=None, compiled=False):
     """Run ``steps`` emulated steps of ``grads`` and ``update`` from ``state`` under a scaler profile.
 
     Args:
@@ -48,6 +48,8 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
       profile, params: the scaler profile and its parameters.
       where: how errors name the step's source (the model file).
       on_step: called with each step's index before it runs (fpemu.emulate.isolated times each step by it).
+      compiled: as :func:`emulate_jax` (None: one compiled program where it computes what the interpreter
+        does; False, the default: the interpreter).
 
     Returns:
       (list of :class:`StepRecord`, the whole run's TelemetrySummary, the final state).
@@ -63,8 +65,8 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
     chosen, rules = _scaler(profile, params)
     scaler = rules.init()
     telemetry, whole = Telemetry(), Telemetry()
-    emulated_grads = emulate_jax(grads, policy, semantics=semantics, telemetry=telemetry)
-    emulated_update = emulate_jax(update, policy, semantics=semantics, telemetry=telemetry)
+    emulated_grads = emulate_jax(grads, policy, semantics=semantics, telemetry=telemetry, compiled=compiled)
+    emulated_update = emulate_jax(update, policy, semantics=semantics, telemetry=telemetry, compiled=compiled)
     records = []
     for index in range(steps):
         if on_step is not None:
