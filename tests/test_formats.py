@@ -1,7 +1,6 @@
 import concurrent.futures
 import math
 import threading
-from fractions import Fraction
 
 import ml_dtypes
 import numpy as np

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import shutil
 
 import numpy as np
 import pytest

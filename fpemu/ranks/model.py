@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from fpemu.scalers import ScalerTrace, simulate_scaler
+from fpemu.scalers import simulate_scaler
 
 EVERY, FIRST_SHARD, OWN_SHARD = "every element", "element 0", "own shard"
 MAX, SUM = "max", "sum"

@@ -12,7 +12,7 @@ import json
 import pathlib
 
 from fpemu.errors import FpemuInputError
-from fpemu.fileio import atomic_write, read_bounded
+from fpemu.fileio import atomic_write, read_bounded, read_text
 from fpemu.harness.matrix import RESULTS_FORMAT, UNKNOWN
 from fpemu.traces.schema import READ_LIMITS, bounded_json
 
