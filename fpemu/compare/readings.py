@@ -119,10 +119,15 @@ def _rescale_reading(step: int, a: Trace, b: Trace) -> str:
 
 
 def recorded_cause(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:
-    """The likely cause of a first divergence at ``step``, ``field`` between two recorded runs (None where
-    either trace is no recording, or the field is no gradient or loss field)."""
+    """The likely cause of a first divergence at ``step``, ``field`` between two recorded runs, followed by
+    what one run's audit found that the other's did not (None where either trace is no recording, or neither
+    the field nor the audits say anything)."""
     if not (is_recorded(a) and is_recorded(b)) or step >= min(len(a.steps), len(b.steps)):
         return None
+    return "; ".join(filter(None, [_step_reading(field, step, a, b), _audit_difference(a, b)])) or None
+
+
+def _step_reading(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:
     loss_agrees = _same(decode_value(a.steps[step], "loss"), decode_value(b.steps[step], "loss"))
     if field in GRADIENT_FIELDS + ("grad_norm",) and loss_agrees:
         rescale = _rescale_reading(step, a, b) if field == "grad_stats" else ""
@@ -130,10 +135,23 @@ def recorded_cause(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:
                 f"optimizer (clipping, a hook){rescale}")
     if field == "loss" and step == 0:
         return "the first loss differs: the model, its initialization, the data or the forward pass differ"
-    if field == "loss":
-        return (f"the loss differs from step {step} on: the update at step {step - 1} differed (its gradients, "
+    if field == "loss" or (field in GRADIENT_FIELDS + ("grad_norm",) and step > 0):
+        what = "the loss differs" if field == "loss" else "the loss and the gradients differ"
+        return (f"{what} from step {step} on: the update at step {step - 1} differed (its gradients, "
                 "their clipping or unscaling, the optimizer or its learning rate)")
     return None
+
+
+def _audit_difference(a: Trace, b: Trace) -> str:
+    """What one recording's audit found that the other's did not (``metadata.audit_findings``), or ""."""
+    found_a, found_b = a.metadata.get("audit_findings") or {}, b.metadata.get("audit_findings") or {}
+    parts = []
+    for kind in sorted(set(found_a) | set(found_b)):
+        if found_a.get(kind) != found_b.get(kind):
+            where = [f"{label} {found[kind]['count']}x from step {found[kind]['first_step']}"
+                     for label, found in (("first run", found_a), ("second run", found_b)) if kind in found]
+            parts.append(f"{kind} ({', '.join(where) or 'in neither'})")
+    return ("the recorded audits differ: " + "; ".join(parts) + " (rec.audit.findings)") if parts else ""
 
 
 def initial_scale_cause(field: str, step: int, a: Trace, b: Trace) -> Optional[str]:

@@ -54,7 +54,7 @@ from fpemu.formats import get_format
 from fpemu.traces import write_trace
 from fpemu.traces.binades import CODES, binade_codes
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
-                                   format_thresholds, recorded_metadata, recorded_trace)
+                                   audit_findings, format_thresholds, recorded_metadata, recorded_trace)
 
 GROUPINGS = ("module", "parameter")
 # module outputs noted as watched before the notes are dropped (forwards with no backward)
@@ -561,6 +561,9 @@ class TorchRecorder:
             params=params, packages=installed_versions(("torch", "numpy")), settings=settings)
         ranks = self.audit._ranks  # fpemu.audits.distributed.RankCheck on a multi-rank run, else None
         accounting = self.audit.accounting
+        findings = audit_findings(self.audit.findings)
+        if findings:  # what the audit found, for a comparison to name (none: the key is left out)
+            metadata["audit_findings"] = findings
         if ranks is not None:  # every rank's skips and final scale are gathered on a clean exit only
             metadata["ranks"] = ranks.metadata(self.audit.findings, accounting.skipped_updates if clean else None)
         return recorded_trace(metadata, self.steps, final_scale=self.audit._scale(), examples=accounting.examples,

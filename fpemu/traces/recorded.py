@@ -492,6 +492,22 @@ def recorded_metadata(*, framework: str, name: str, device: str, profile: str, p
             "source": SOURCE, "framework": framework, "recorder": settings.to_json()}
 
 
+def audit_findings(findings) -> dict:
+    """A recorded trace's ``metadata.audit_findings``: per kind of audit finding, how many and the first step.
+
+    Example:
+      >>> from types import SimpleNamespace as F
+      >>> audit_findings([F(kind="clip_before_unscale", step=2), F(kind="clip_before_unscale", step=3)])
+      {'clip_before_unscale': {'count': 2, 'first_step': 2}}
+    """
+    out = {}
+    for finding in findings:
+        entry = out.setdefault(finding.kind, {"count": 0, "first_step": finding.step})
+        entry["count"] += 1
+        entry["first_step"] = min(entry["first_step"], finding.step)
+    return out
+
+
 def recorded_trace(metadata: dict, steps, *, final_scale: float, examples: Optional[int],
                    scheduler_steps: int, stopped_at: Optional[int] = None) -> Trace:
     """A recorded :class:`~fpemu.traces.Trace` from its metadata and :class:`RecordedStep` s.

@@ -169,6 +169,7 @@ METADATA = {
     "ranks": (False, _object), "source": (False, _string), "framework": (False, _string),
     "recorder": (False, _object), "policy": (False, _object), "op_table": (False, _any),
     "telemetry": (False, _object), "model_differences": (False, _object),
+    "audit_findings": (False, _object),
 }
 
 # Every field of fpemu.traces.format.FIELDS: its readable value's check, and its hex form's (None: it has none).
