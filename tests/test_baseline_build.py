@@ -29,7 +29,8 @@ def test_the_baseline_build_passes_the_compiled_loops_tests(tmp_path):
     assert b".avx2" not in built.read_bytes()  # (the clones' symbols: this build has none)
     root = pathlib.Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "baseline_loops", "-p", "no:cacheprovider",
-                           *TESTS], cwd=root, capture_output=True, text=True,
+                           # (torch's log2 on its CPU tiers: torch's kernels, not the loops; two are stage 2's)
+                           "-k", "not test_floor_and_ceil_log2_are_torchs_on_every_tier", *TESTS], cwd=root, capture_output=True, text=True,
                           env={**os.environ, "FPEMU_BASELINE_LOOPS": str(built), "FPEMU_TEST_ENVS": "0",
                                "PYTHONPATH": str(root / "tests")})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
