@@ -188,8 +188,12 @@ def test_each_cpu_low_kernel_departs_from_float32_rounded_once_and_is_emulated_a
             once = _float32_rounded_once(func, *copy_of(), low, real)
             if any(not torch.equal(_bits(real[i]), _bits(once[i])) for i in real):
                 departs.add(name)
-    assert seen == set(CPU_LOW_KERNELS), set(CPU_LOW_KERNELS) - seen
-    assert departs == set(CPU_LOW_KERNELS) - NO_FLOAT32_CALL, sorted(set(CPU_LOW_KERNELS) - NO_FLOAT32_CALL - departs)
+    # oneDNN's LSTM layer runs only where oneDNN computes bf16 (its AVX512_BF16 kernels); without them
+    # (ONEDNN_MAX_CPU_ISA=AVX2) torch takes its own LSTM path and the layer ops are never called
+    not_here = set() if _onednn_computes_bf16() else {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}
+    assert seen == set(CPU_LOW_KERNELS) - not_here, set(CPU_LOW_KERNELS) - not_here - seen
+    expected = set(CPU_LOW_KERNELS) - NO_FLOAT32_CALL - not_here
+    assert departs == expected, sorted(expected ^ departs)
 
 
 def test_cpu_fp16_lstm_fails_as_real_cpu_autocast_does():
@@ -260,7 +264,15 @@ BF16_NORMWISE_BOUNDS = {"aten::convolution": (0.0, 0.05), "aten::convolution_bac
                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (0.1, 0.6)}
 
 
+def _onednn_computes_bf16() -> bool:
+    from fpemu.host import torch_cpu_tiers
+    return bool(torch_cpu_tiers()["onednn_bf16"])
+
+
 def test_published_bf16_bounds_of_the_float32_model_hold_on_the_zoo():
+    if not _onednn_computes_bf16():  # measured on oneDNN's AVX512_BF16 kernels; its AVX2 ones depart further
+        pytest.skip("the published bounds are oneDNN's AVX512_BF16 kernels'; here oneDNN computes bf16 otherwise "
+                    "(under ONEDNN_MAX_CPU_ISA=AVX2 the convolution backward departed 0.40 epsilon normwise)")
     from benchmarks.emulate_op_bounds import EPSILON, gaps
     measured = gaps([call for call in _recorded_calls("bf16") if call[0] in BF16_NORMWISE_BOUNDS], torch.bfloat16,
                     torch)
