@@ -11,7 +11,8 @@ from fpemu.cli import main
 from fpemu.specs import SpecError, parse_spec
 from fpemu.kinds.bounds import BOUNDS, bound_for
 from fpemu.traces import read_trace
-from fpemu.traces.format import FIELDS, TraceError
+from fpemu.traces.fields import FIELDS
+from fpemu.traces.format import TraceError
 from fpemu.traces import schema
 from input_mutations import DAMAGED_TRACES, resealed
 
@@ -27,10 +28,6 @@ def test_docs_bounds_tables_are_the_tables():
     for name, text in tables:
         module, _, function = name.rpartition(".")
         assert text == getattr(importlib.import_module(module), function)(), f"docs/bounds.md: {name} is stale"
-
-
-def test_every_trace_field_has_a_schema_row():
-    assert set(schema.STEP_VALUES) == set(FIELDS)
 
 
 def test_bound_rows_match_their_keys():
@@ -72,8 +69,8 @@ def test_a_spec_over_the_size_bound_is_refused_unread(tmp_path, capsys):
     assert f"{big}: " in err and "over the 2,097,152 a reader of it accepts" in err, err
 
 
-def _golden_body():
-    return json.loads((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+def _golden_body(name: str = "bernoulli_flax"):
+    return json.loads((ROOT / "reports" / "golden" / f"{name}.json").read_text())
 
 
 # Structurally wrong traces whose checksum was recomputed: each is refused, naming the field.
@@ -94,9 +91,43 @@ def _golden_body():
     (lambda b: b["summary"].update(events="x"), "summary.events: expected a list of \\[step, text\\] pairs"),
     (lambda b: b["summary"].update(attempts=-1), "summary.attempts: expected an integer >= 0, got -1"),
     (lambda b: b.update(steps={}), "steps: expected a list of step records, got an object"),
+    # each value fits on its own, not with the others: ranges, one kind's fields, the counts, the spec's digest
+    (lambda b: b["steps"][0].update(scale=-1.0, scale_hex=(-1.0).hex()), r"steps\[0\].scale: expected a number >= 0"),
+    (lambda b: b["steps"][3].update(amax=1.0, amax_hex="0x1p+0"),
+     r"steps\[3\].amax: no scenario kind records it beside applied, growth_counter, overflow, scale \(it is "
+     r"recorded by recipe; this is a trace of any kind but a recorded run's\)"),
+    (lambda b: b["steps"][0].update(grad_norm=1.0, grad_norm_hex="0x1p+0"), r"steps\[0\].grad_norm: no scenario kind"),
+    (lambda b: b["steps"][4].pop("overflow"), r"steps\[4\].overflow: missing \(every record of the trace holds it"),
+    (lambda b: b["summary"].update(attempts=3), r"summary.attempts: expected \d+ \(the number of step records\)"),
+    (lambda b: b["summary"].update(skipped_updates=b["summary"]["skipped_updates"] + 1),
+     r"summary.skipped_updates: expected \d+ \(the steps whose applied is false\)"),
+    (lambda b: b["metadata"]["spec"].update(text=b["metadata"]["spec"]["text"] + "# edited\n"),
+     r"metadata.spec.sha256: expected [0-9a-f]{64} \(the sha256 of metadata.spec.text\)"),
 ])
 def test_a_resealed_wrong_trace_is_refused_naming_the_field(tmp_path, edit, words):
     body = _golden_body()
+    edit(body)
+    path = tmp_path / "t.json"
+    path.write_text(resealed(body))
+    with pytest.raises(TraceError, match=f"t.json: not a valid trace: {words}"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("golden, edit, words", [
+    ("recipe_torchao_tensorwise", lambda b: b["steps"][1].update(overflow=True),
+     r"steps\[1\].overflow: no scenario kind records it beside amax, amax_used, scale, scale_inv"),
+    ("recipe_torchao_tensorwise", lambda b: b["steps"][0].update(amax=-2.0, amax_hex=(-2.0).hex()),
+     r"steps\[0\].amax: expected a number >= 0"),
+    ("model_fp16_mlp_torch", lambda b: b["steps"][0].update(underflow_share=1.5, underflow_share_hex=(1.5).hex()),
+     r"steps\[0\].underflow_share: expected a share between 0 and 1, got 1.5"),
+    ("blocks_torchao_nvfp4", lambda b: b["steps"][0].update(block_count=-3), r"steps\[0\].block_count: expected an "
+                                                                              r"integer >= 0"),
+    ("step_fp16_torch", lambda b: b["steps"][2].update(block_input="edges"),
+     r"steps\[2\].block_input: no scenario kind records it beside"),
+])
+def test_a_resealed_trace_of_another_kind_is_refused_naming_the_field(tmp_path, golden, edit, words):
+    """Every kind's golden is held to its kind's fields and their ranges, not only the scaler's."""
+    body = _golden_body(golden)
     edit(body)
     path = tmp_path / "t.json"
     path.write_text(resealed(body))

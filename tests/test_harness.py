@@ -1,4 +1,5 @@
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import pathlib
@@ -607,7 +608,8 @@ def test_audit_reports_a_baseline_this_fpemu_refuses_and_audits_the_rest(capsys,
     old = baseline / "timing_torch.torch-cpu.json"
     trace = read_trace(old)
     spec = trace.metadata["spec"]
-    refused = {**spec, "text": spec["text"].replace("[scaler]", "colour = 1\n[scaler]")}
+    text = spec["text"].replace("[scaler]", "colour = 1\n[scaler]")
+    refused = {**spec, "text": text, "sha256": hashlib.sha256(text.encode()).hexdigest()}
     write_trace(dataclasses.replace(trace, metadata={**trace.metadata, "spec": refused}), old)
     code, out, err = run_cli(capsys, "audit", "--baseline", baseline)
     assert code == 1

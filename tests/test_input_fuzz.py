@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from fpemu.cli import main
 from fpemu.harness.limits import time_limit
-from fpemu.traces.schema import STEP_VALUES
+from fpemu.traces.fields import FIELDS
 from input_mutations import DAMAGED_TRACES, HOSTILE_VALUES, key_paths, mutated_spec, replaced, resealed
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -113,9 +113,9 @@ def _refused_field(path, value):
     if len(path) != 3 or path[0] != "steps" or not isinstance(path[2], str):
         return None
     field = path[2][:-4] if path[2].endswith("_hex") else path[2]
-    if field not in STEP_VALUES:
+    if field not in FIELDS:
         return None
-    readable, exact = STEP_VALUES[field]
+    readable, exact = FIELDS[field].value
     check = exact if path[2] != field else readable
     return f"steps[{path[1]}].{path[2]}" if check and check(value) else None
 

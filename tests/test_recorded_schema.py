@@ -9,7 +9,8 @@ import pytest
 
 from fpemu.formats import get_format, quantize
 from fpemu.traces import dumps, loads
-from fpemu.traces.format import FIELDS, TraceError
+from fpemu.traces.fields import FIELDS
+from fpemu.traces.format import TraceError
 from fpemu.traces.binades import CODES, numpy_codes
 from fpemu.traces.recorded import (GroupStats, RecordedStep, RecorderSettings, ShadowHistogram, ShadowStats,
                                    format_thresholds,

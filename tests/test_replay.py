@@ -21,7 +21,8 @@ from fpemu.specs import load_spec  # noqa: E402
 from fpemu.specs import SpecError  # noqa: E402
 from fpemu.traces import Trace, read_trace  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
 import gpt2_loop  # noqa: E402
 
 STEPS = 10
@@ -120,11 +121,15 @@ def test_bad_recorded_specs_name_the_key(runs):
     with pytest.raises(SpecError, match=r"overflow\.trace: .*missing\.json"):
         load_spec(spec(folder, "missing", "torch", params, trace="missing.json"))
     golden = folder / "golden_like.json"
-    trace = read_trace(base._path)
-    from fpemu.traces import Trace, write_trace
-    write_trace(Trace({**trace.metadata, "source": "reference"}, trace.steps, trace.summary), golden)
+    golden.write_bytes((ROOT / "reports" / "golden" / "seed_example_1.json").read_bytes())  # a reference trace
     with pytest.raises(SpecError, match=r"overflow\.trace: .*not a recorded run"):
         load_spec(spec(folder, "golden", "torch", params, trace=golden.name))
+    trace = read_trace(base._path)
+    from fpemu.traces import write_trace
+    write_trace(Trace({**trace.metadata, "source": "reference"}, trace.steps, trace.summary), golden)
+    with pytest.raises(SpecError, match=r"overflow\.trace: .*steps\[0\]\.\w+: no scenario kind records it .*"
+                                        r"this is a trace of any kind but a recorded run's"):
+        load_spec(spec(folder, "golden", "torch", params, trace=golden.name))  # a recorded run's fields
     long = spec(folder, "long", "torch", params).read_text().replace(f"steps = {STEPS}", f"steps = {STEPS + 1}")
     (folder / "long.toml").write_text(long)
     with pytest.raises(SpecError, match=rf"steps: the recorded run .* has {STEPS} attempts"):

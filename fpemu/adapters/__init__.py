@@ -20,7 +20,7 @@ from typing import Optional
 
 from fpemu.host import installed_versions
 from fpemu.ranks import LAYOUTS
-from fpemu.traces.format import OBSERVED_FIELDS
+from fpemu.traces.fields import OBSERVED_FIELDS
 
 SCALER, STEP, RECIPE, RANKS = "scaler", "step", "recipe", "ranks"
 BLOCKS = "blocks"  # a block quantizer, compared with fpemu.block_quantize by tests/test_real_torchao_blocks.py

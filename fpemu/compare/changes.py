@@ -26,7 +26,8 @@ from fpemu.compare.diff import Divergence, bit_equal, first_element, likely_caus
 from fpemu.compare.readings import initial_scale_cause, recorded_cause
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
-from fpemu.traces.format import FIELDS, ULP_FIELDS, encode_float
+from fpemu.traces.fields import FIELDS, ULP_FIELDS
+from fpemu.traces.format import encode_float
 from fpemu.traces.recorded import is_recorded
 
 # Fields whose differences leave the training trajectory (scale, skips) alone: numerics only.

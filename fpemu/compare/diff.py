@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from fpemu.traces import Trace, decode_value
-from fpemu.traces.format import EXACT_FIELDS, FIELDS, ULP_FIELDS
+from fpemu.traces.fields import EXACT_FIELDS, FIELDS, ULP_FIELDS
 
 
 MATCH, DIVERGED, KNOWN, SKIPPED = "match", "diverged", "known divergence", "skipped"

@@ -7,7 +7,7 @@ from fpemu.compare.diff import (DIVERGED, KNOWN, MATCH, Divergence, Verdict, bit
                                 ulp_distance)
 from fpemu.errors import FpemuInputError
 from fpemu.traces import Trace, decode_value
-from fpemu.traces.format import ULP_FIELDS
+from fpemu.traces.fields import ULP_FIELDS
 
 
 def compare_traces(golden: Trace, observed: Trace, expect_divergence=None, explain=None) -> Verdict:

@@ -1,6 +1,6 @@
 """An emulated training run as a trace v1 (no framework): the scale trajectory, skips, shares, modules.
 
-The step records hold the model-trace fields (``fpemu.traces.format.FIELDS`` recorded by ``model``):
+The step records hold the model-trace fields (``fpemu.traces.fields.FIELDS`` recorded by ``model``):
 scale, overflow, applied, growth_counter, loss and the underflow / subnormal / overflow shares of the
 values the backward pass rounded, plus ``module_underflow`` and ``module_underflow_forward``: each
 module's underflow share in the backward and the forward pass (``fpemu compare`` compares the
@@ -21,7 +21,7 @@ from fpemu.host import host_provenance
 from fpemu.emulate.telemetry import COUNTERS, TelemetrySummary
 from fpemu.scalers import get_profile, simulate_scaler
 from fpemu.traces import Trace
-from fpemu.traces.format import fields_recorded_by
+from fpemu.traces.fields import fields_recorded_by
 from fpemu.traces.layout import fp8_cast_fields, trace_steps, trace_summary
 from fpemu.version import __version__
 

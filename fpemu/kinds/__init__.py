@@ -12,7 +12,7 @@ from fpemu.kinds import blocks, fp8_training, ranks, recipe, scaler, step
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
 from fpemu.traces import Trace
-from fpemu.traces.format import fields_recorded_by
+from fpemu.traces.fields import fields_recorded_by
 
 # In the order a spec's tables are read: the first kind whose table a spec has is its kind; a spec
 # with none of them is a scaler spec (the kind without a table, last).

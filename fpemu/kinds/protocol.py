@@ -17,7 +17,7 @@ class ScenarioKind:
 
     Attributes:
       name: the kind's name: the traces' fields it records are the rows of
-        :data:`fpemu.traces.format.FIELDS` whose ``recorded_by`` names it, and the adapters that run
+        :data:`fpemu.traces.fields.FIELDS` whose ``recorded_by`` names it, and the adapters that run
         it (fpemu.adapters) are of this kind.
       table: the top-level spec table that marks a spec of this kind (``blocks``); None for the kind
         of a spec with none of the others' tables (scaler specs).

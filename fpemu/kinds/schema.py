@@ -21,7 +21,7 @@ from fpemu.adapters import resolve
 from fpemu.kinds.bounds import MAX_SPEC_BYTES, bound_for
 from fpemu.errors import FpemuInputError
 from fpemu.kinds.scenario import ExpectedDivergence
-from fpemu.traces.format import EXACT_FIELDS, ULP_FIELDS, fields_recorded_by
+from fpemu.traces.fields import EXACT_FIELDS, ULP_FIELDS, fields_recorded_by
 
 
 class SpecError(FpemuInputError):

@@ -42,7 +42,6 @@ import hashlib
 import json
 import math
 import pathlib
-from typing import Optional
 
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_bounded
@@ -50,93 +49,6 @@ from fpemu.traces.schema import READ_LIMITS, bounded_json, trace_problem
 
 FORMAT_NAME = "fpemu-trace"
 FORMAT_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceField:
-    """One field of a step record.
-
-    Attributes:
-      name: its key in the step records.
-      ulp: every field is compared bit for bit; for float-valued ones the ulp distance is reported too.
-      recorded_by: the scenario kinds whose traces can hold it: ``scaler`` (overflow flags
-        through a profile), ``model`` (a model decides the flags), ``step`` (seed 002's step),
-        ``recipe`` (an fp8 scaling recipe over amaxes), ``fp8_training`` (a real fp8 training run
-        against the recipe's model on the same tensors, fpemu.kinds.fp8_training), ``emulated`` (an
-        fpemu.emulate run with an fp8 placement), ``blocks`` (a block scale rule on probe blocks,
-        fpemu.kinds.blocks) and ``recorded`` (a user's own run, see fpemu.traces.recorded).
-      observed: real scaler adapters record it unless their row's ``fields`` says otherwise (the
-        DeepSpeed engine rows have no growth counter); the others only where a row lists them.
-      by_default: a spec without ``[record] fields`` records it.
-      trajectory: a change in it changes what training did (scales, skips, update sizes), which
-        ranks above a change in numerics alone (losses, weights, shares).
-      labels: the field of the same step record that names this list's elements, one name per
-        element (a comparison names the first element that differs: ``layer1.weight``), or one name for the
-        whole step (a blocks step's input kind: ``edges``).
-    """
-
-    name: str
-    ulp: bool
-    recorded_by: tuple
-    observed: bool = False
-    by_default: bool = True
-    trajectory: bool = True
-    labels: Optional[str] = None
-
-
-# The one table of step-record fields; every other list of field names is derived from it.
-FIELDS = {field.name: field for field in [
-    TraceField("scale", False, ("scaler", "model", "step", "recipe", "recorded"), observed=True),
-    TraceField("overflow", False, ("scaler", "model", "step", "recorded"), observed=True),
-    TraceField("applied", False, ("scaler", "model", "step", "recorded"), observed=True),
-    TraceField("growth_counter", False, ("scaler", "model", "step", "recorded"), observed=True),
-    TraceField("hysteresis", False, ("scaler", "model")),
-    TraceField("update_ratio", True, ("scaler",), by_default=False),  # measured by training engines only
-    TraceField("loss", True, ("model", "step", "recorded"), trajectory=False),
-    TraceField("params", True, ("step",), trajectory=False),
-    TraceField("underflow_share", True, ("model",), trajectory=False),
-    TraceField("subnormal_share", True, ("model",), trajectory=False),
-    TraceField("overflow_share", True, ("model",), trajectory=False),
-    # fp8 recipes (fpemu.kinds.recipe): the step's amax, the amax its scale came from, and 1/scale
-    TraceField("amax", False, ("recipe",)),
-    TraceField("amax_used", False, ("recipe",)),
-    TraceField("scale_inv", False, ("recipe",)),
-    # fp8 training (fpemu.kinds.fp8_training) and emulated fp8 (fpemu.emulate): per step, the name of every
-    # fp8 cast in call order, its amaxes and scales (a list per cast: one per tensor, or one per row) and a
-    # digest of its fp8 codes (fpemu.traces.layout.fp8_cast_fields writes them)
-    TraceField("fp8_casts", False, ("fp8_training", "emulated")),
-    TraceField("tensor_amax", False, ("fp8_training", "emulated"), labels="fp8_casts"),
-    TraceField("tensor_scale", False, ("fp8_training", "emulated"), labels="fp8_casts"),
-    TraceField("fp8_codes", False, ("fp8_training",), labels="fp8_casts"),
-    # block quantization (fpemu.kinds.blocks): per input kind of probe blocks, the kind,
-    # the counts of blocks and elements, the two-level NVFP4 tensor scale and the sha256 of the scale codes (any
-    # NaN code alike), of the element codes and of the values' float32 bits (every NaN alike)
-    TraceField("block_input", False, ("blocks",), trajectory=False),
-    TraceField("block_count", False, ("blocks",), trajectory=False, labels="block_input"),
-    TraceField("element_count", False, ("blocks",), trajectory=False, labels="block_input"),
-    TraceField("block_tensor_scale", False, ("blocks",), trajectory=False, labels="block_input"),
-    TraceField("scale_codes", False, ("blocks",), trajectory=False, labels="block_input"),
-    TraceField("element_codes", False, ("blocks",), trajectory=False, labels="block_input"),
-    TraceField("block_values", False, ("blocks",), trajectory=False, labels="block_input"),
-    # recorded runs only (fpemu.traces.recorded): the loop's own measurements
-    TraceField("grad_norm", True, ("recorded",), by_default=False, trajectory=False),
-    TraceField("lr", True, ("recorded",), by_default=False),  # a different rate changes the update sizes
-    TraceField("grad_stats", False, ("recorded",), by_default=False, trajectory=False),
-    TraceField("microbatches", False, ("recorded",), by_default=False, trajectory=False),
-    TraceField("compute_max", True, ("recorded",), by_default=False, trajectory=False),
-    TraceField("shadow", False, ("recorded",), by_default=False, trajectory=False),
-    TraceField("shadow_histogram", False, ("recorded",), by_default=False, trajectory=False),
-]}
-EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
-ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)
-OBSERVED_FIELDS = tuple(name for name, field in FIELDS.items() if field.observed)
-
-
-def fields_recorded_by(kind: str, by_default: bool = False) -> tuple:
-    """The fields a scenario of ``kind`` can record (``by_default``: those it records unless its spec
-    lists them), in table order."""
-    return tuple(name for name, field in FIELDS.items()
-                 if kind in field.recorded_by and (field.by_default or not by_default))
 
 
 class TraceError(FpemuInputError):

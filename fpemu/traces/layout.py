@@ -73,7 +73,7 @@ def trace_summary(scaler_trace) -> dict:
 
 
 def fp8_cast_fields(casts) -> dict:
-    """The fp8 fields of one step record (see fpemu.traces.format.FIELDS) from the step's casts in call order.
+    """The fp8 fields of one step record (see fpemu.traces.fields.FIELDS) from the step's casts in call order.
 
     Args:
       casts: ``(name, amaxes, scales)`` or ``(name, amaxes, scales, codes digest)`` per cast; amaxes and

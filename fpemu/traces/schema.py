@@ -1,11 +1,14 @@
-"""What a trace file may hold, as data: the reader's bounds before parsing, and the type of every field after.
+"""What a trace file may hold, as data: the reader's bounds before parsing, the type and range of every field
+after, and what the fields mean together.
 
 A trace's checksum is a plain sha256 that anyone can recompute, so it proves the file is as some
 writer left it, not that a writer of fpemu's made it.  :func:`bounded_json` refuses a file over
 :data:`READ_LIMITS` before it is parsed (its size, its nesting, the longest run of digits in a number);
-:func:`trace_problem` then checks every value against :data:`METADATA`, :data:`STEP_VALUES` (one row per
-field of fpemu.traces.format.FIELDS) and :data:`SUMMARY`, naming the first wrong one, e.g.
-``metadata.device: expected a string, got null``.  docs/bounds.md lists these tables.
+:func:`trace_problem` then checks every value against :data:`METADATA`, the step-field table
+(fpemu.traces.fields.FIELDS: each field's check) and :data:`SUMMARY`, then that the step fields are one
+scenario kind's and in every record, that the summary counts the steps, and that the spec's sha256 is its
+text's; it names the first wrong one, e.g. ``metadata.device: expected a string, got null``.  docs/bounds.md
+lists these tables.
 
 Example:
   >>> trace_problem({"metadata": {"fpemu_version": "0.1.0", "spec": {"name": "s", "sha256": "0", "text": ""},
@@ -15,10 +18,14 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
 import numpy as np
+
+from fpemu.traces import checks
+from fpemu.traces.fields import FIELDS, RECORDING_KINDS
 
 MAX_TRACE_STEPS = 100_000  # the longest spec run (fpemu.kinds.bounds.MAX_STEPS); a report on one takes a minute
 
@@ -29,13 +36,6 @@ READ_LIMITS = {
     "number_digits": 64,  # the longest run of digits: a float's repr has at most 17, an int64 19
     "steps": MAX_TRACE_STEPS,
 }
-
-
-def _json_name(value) -> str:
-    """``value`` as a JSON reader sees it (null, true, an object), cut short."""
-    text = json.dumps(value) if isinstance(value, (type(None), bool)) else repr(value)
-    kind = {dict: "an object", list: "a list"}.get(type(value))
-    return kind or (text if len(text) <= 60 else text[:57] + "...")
 
 
 def _constant_hook(name: str):
@@ -83,123 +83,36 @@ def bounded_json(data: bytes, path: str, error: type, what: str = "a trace file"
         raise error(f"{path}: not {what}: {problem}") from None
 
 
-# Value checks: each returns None when the value fits, else what was expected.
-def _string(value):
-    return None if isinstance(value, str) else "a string"
-
-
-def _integer(value):
-    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
-
-
-def _count(value):
-    return None if _integer(value) is None and 0 <= value <= 1 << 62 else "an integer >= 0"
-
-
-def _flag(value):
-    return None if isinstance(value, bool) else "true or false"
-
-
-def _object(value):
-    return None if isinstance(value, dict) else "an object"
-
-
-def _optional(check):
-    return lambda value: None if value is None else check(value) and f"null or {check(value)}"
-
-
-def _float(value):
-    """A readable float: a number, or "nan", "inf", "-inf" (JSON has none of them)."""
-    fits = (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("nan", "inf", "-inf")
-    return None if fits else 'a number or "nan", "inf", "-inf"'
-
-
-def _hex(value):
-    """``float.hex()`` of a float, the form comparisons read."""
-    if isinstance(value, str) and len(value) <= 32:
-        try:
-            float.fromhex(value)
-            return None
-        except ValueError:
-            pass
-    return "a float.hex() string"
-
-
-def _list_of(check, depth: int = 1):
-    """A list (of lists, ``depth`` deep) whose elements pass ``check``."""
-    inner = check if depth == 1 else _list_of(check, depth - 1)
-
-    def checked(value):
-        if not isinstance(value, list):
-            return "a list"
-        wrong = next((inner(v) for v in value if inner(v)), None)
-        return wrong and f"a list of {wrong}"
-    return checked
-
-
-def _strings_table(value):
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        return "an object of strings"
-    return None
-
-
-def _spec(value):
-    if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("name", "sha256", "text")):
-        return "an object with string name, sha256 and text"
-    return None if _string(value.get("path", "")) is None else "an object whose path is a string"
-
-
-def _events(value):
-    fits = isinstance(value, list) and all(isinstance(e, list) and len(e) == 2 and _count(e[0]) is None
-                                            and isinstance(e[1], str) for e in value)
-    return None if fits else "a list of [step, text] pairs"
-
-
-def _any(value):
-    return None
-
-
 # The metadata keys every writer (fpemu.traces.layout, .recorded, fpemu.emulate.trace, fpemu.harness) may
 # write: key -> (required, check).
 METADATA = {
-    "fpemu_version": (True, _string), "spec": (True, _spec), "implementation": (True, _string),
-    "profile": (False, _string), "params": (False, _object), "packages": (False, _strings_table),
-    "device": (False, _string), "host": (False, _object), "verified": (False, _string),
-    "replayed": (False, _strings_table), "tensors_from": (False, _string), "same_tensors_model": (False, _object),
-    "ranks": (False, _object), "source": (False, _string), "framework": (False, _string),
-    "recorder": (False, _object), "policy": (False, _object), "op_table": (False, _any),
-    "telemetry": (False, _object), "model_differences": (False, _object),
-    "audit_findings": (False, _object),
+    "fpemu_version": (True, checks.string), "spec": (True, checks.spec), "implementation": (True, checks.string),
+    "profile": (False, checks.string), "params": (False, checks.table), "packages": (False, checks.strings_table),
+    "device": (False, checks.string), "host": (False, checks.table), "verified": (False, checks.string),
+    "replayed": (False, checks.strings_table), "tensors_from": (False, checks.string),
+    "same_tensors_model": (False, checks.table), "ranks": (False, checks.table), "source": (False, checks.string),
+    "framework": (False, checks.string), "recorder": (False, checks.table), "policy": (False, checks.table),
+    "op_table": (False, checks.anything), "telemetry": (False, checks.table),
+    "model_differences": (False, checks.table), "audit_findings": (False, checks.table),
 }
 
-# Every field of fpemu.traces.format.FIELDS: its readable value's check, and its hex form's (None: it has none).
-_FLOAT, _FLOATS, _CAST_FLOATS = (_float, _hex), (_list_of(_float), _list_of(_hex)), (_list_of(_float, 2),
-                                                                                    _list_of(_hex, 2))
-STEP_VALUES = {
-    "scale": _FLOAT, "overflow": (_flag, None), "applied": (_flag, None), "growth_counter": (_integer, None),
-    "hysteresis": (_integer, None), "update_ratio": _FLOAT, "loss": _FLOAT, "params": _FLOATS,
-    "underflow_share": _FLOAT, "subnormal_share": _FLOAT, "overflow_share": _FLOAT,
-    "amax": _FLOAT, "amax_used": _FLOAT, "scale_inv": _FLOAT,
-    "fp8_casts": (_list_of(_string), None), "tensor_amax": _CAST_FLOATS, "tensor_scale": _CAST_FLOATS,
-    "fp8_codes": (_list_of(_string), None),
-    "block_input": (_string, None), "block_count": (_count, None), "element_count": (_count, None),
-    "block_tensor_scale": _FLOAT, "scale_codes": (_string, None), "element_codes": (_string, None),
-    "block_values": (_string, None),
-    "grad_norm": _FLOAT, "lr": _FLOAT, "grad_stats": (_object, None), "shadow": (_object, None),
-    "shadow_histogram": (_object, None), "microbatches": (_count, None), "compute_max": _FLOAT,
-}
 # Step keys outside FIELDS: fpemu.emulate's per-module underflow (reports read them; comparisons do not).
-EXTRA_STEP_VALUES = {"module_underflow": _object, "module_underflow_forward": _object}
+EXTRA_STEP_VALUES = {"module_underflow": checks.table, "module_underflow_forward": checks.table}
 
 SUMMARY = {
-    "attempts": _count, "completed_updates": _count, "skipped_updates": _count, "final_scale": _float,
-    "final_scale_hex": _hex, "stopped_at": _optional(_count), "events": _events, "examples": _optional(_count),
-    "scheduler_steps": _count, "losses_hex": _list_of(_hex),
+    "attempts": checks.count, "completed_updates": checks.count, "skipped_updates": checks.count,
+    "final_scale": checks.at_least(0), "final_scale_hex": checks.float_hex, "stopped_at": checks.optional(checks.count),
+    "events": checks.events, "examples": checks.optional(checks.count), "scheduler_steps": checks.count,
+    "losses_hex": checks.list_of(checks.float_hex),
 }
+RECORDED_SOURCE = "recorded_run"  # metadata.source of a user's own run (fpemu.traces.recorded)
+# The fields every record of a recorded run holds; a loop may measure the others on some attempts only (the
+# shadow pass's on sampled ones, statistics where it called grad_stats, the loss where it reported one)
+RECORDED_ALWAYS = ("scale", "overflow", "applied")
 
 
 def _wrong(where: str, expected: str, value) -> str:
-    return f"{where}: expected {expected}, got {_json_name(value)}"
+    return f"{where}: expected {expected}, got {checks.json_name(value)}"
 
 
 def _table_problem(table, where: str, rows: dict, required=()) -> str | None:
@@ -218,14 +131,10 @@ def _table_problem(table, where: str, rows: dict, required=()) -> str | None:
     return None
 
 
-def _step_checks() -> dict:
-    """Step key -> check: each field, its ``_hex`` form, ``step`` and the extra keys."""
-    checks = {"step": _count, **EXTRA_STEP_VALUES}
-    for name, (readable, exact) in STEP_VALUES.items():
-        checks[name] = readable
-        if exact is not None:
-            checks[f"{name}_hex"] = exact
-    return checks
+def step_checks() -> dict:
+    """Step key -> check: each field of FIELDS, its ``_hex`` form, ``step`` and the extra keys."""
+    return {"step": checks.count, **{key: check for field in FIELDS.values() for key, check in field.checks.items()},
+            **EXTRA_STEP_VALUES}
 
 
 def _steps_problem(steps) -> str | None:
@@ -233,9 +142,9 @@ def _steps_problem(steps) -> str | None:
         return _wrong("steps", "a list of step records", steps)
     if len(steps) > READ_LIMITS["steps"]:
         return f"steps: {len(steps):,} records, over the reader's {READ_LIMITS['steps']:,}"
-    checks = _step_checks()
+    known = step_checks()
     for index, record in enumerate(steps):
-        problem = _table_problem(record, f"steps[{index}]", checks, ("step",))
+        problem = _table_problem(record, f"steps[{index}]", known, ("step",))
         if problem:
             return problem
         if record["step"] != index:
@@ -257,18 +166,66 @@ def _pairs_problem(table: dict, where: str) -> str | None:
         readable = table.get(key[:-4]) if key.endswith("_hex") else None
         if isinstance(exact, str) and readable is not None and not isinstance(readable, list) \
                 and not _same_float(readable, exact):
-            return f"{where}.{key[:-4]}: {_json_name(readable)} is not {key} {exact} (the two forms of one float)"
+            return f"{where}.{key[:-4]}: {checks.json_name(readable)} is not {key} {exact} (the two forms of one float)"
     return None
+
+
+def _kinds_problem(steps, recorded: bool) -> str | None:
+    """A field no scenario kind records beside the trace's others (a trace is one kind's), or a record that
+    lacks a field another holds (each record of a trace holds the same fields; a recorded run's, only those of
+    :data:`RECORDED_ALWAYS`)."""
+    kinds = ("recorded",) if recorded else tuple(kind for kind in RECORDING_KINDS if kind != "recorded")
+    seen = []
+    for index, record in enumerate(steps):
+        for key in (key for key in record if key in FIELDS and key not in seen):
+            fitting = tuple(kind for kind in kinds if kind in FIELDS[key].recorded_by)
+            if not fitting:
+                beside = f" beside {', '.join(seen)}" if seen else ""
+                held = "a recorded run" if recorded else "a trace of any kind but a recorded run's"
+                return (f"steps[{index}].{key}: no scenario kind records it{beside} (it is recorded by "
+                        f"{', '.join(FIELDS[key].recorded_by)}; this is {held})")
+            kinds, seen = fitting, seen + [key]
+    always = [key for key in seen if not recorded or key in RECORDED_ALWAYS]
+    for index, record in enumerate(steps):
+        missing = next((key for key in always if key not in record), None)
+        if missing:
+            return f"steps[{index}].{missing}: missing (every record of the trace holds it but this one)"
+    return None
+
+
+def _summary_problem(summary: dict, steps: list) -> str | None:
+    """Counts in the summary that are not the steps': one attempt per step record, each applied or skipped."""
+    if "attempts" in summary and summary["attempts"] != len(steps):
+        return _wrong("summary.attempts", f"{len(steps)} (the number of step records)", summary["attempts"])
+    if steps and all("applied" in record for record in steps):
+        applied = sum(record["applied"] for record in steps)
+        for key, expected in (("completed_updates", applied), ("skipped_updates", len(steps) - applied)):
+            if key in summary and summary[key] != expected:
+                return _wrong(f"summary.{key}", f"{expected} (the steps whose applied is "
+                                                      f"{'true' if key == 'completed_updates' else 'false'})",
+                                    summary[key])
+    return None
+
+
+def _spec_problem(spec: dict) -> str | None:
+    digest = hashlib.sha256(spec["text"].encode("utf-8", "surrogatepass")).hexdigest()
+    return None if spec["sha256"] == digest else _wrong("metadata.spec.sha256", f"{digest} (the sha256 of "
+                                                                                       "metadata.spec.text)",
+                                                            spec["sha256"])
 
 
 def trace_problem(body: dict) -> str | None:
     """The first field of ``body`` (a parsed trace, its checksum already checked) that does not fit the
-    schema, and what it should be; None where all fit."""
+    schema, and what it should be; None where all fit.  Types and ranges first, then what they mean
+    together: the fields of one scenario kind, the summary's counts, the spec's sha256."""
     return (_table_problem(body.get("metadata"), "metadata", {k: c for k, (_, c) in METADATA.items()},
-                              [k for k, (required, _) in METADATA.items() if required])
-               or _steps_problem(body.get("steps"))
-               or _table_problem(body.get("summary"), "summary", SUMMARY)
-               or _pairs_problem(body["summary"], "summary"))
+                           [k for k, (required, _) in METADATA.items() if required])
+            or _steps_problem(body.get("steps"))
+            or _table_problem(body.get("summary"), "summary", SUMMARY)
+            or _pairs_problem(body["summary"], "summary")
+            or _kinds_problem(body["steps"], body["metadata"].get("source") == RECORDED_SOURCE)
+            or _summary_problem(body["summary"], body["steps"])
+            or _spec_problem(body["metadata"]["spec"]))
 
 
 def read_limits_table() -> str:
@@ -290,6 +247,6 @@ def schema_rows() -> list:
     rows = [("metadata", key, ("required: " if required else "") + described(check))
             for key, (required, check) in METADATA.items()]
     rows += [("steps[i]", "step", "the record's index")]
-    rows += [("steps[i]", key, described(check)) for key, check in _step_checks().items() if key != "step"]
+    rows += [("steps[i]", key, described(check)) for key, check in step_checks().items() if key != "step"]
     rows += [("summary", key, described(check)) for key, check in SUMMARY.items()]
     return rows

@@ -4,7 +4,7 @@ A run of a [blocks] scenario (fpemu.kinds.blocks.spec) quantizes one set of seed
 kind (:func:`fpemu.blocks.probes.probe_blocks`) and writes one step record per kind: the kind, the
 counts of blocks and elements, the two-level NVFP4 tensor scale (hex float) and the sha256 of the
 scale codes, of the element codes and of the values' float32 bits (fields of
-:data:`fpemu.traces.format.FIELDS`).  The digests are NaN-aware as the recipe pages compare:
+:data:`fpemu.traces.fields.FIELDS`).  The digests are NaN-aware as the recipe pages compare:
 
 - scale codes: every code whose scale is NaN hashes as 0xFF (e4m3 has two NaN codes, 0x7F and 0xFF,
   and TE's reference picks one by where torch's vector loop put the block; e8m0 has one);

@@ -39,7 +39,7 @@ from fpemu.errors import FpemuInputError
 from fpemu.kinds.scenario import Implementation, ScenarioBase
 from fpemu.kinds.schema import Checker, build_scenario, implementation_tables, record_fields
 from fpemu.scalers.profiles import PROFILES, get_profile
-from fpemu.traces.format import OBSERVED_FIELDS
+from fpemu.traces.fields import OBSERVED_FIELDS
 
 MODELS = ("linear", "mlp")
 MODEL_COMPUTE = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")

@@ -1,0 +1,108 @@
+"""Value checks for trace fields: each takes a parsed JSON value and returns None where it fits, else what was
+expected (``"an integer >= 0"``), the phrase an error message ends with.
+
+The step-field table (fpemu.traces.fields) names one check per field; fpemu.traces.schema applies them.
+
+Example:
+  >>> at_least(0)(-1.5), at_least(0)("nan"), share(0.25), list_of(float_hex)(["0x1p+0", 2])
+  ('a number >= 0 or "nan", "inf"', None, None, 'a list of a float.hex() string')
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def json_name(value) -> str:
+    """``value`` as a JSON reader sees it (null, true, an object), cut short."""
+    text = json.dumps(value) if isinstance(value, (type(None), bool)) else repr(value)
+    kind = {dict: "an object", list: "a list"}.get(type(value))
+    return kind or (text if len(text) <= 60 else text[:57] + "...")
+
+
+def string(value):
+    return None if isinstance(value, str) else "a string"
+
+
+def integer(value):
+    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+
+
+def count(value):
+    return None if integer(value) is None and 0 <= value <= 1 << 62 else "an integer >= 0"
+
+
+def flag(value):
+    return None if isinstance(value, bool) else "true or false"
+
+
+def table(value):
+    return None if isinstance(value, dict) else "an object"
+
+
+def optional(check):
+    return lambda value: None if value is None else check(value) and f"null or {check(value)}"
+
+
+def number(value):
+    """A readable float: a number, or "nan", "inf", "-inf" (JSON has none of them)."""
+    fits = (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("nan", "inf", "-inf")
+    return None if fits else 'a number or "nan", "inf", "-inf"'
+
+
+def at_least(low: float):
+    """A readable float >= ``low``, or NaN (a run that went non-finite records what it saw), or +inf."""
+    def checked(value):
+        fits = number(value) is None and (value == "nan" or float(value) >= low)
+        return None if fits else f'a number >= {low:g} or "nan", "inf"'
+    return checked
+
+
+def share(value):
+    """A fraction of elements: 0 <= value <= 1."""
+    return None if number(value) is None and 0 <= float(value) <= 1 else "a share between 0 and 1"
+
+
+def float_hex(value):
+    """``float.hex()`` of a float, the form comparisons read."""
+    if isinstance(value, str) and len(value) <= 32:
+        try:
+            float.fromhex(value)
+            return None
+        except ValueError:
+            pass
+    return "a float.hex() string"
+
+
+def list_of(check, depth: int = 1):
+    """A list (of lists, ``depth`` deep) whose elements pass ``check``."""
+    inner = check if depth == 1 else list_of(check, depth - 1)
+
+    def checked(value):
+        if not isinstance(value, list):
+            return "a list"
+        wrong = next((inner(v) for v in value if inner(v)), None)
+        return wrong and f"a list of {wrong}"
+    return checked
+
+
+def strings_table(value):
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        return "an object of strings"
+    return None
+
+
+def spec(value):
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("name", "sha256", "text")):
+        return "an object with string name, sha256 and text"
+    return None if string(value.get("path", "")) is None else "an object whose path is a string"
+
+
+def events(value):
+    fits = isinstance(value, list) and all(isinstance(e, list) and len(e) == 2 and count(e[0]) is None
+                                            and isinstance(e[1], str) for e in value)
+    return None if fits else "a list of [step, text] pairs"
+
+
+def anything(value):
+    return None
