@@ -112,3 +112,66 @@ DAMAGED_TRACES = {
     "bare_list": lambda text: "[1, 2, 3]",
     "bare_string": lambda text: '"fpemu-trace"',
 }
+
+
+# Mutations that leave every value well-typed and break what the values mean together (a trace of no
+# kind, a record short of a field, counts that are not the steps', a spec whose digest is not its text's): a
+# reader must refuse each one, naming the field.  Each takes (body, another golden's body, an index) and says
+# whether it applied.
+def _drop_field(body, other, index):
+    steps = body["steps"]
+    keys = [k for k in steps[index % len(steps)] if k != "step" and not k.endswith("_hex")]
+    if len(steps) < 2 or not keys:
+        return False
+    key = keys[index % len(keys)]
+    steps[index % len(steps)].pop(key)
+    steps[index % len(steps)].pop(f"{key}_hex", None)
+    return True
+
+
+def _foreign_field(body, other, index):
+    first = other["steps"][0] if other["steps"] else {}
+    extra = [k for k in first if k not in body["steps"][0] and not k.endswith("_hex")]
+    if not extra:
+        return False
+    key = extra[index % len(extra)]
+    body["steps"][index % len(body["steps"])].update({k: first[k] for k in (key, f"{key}_hex") if k in first})
+    return True
+
+
+def _negative(body, other, index):
+    record = body["steps"][index % len(body["steps"])]
+    keys = [k for k in ("scale", "amax", "amax_used", "scale_inv", "growth_counter", "block_count", "element_count")
+            if isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool)]
+    if not keys:
+        return False
+    key = keys[index % len(keys)]
+    record[key] = -abs(record[key]) - 1
+    if f"{key}_hex" in record:
+        record[f"{key}_hex"] = float(record[key]).hex()
+    return True
+
+
+def _miscount(body, other, index):
+    keys = [k for k in ("attempts", "completed_updates", "skipped_updates") if k in body["summary"]]
+    if not keys:
+        return False
+    key = keys[index % len(keys)]
+    body["summary"][key] += 1
+    return True
+
+
+def _edited_spec(body, other, index):
+    body["metadata"]["spec"]["text"] += "\n# edited"
+    return True
+
+
+def _dropped_step(body, other, index):
+    if len(body["steps"]) < 2:
+        return False
+    body["steps"].pop()
+    return True
+
+
+MEANINGLESS = {"drop_field": _drop_field, "foreign_field": _foreign_field, "negative": _negative,
+               "miscount": _miscount, "edited_spec": _edited_spec, "dropped_step": _dropped_step}

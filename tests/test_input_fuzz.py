@@ -12,12 +12,16 @@ import pathlib
 import re
 import tomllib
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from fpemu.cli import main
 from fpemu.harness.limits import time_limit
+from fpemu.traces import loads
 from fpemu.traces.fields import FIELDS
-from input_mutations import DAMAGED_TRACES, HOSTILE_VALUES, key_paths, mutated_spec, replaced, resealed
+from fpemu.traces.format import TraceError
+from input_mutations import (DAMAGED_TRACES, HOSTILE_VALUES, MEANINGLESS, key_paths, mutated_spec, replaced,
+                             resealed)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Specs whose golden is fpemu's model alone (an [fp8_training] golden trains torchao for real: minutes, not a fuzz
@@ -140,3 +144,26 @@ def test_mutated_traces_are_compared_or_refused_naming_the_field(tmp_path_factor
         assert code == 2 and f"not a valid trace: {field}: expected" in err, err
     if how == ("metadata", "device") and not isinstance(value, str):
         assert code == 2 and "not a valid trace: metadata.device: expected a string, got " in err, err
+
+
+@st.composite
+def meaningless_traces(draw):
+    """(golden name, mutation name, the resealed text), or None where the mutation does not apply to it."""
+    name, other = draw(st.sampled_from(GOLDENS)), draw(st.sampled_from(GOLDENS))
+    how = draw(st.sampled_from(sorted(MEANINGLESS)))
+    body, donor = json.loads(_golden(name).read_text()), json.loads(_golden(other).read_text())
+    applied = MEANINGLESS[how](body, donor, draw(st.integers(0, 1000)))
+    return name, how, resealed(body) if applied else None
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(meaningless_traces())
+def test_well_typed_meaningless_traces_are_refused_naming_the_field(case):
+    """Every value fits its type, and the trace still means nothing (a field of another kind, a record short of
+    one, counts that are not the steps', an edited spec): refused, naming where."""
+    name, how, text = case
+    if text is None:
+        return
+    with pytest.raises(TraceError, match=r"not a valid trace: (steps\[\d+\]\.\w+|summary\.\w+|metadata\.spec"
+                                         r"\.sha256): "):
+        loads(text, f"{name}.json")

@@ -194,16 +194,15 @@ def _kinds_problem(steps, recorded: bool) -> str | None:
 
 
 def _summary_problem(summary: dict, steps: list) -> str | None:
-    """Counts in the summary that are not the steps': one attempt per step record, each applied or skipped."""
+    """Counts in the summary that are not the steps': one attempt per step record, each applied or skipped
+    (a record without ``applied``, of a kind that never skips, is applied)."""
     if "attempts" in summary and summary["attempts"] != len(steps):
         return _wrong("summary.attempts", f"{len(steps)} (the number of step records)", summary["attempts"])
-    if steps and all("applied" in record for record in steps):
-        applied = sum(record["applied"] for record in steps)
-        for key, expected in (("completed_updates", applied), ("skipped_updates", len(steps) - applied)):
-            if key in summary and summary[key] != expected:
-                return _wrong(f"summary.{key}", f"{expected} (the steps whose applied is "
-                                                      f"{'true' if key == 'completed_updates' else 'false'})",
-                                    summary[key])
+    applied = sum(record.get("applied", True) for record in steps)  # a kind without skips applies every step
+    for key, expected in (("completed_updates", applied), ("skipped_updates", len(steps) - applied)):
+        if key in summary and summary[key] != expected:
+            which = "true (or absent)" if key == "completed_updates" else "false"
+            return _wrong(f"summary.{key}", f"{expected} (the steps whose applied is {which})", summary[key])
     return None
 
 
