@@ -187,8 +187,9 @@ def test_bad_input_exits_2_naming_the_file_and_internal_errors_exit_3(settle, tm
     tampered.write_text(good.read_text().replace('"growth_counter": 1', '"growth_counter": 2', 1))
     code, out, err = cli(capsys, "compare", good, tampered, "--json")
     assert code == 2 and "tampered.json: checksum mismatch" in err and json.loads(out)["exit_code"] == 2
-    bare = write_trace(dataclasses.replace(settle[0], steps=tuple({"step": r["step"]} for r in settle[0].steps)),
-                       tmp_path / "bare.json")
+    steps = tuple({"step": r["step"]} for r in settle[0].steps)  # a kind that never skips: every step completes
+    bare = write_trace(dataclasses.replace(settle[0], steps=steps, summary={
+        **settle[0].summary, "completed_updates": len(steps), "skipped_updates": 0}), tmp_path / "bare.json")
     code, _, err = cli(capsys, "compare", good, bare)
     assert code == 2 and f"{good} vs {bare}: the traces share no step field to compare" in err
     with pytest.raises(FpemuInputError, match="records no field"):

@@ -31,3 +31,20 @@ def test_missing_source_alone_and_module_alone(monkeypatch, no_te_source):
     assert unavailable_reason("te_block_reference").startswith("no TransformerEngine reference source (")
     hide(monkeypatch, "torch")
     assert unavailable_reason("te_block_reference").startswith("torch not installed; no TransformerEngine reference")
+
+
+def test_a_deepspeed_tree_without_its_requirements_names_them(monkeypatch, tmp_path):
+    """The 0.17.0 tree is installed --no-deps: where its requirements are absent the jobs skip naming them,
+    instead of a worker dying at import (ModuleNotFoundError: hjson) as several failures."""
+    tree = tmp_path / "deepspeed-0.17.0"
+    (tree / "deepspeed").mkdir(parents=True)
+    (tree / "deepspeed" / "__init__.py").write_text("")
+    info = tree / "deepspeed-0.17.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.17.0\n"
+                                   "Requires-Dist: numpy\nRequires-Dist: fpemu-no-such-package>=1\n"
+                                   "Requires-Dist: fpemu-no-such-extra; extra == \"dev\"\n")
+    monkeypatch.setenv("FPEMU_DEEPSPEED_0_17", str(tree))
+    reason = unavailable_reason("deepspeed_0_17")
+    assert reason == (f"the DeepSpeed tree at {tree} needs fpemu-no-such-package, not installed here (pip install "
+                      "fpemu-no-such-package, or the deepspeed extra: pip install 'fpemu[deepspeed]')")

@@ -62,11 +62,32 @@ def tree_0_17() -> str:
 
 
 def tree_0_17_unavailable() -> Optional[str]:
-    """None if the 0.17.0 tree is there, else why not."""
+    """None if the 0.17.0 tree is there and what it requires is installed here, else why not."""
     if _tree_missing(tree_0_17()):
         return (f"no DeepSpeed tree at {tree_0_17()} (set {TREE_0_17_ENV}, or DS_BUILD_OPS=0 pip install --no-deps "
                 f"--no-build-isolation --target {tree_0_17()} deepspeed==0.17.0)")
+    missing = _tree_requirements_missing(tree_0_17())
+    if missing:  # the tree was installed --no-deps: its worker would die importing one of them
+        return (f"the DeepSpeed tree at {tree_0_17()} needs {', '.join(missing)}, not installed here "
+                f"(pip install {' '.join(missing)}, or the deepspeed extra: pip install 'fpemu[deepspeed]')")
     return None
+
+
+def _tree_requirements_missing(tree: str) -> list:
+    """The distributions the tree's DeepSpeed requires (its extras aside) that this environment lacks."""
+    import importlib.metadata
+    import re
+    wanted = [requirement for dist in importlib.metadata.distributions(path=[tree])
+              if dist.metadata["Name"] == "deepspeed" for requirement in dist.requires or ()
+              if "extra ==" not in requirement]
+    names = [re.match(r"[A-Za-z0-9_.-]+", requirement).group(0) for requirement in wanted]
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
 
 
 def _tree_missing(tree: str) -> bool:

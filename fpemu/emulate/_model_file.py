@@ -38,12 +38,19 @@ CONTRACTS = {
 CONTRACT = CONTRACTS["torch"][1]
 
 
-def load_model_file(path) -> tuple:
-    """(module, text) of the model file; its import errors are FpemuInputError naming it."""
+def model_file_text(path) -> str:
+    """The text of the model file at ``path``: FpemuInputError naming it where it is no .py file or cannot
+    be read (checked before a child process starts: a missing file fails at once)."""
     path = pathlib.Path(path)
     if path.suffix != ".py":
         raise FpemuInputError(f"{path}: a model file is a Python file (.py) defining {CONTRACT}")
-    text = read_text(path, FpemuInputError)
+    return read_text(path, FpemuInputError)
+
+
+def load_model_file(path) -> tuple:
+    """(module, text) of the model file; its import errors are FpemuInputError naming it."""
+    path = pathlib.Path(path)
+    text = model_file_text(path)
     name = "fpemu_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Optional
 
+from fpemu.emulate._model_file import model_file_text
 from fpemu.errors import FpemuInputError
 
 DEFAULT_STEP_TIMEOUT = 600.0  # seconds: the import, build() and each step (a large model's first step compiles)
@@ -87,6 +88,7 @@ def emulate_isolated(path, *, step_timeout: float = DEFAULT_STEP_TIMEOUT, timeou
     """
     _checked_limit(step_timeout, "--step-timeout")
     _checked_limit(timeout, "--timeout")
+    model_file_text(path)  # a missing or non-Python file is refused here, before a child imports torch
     context = multiprocessing.get_context("spawn")  # no fork: the parent's frameworks and threads stay its own
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(sender, str(path), threads, options), daemon=True)
