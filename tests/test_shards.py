@@ -205,3 +205,65 @@ def test_the_example_slurm_script_runs_one_shard_per_array_task():
     assert "#SBATCH --array=1-4" in text and "\nfpemu run --shard slurm" in text
     task = {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1"}
     assert shards.requested_shard("slurm", task) == shards.Shard(3, 4)
+
+
+# --- a version matrix in shards, and --timeout on matrix and bisect ---------------------------------
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """An environment that is this interpreter (no pip): every set of the plans below runs in it."""
+    from fpemu import environments
+    monkeypatch.setenv("FPEMU_ENV_DIR", str(tmp_path / "envs"))
+    monkeypatch.setitem(environments.ENVIRONMENTS, "here", ("numpy", "jax", "jaxlib", "jmp"))
+    folder = environments.environment_dir("here")
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (folder / "bin" / "python").chmod(0o755)
+    (folder / environments.MANIFEST).write_text(json.dumps({"packages": {"numpy": "2.4.6"}}))
+    yield "here"
+    environments.close_workers()
+
+
+def _plan(tmp_path, labels) -> pathlib.Path:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'name = "sharded"\nspecs = ["{SPECS / "floor_jmp.toml"}"]\nimpl = ["jmp"]\n'
+                    + "".join(f'[[set]]\nlabel = "{label}"\nenvironment = "here"\n' for label in labels))
+    return plan
+
+
+@pytest.mark.fpemu_jmp
+def test_a_matrix_in_two_shards_merges_into_the_report_of_one_matrix(here, tmp_path, capsys):
+    plan = _plan(tmp_path, ("set a", "set b", "set c"))
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = [str(plan), "--quiet", "--traces"]
+    assert main(["matrix", *args, str(tmp_path / "t1"), "--reports", str(whole)]) == 0
+    for shard in ("1/2", "2/2"):
+        assert main(["matrix", *args, str(tmp_path / "t2"), "--shard", shard, "--reports", str(split)]) == 0
+    assert not split.exists()  # a shard writes no report
+    capsys.readouterr()
+    _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--shard", "1/2"], "--merge merges every shard")
+    assert main(["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)]) == 0
+    assert tree(whole) == tree(split) and "upgrades/sharded.json" in tree(whole)
+    shutil.rmtree(tmp_path / "t2" / "shards" / "2-of-2")
+    _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)],
+             "shard 2/2 of matrix 'sharded' missing")
+    assert main(["matrix", *args, str(tmp_path / "t2"), "--shard", "2/2"]) == 0
+    _plan(tmp_path, ("set a", "set b", "set d"))
+    _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)],
+             "ran another plan than 'sharded' is now (its sets differ)")
+
+
+@pytest.mark.fpemu_jmp
+def test_a_matrix_job_past_timeout_is_its_cell_and_one_line(here, tmp_path, capsys):
+    plan = _plan(tmp_path, ("set a",))
+    assert main(["matrix", str(plan), "--quiet", "--traces", str(tmp_path / "t"), "--reports", str(tmp_path / "r"),
+                 "--timeout", "0.001", "--json"]) == 1  # nothing recorded
+    body = json.loads(capsys.readouterr().out)
+    (cell,) = body["rows"][0]["cells"]
+    assert cell["status"] == "cannot run" and cell["note"] == "timed out after 0.001 s (--timeout)"
+    assert main(["matrix", str(plan), "--quiet", "--traces", str(tmp_path / "t"), "--reports", str(tmp_path / "r"),
+                 "--timeout", "0.001"]) == 1
+    assert "  floor_jmp / jmp@cpu in set a: cannot run: timed out after 0.001 s (--timeout)" in capsys.readouterr().out
+    for command in (["matrix", str(plan)], ["bisect", "jax", "--specs", str(SPECS / "floor_jmp.toml"),
+                                            "--versions", "0.4.31,0.4.33"]):
+        _refused(capsys, [*command, "--timeout", "0"], "--timeout 0.0: expected seconds > 0")

@@ -338,3 +338,110 @@ def remove_stale(folders, fresh) -> list:
             stale.unlink()
             removed.append(stale)
     return removed
+
+
+# --- a version matrix in shards: each shard records some of the plan's sets -----------------
+
+MATRIX_FORMAT = "fpemu-matrix-shard"
+
+
+def matrix_partials_root(traces_root) -> pathlib.Path:
+    """Where the shards of a matrix keep their partial results: beside its traces (they hold the host, so
+    they stay out of reports/): ``TRACES/shards/I-of-N/``."""
+    return pathlib.Path(traces_root) / FOLDER
+
+
+def _plan_identity(plan) -> dict:
+    """What a matrix shard was run on: the plan's name, sets and implementations, its specs (names and
+    sha256: their paths may differ between machines) and its own loop's script (name and sha256)."""
+    from fpemu.specs import load_specs
+    script = pathlib.Path(plan.run[0]) if plan.run else None
+    return {"name": plan.name, "description": plan.description,
+            "sets": [[s.label, list(s.requirements), s.environment] for s in plan.sets],
+            "implementations": list(plan.implementations) if plan.implementations is not None else None,
+            "specs": spec_set(load_specs(plan.specs)) if plan.specs else [],
+            "run": ([script.name, hashlib.sha256(script.read_bytes()).hexdigest(), *plan.run[1:]] if script else [])}
+
+
+def matrix_shard_sets(plan, shard: Shard) -> list:
+    """The version sets (in plan order) that ``shard`` records: by their labels, as :func:`assign` cuts."""
+    return select(plan.sets, shard, lambda version_set: version_set.label)
+
+
+def write_matrix_partial(traces_root, plan, shard: Shard, columns) -> pathlib.Path:
+    """Write a matrix shard's partial results: each of its columns' traces (copied from the set's folder under
+    ``traces_root``), and ``shard.json`` (the columns' versions, problems and cells without a trace)."""
+    import shutil
+    from fpemu.harness.matrix import LOOP_FOLDER
+    folder = matrix_partials_root(traces_root) / shard.folder
+    shutil.rmtree(folder, ignore_errors=True)  # what an earlier run of this shard left must not be merged
+    entries = []
+    for column in columns:
+        slug = column.version_set.slug
+        if not column.problem:
+            source = pathlib.Path(traces_root) / slug
+            for path in sorted(source.glob("*.json")) + sorted((source / LOOP_FOLDER).glob("*.json")):
+                atomic_write(folder / slug / path.relative_to(source), path.read_bytes(), "wb")
+        entries.append({"label": column.version_set.label, "slug": slug, "packages": list(column.packages.items()),
+                        "problem": column.problem, "problem_status": column.problem_status,
+                        "cells": [[spec, implementation, cell.status, cell.note]
+                                  for (spec, implementation), cell in column.cells.items() if cell.trace is None]})
+    body = {"format": MATRIX_FORMAT, "fpemu": __version__, "shard": str(shard), "plan": _plan_identity(plan),
+            "columns": entries}
+    return atomic_write(folder / MANIFEST, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def merge_matrix(traces_root, plan) -> list:
+    """The plan's Columns, in plan order, from its shards' partial results under ``traces_root``; shards that do
+    not fit (one missing, another N, plan or fpemu version) are an FpemuInputError naming the file."""
+    from fpemu.harness.matrix import Cell, Column, read_column
+    root = matrix_partials_root(traces_root)
+    paths = sorted(root.glob(f"*/{MANIFEST}"))
+    if not paths:
+        raise FpemuInputError(f"{root}: no shard's partial results of matrix {plan.name!r}; run `fpemu matrix ... "
+                              "--shard I/N` (with the same --traces) for every I first")
+    identity, by_index, count = _plan_identity(plan), {}, None
+    for path in paths:
+        from fpemu.fileio import read_text
+        try:
+            body = json.loads(read_text(path, FpemuInputError))
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("format") != MATRIX_FORMAT:
+            raise FpemuInputError(f"{path}: not a matrix shard's partial results (expected the {MANIFEST} that "
+                                  "`fpemu matrix --shard I/N` writes)")
+        if body.get("fpemu") != __version__:
+            raise FpemuInputError(f"{path}: written by fpemu {body.get('fpemu')}, this is fpemu {__version__}; run "
+                                  "every shard and the merge with one fpemu")
+        shard = parse_shard(str(body.get("shard")), f"{path}: shard")
+        if count is not None and shard.count != count[0]:
+            raise FpemuInputError(f"{path}: shard {shard} is of another split than {count[1]} (of {count[0]} "
+                                  "shards): merge the N shards of one split")
+        count = count or (shard.count, path)
+        if body.get("plan") != identity:
+            differ = sorted(k for k in identity if identity[k] != (body.get("plan") or {}).get(k))
+            raise FpemuInputError(f"{path}: shard {shard} ran another plan than {plan.name!r} is now (its "
+                                  f"{', '.join(differ)} differ); rerun it")
+        if [c["label"] for c in body["columns"]] != [s.label for s in matrix_shard_sets(plan, shard)]:
+            raise FpemuInputError(f"{path}: holds other sets than shard {shard} records")
+        by_index[shard.index] = (path, body)
+    missing = [f"{i}/{count[0]}" for i in range(1, count[0] + 1) if i not in by_index]
+    if missing:
+        raise FpemuInputError(f"shard {', '.join(missing)} of matrix {plan.name!r} missing from {root} (found "
+                              + ", ".join(f"{i}/{count[0]}" for i in sorted(by_index)) + "); run `fpemu matrix ... "
+                              + " and ".join(f"--shard {m}" for m in missing) + "` first")
+    held = {}
+    for path, body in by_index.values():
+        for entry in body["columns"]:
+            held[entry["label"]] = (path.parent, entry)
+    columns = []
+    for version_set in plan.sets:
+        folder, entry = held[version_set.label]
+        packages = dict(entry["packages"])  # pairs: in the column's order (the manifest sorts a dict's keys)
+        if entry["problem"]:
+            columns.append(Column(version_set, packages, {}, entry["problem"], entry["problem_status"]))
+            continue
+        column = read_column(version_set, folder / entry["slug"], (), packages)
+        cells = {**column.cells, **{(spec, impl): Cell(status, None, note) for spec, impl, status, note in entry["cells"]}}
+        columns.append(Column(version_set, column.packages, cells))
+    return columns
