@@ -98,13 +98,16 @@ def _xla_cpu_tier_or_why() -> str:
         return f"unmodelled: {unmodelled}"
 
 
-def host_provenance() -> dict:
+def host_provenance(packages=None) -> dict:
     """The host facts a recorded trace keeps: platform, machine, Python, numeric CPU features, the
     numerics-changing environment variables that are set and, where torch or jax is imported, the CPU
-    tiers their kernels run in."""
+    tiers their kernels run in.  ``packages``: the distributions the run used (an adapter's versions); then
+    only their tiers (torch's for torch, XLA's for jax), so that what else this process imported before
+    (another job's framework) is no part of the trace; None: every imported framework's."""
     flags = cpu_flags()
-    tiers = torch_cpu_tiers()
-    xla = {"xla_cpu_tier": _xla_cpu_tier_or_why()} if "jax" in sys.modules else {}
+    tiers = torch_cpu_tiers() if packages is None or "torch" in packages else None
+    xla = ({"xla_cpu_tier": _xla_cpu_tier_or_why()}
+           if "jax" in sys.modules and (packages is None or "jax" in packages) else {})
     return {"platform": platform.platform(), "machine": platform.machine(),
             "python": sys.version.split()[0],
             "cpu_features": sorted(f for f in NUMERIC_CPU_FEATURES if f in flags),

@@ -148,6 +148,13 @@ def _column_lines(results) -> list:
     return lines
 
 
+def _timed_out_lines(results) -> list:
+    """One line per job past --timeout: its cell says so (``cannot run``), and the other jobs still ran."""
+    return [f"  {row['spec']} / {row['implementation']} in {column['label']}: {cell['status']}: {cell['note']}"
+            for row in results["rows"] for column, cell in zip(results["columns"], row["cells"])
+            if "(--timeout)" in cell["note"]]
+
+
 def _recorded_nothing(results) -> bool:
     from fpemu.harness.matrix import RECORDED
     return not any(cell["status"] == RECORDED for row in results["rows"] for cell in row["cells"])
@@ -170,7 +177,7 @@ def _finish(args, results, extra_lines=()) -> int:
                if _recorded_nothing(results) else [])
     output.emit(args, {**results, "written": [str(p) for p in written], "left_alone": [str(p) for p in left],
                        "exit_code": code},
-                _column_lines(results) + list(extra_lines) + nothing
+                _column_lines(results) + _timed_out_lines(results) + list(extra_lines) + nothing
                 + ([] if nothing else ["changes:"] + [f"  {line[2:]}" for line in change_lines(results)])
                 + output.written_lines(written)
                 + [f"left {p} as it is: fpemu did not write it" for p in left])
@@ -178,7 +185,7 @@ def _finish(args, results, extra_lines=()) -> int:
 
 
 def _cmd_matrix(args) -> int:
-    from fpemu.harness.matrix import load_plan, plan_from_options, run_matrix
+    from fpemu.harness.matrix import load_plan, plan_from_options
     axes = _axes(args)
     if args.plan is not None:
         if axes or args.specs or args.name:
@@ -189,10 +196,30 @@ def _cmd_matrix(args) -> int:
             raise FpemuInputError("without a plan file, give --name, --specs and at least one version option "
                                   "(e.g. --jax 0.4.31,0.10.2)")
         plan = plan_from_options(args.name, args.specs, axes, tuple(args.with_ or ()), args.impl)
+    from fpemu.harness import shards
+    from fpemu.harness.matrix import default_traces_root, plan_results, record_columns
+    traces = args.traces or default_traces_root(plan.name)
+    shard = shards.requested_shard(args.shard)
+    if args.merge:
+        if shard is not None:
+            raise FpemuInputError(f"--merge merges every shard: give it without --shard (or ${shards.SHARD_ENV})")
+        return _finish(args, plan_results(plan, shards.merge_matrix(traces, plan)))
     show = _stderr_line(args)
-    show(f"{len(plan.sets)} version sets; environments are cached, a new one takes a pip install")
-    results = run_matrix(plan, args.traces, lambda done, total, label: show(f"[{done}/{total}] {label}"))
-    return _finish(args, results)
+    sets = shards.matrix_shard_sets(plan, shard) if shard is not None else plan.sets
+    show(f"{len(sets)} version sets" + (f" of {len(plan.sets)} (shard {shard})" if shard is not None else "")
+         + "; environments are cached, a new one takes a pip install")
+    columns = record_columns(plan, sets, traces, lambda done, total, label: show(f"[{done}/{total}] {label}"))
+    if shard is None:
+        return _finish(args, plan_results(plan, columns))
+    manifest = shards.write_matrix_partial(traces, plan, shard, columns)
+    from fpemu.harness.matrix import matrix_results
+    results = matrix_results(plan.name, columns, {})  # this shard's columns, for the result lines and exit code
+    code = _exit_code(results) if columns else 0
+    output.emit(args, {**results, "shard": str(shard), "written": [str(manifest)], "exit_code": code},
+                _column_lines(results) + _timed_out_lines(results) + [f"shard {shard}: {len(sets)} of {len(plan.sets)} sets; wrote {manifest.parent} "
+                                          f"(merge the {shard.count} shards with `fpemu matrix ... --merge`"
+                                          + (f" --traces {args.traces}" if args.traces else "") + ")"])
+    return code
 
 
 def _cmd_bisect(args) -> int:
@@ -226,7 +253,8 @@ def _add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
     """Add ``matrix`` and ``bisect`` through the registry's ``command(name, help, handler)`` factory."""
     from fpemu.harness.matrix import PACKAGES
     from fpemu.reports.upgrades import REPORT
-    matrix = command("matrix", _MATRIX_HELP, _cmd_matrix)
+    from fpemu.cli.harness import _timed
+    matrix = command("matrix", _MATRIX_HELP, _timed(_cmd_matrix))
     matrix.add_argument("plan", nargs="?", type=pathlib.Path,
                         help="a TOML plan (name, specs, impl, with, [versions] axes and/or [[set]] tables; see "
                              "matrices/ in the checkout) instead of the options below")
@@ -236,8 +264,15 @@ def _add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
         matrix.add_argument(f"--{package}", dest=_dest(package), metavar="V1,V2",
                             help=f"{package} versions, one column each (several options: every combination)")
     _shared(matrix, impl_help, REPORT)
+    matrix.add_argument("--shard", metavar="I/N", help="record shard I of N of the version sets (--shard 2/4; `slurm`: "
+                        "the task of a SLURM job array; default $FPEMU_SHARD): only its sets, written as partial results "
+                        "into TRACES/shards/I-of-N/ (TRACES: --traces, or the default); `--merge` then writes the report "
+                        "one matrix writes, byte for byte")
+    matrix.add_argument("--merge", action="store_true", help="record nothing: merge the partial results of every shard "
+                        "(1..N, from TRACES/shards/) into upgrades.md and its results file; refuses (exit 2, naming the "
+                        "file) shards that do not fit: one missing, of another N, plan or fpemu version")
 
-    bisect = command("bisect", _BISECT_HELP, _cmd_bisect)
+    bisect = command("bisect", _BISECT_HELP, _timed(_cmd_bisect))
     bisect.add_argument("package", help="the package whose releases to search (jax, flax, keras, ...)")
     bisect.add_argument("--specs", nargs="+", type=pathlib.Path, required=True, help=specs_help)
     bisect.add_argument("--from", dest="low", metavar="VERSION", help="the oldest version to consider")
@@ -252,6 +287,11 @@ def _add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
 
 
 def _shared(cmd, impl_help: str, report: str) -> None:
+    from fpemu.cli.harness import TIMEOUT_HELP
+    cmd.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help=TIMEOUT_HELP.replace("(spec x implementation)", "(spec x implementation, in each set; a "
+                                               "plan's own loop: each set's run of it)")
+                     + "; in the report, a timed-out job is its cell, `cannot run`")
     cmd.add_argument("--with", dest="with_", nargs="+", metavar="REQ",
                      help="requirements added to every set (numpy==2.4.6, flax==0.10.0, ...)")
     cmd.add_argument("--impl", nargs="+", help=impl_help + " (default: each spec's own)")

@@ -149,44 +149,116 @@ def _rank_timeout(seconds):
     return seconds
 
 
-def _cmd_run(args) -> int:
-    from fpemu.compare.diff import JOB_FAILURES, SKIPPED
-    from fpemu.harness import diff, write_golden
-    from fpemu.harness.ranks import run_ranks
-    from fpemu.reports import write_all
-    from fpemu.reports.ranks import ranks_report
-    from fpemu.traces import trace_filename
-    from fpemu.fileio import atomic_write
-    rank_timeout = _rank_timeout(args.rank_timeout)
+def _run_options(args) -> dict:
+    """What a shard's results depend on besides the specs: a merge refuses shards run with other options."""
+    return {"impl": args.impl, "exclude": args.exclude, "rank_timeout": args.rank_timeout}
+
+
+def _check_specs_folder(args) -> None:
     if not args.specs.exists():
         where = "the current folder" if args.specs == output.DEFAULT_SPECS else str(args.specs.parent)
-        raise FpemuInputError(f"{args.specs}: no such spec file or folder in {where}; `fpemu run` reads the "
-                              "specs/ folder of an fpemu checkout: run it from the checkout's root, or pass "
+        raise FpemuInputError(f"{args.specs}: no such spec file or folder in {where}; `fpemu {args.command}` reads "
+                              "the specs/ folder of an fpemu checkout: run it from the checkout's root, or pass "
                               "--specs FOLDER (and --reports FOLDER for the output)")
-    reports = args.reports
-    golden_dir, observed_dir = reports / "golden", reports / "observed"
-    progress = output.progress(args)
-    fresh = set(write_golden([args.specs], golden_dir, progress))
-    ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
-                                     args.exclude, progress, rank_timeout)
-    verdicts = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
-                    allow_none=not args.impl or bool(ranks), excluded=args.exclude)
-    verdicts += [outcome.verdict for outcome in ranks]
-    fresh |= {observed_dir / trace_filename(v.spec, v.implementation) for v in verdicts
-              if v.status != SKIPPED and v.status not in JOB_FAILURES}
-    for folder in (golden_dir, observed_dir):  # traces of specs that no longer exist would haunt the report
-        for stale in set(folder.glob("*.json")) - fresh:
-            stale.unlink()
+
+
+def _run_reports(reports, verdicts, ranks, golden_dir, observed_dir) -> tuple:
+    """What belongs to the whole run, written once (by the run, or by the merge of its shards): diff.json
+    and every report; returns (diff.json's path, the reports written)."""
+    from fpemu.fileio import atomic_write
+    from fpemu.reports import write_all
+    from fpemu.reports.ranks import ranks_report
     diff_file = atomic_write(reports / "diff.json",
                              json.dumps({"verdicts": [v.as_dict() for v in verdicts]}, indent=1, sort_keys=True) + "\n")
     written = ranks_report(reports, ranks) if ranks else []  # before write_all: its index lists ranks.md
     written += write_all(reports, golden_dir=golden_dir, observed_dir=observed_dir, diff_file=diff_file)
+    return diff_file, written
+
+
+def _seed_kept_goldens(reports, golden_dir, scenarios) -> None:
+    """A shard starts from the run's current goldens of its specs, so that one it cannot make here is kept,
+    as the whole run keeps it (fpemu.harness.write_golden)."""
+    from fpemu.fileio import atomic_write
+    from fpemu.traces import trace_filename
+    from fpemu.traces.layout import REFERENCE
+    for scenario in scenarios:
+        name = trace_filename(scenario.name, REFERENCE)
+        if (reports / "golden" / name).is_file() and golden_dir != reports / "golden":
+            atomic_write(golden_dir / name, (reports / "golden" / name).read_bytes(), "wb")
+
+
+def _cmd_run(args) -> int:
+    from fpemu.compare.diff import JOB_FAILURES, SKIPPED
+    from fpemu.harness import diff, write_golden
+    from fpemu.harness import shards
+    from fpemu.harness.ranks import run_ranks
+    from fpemu.specs import load_specs
+    from fpemu.traces import trace_filename
+    rank_timeout = _rank_timeout(args.rank_timeout)
+    _check_specs_folder(args)
+    shard = shards.requested_shard(args.shard)
+    reports = args.reports
+    out = reports / shards.FOLDER / shard.folder if shard else reports  # a shard writes its partial results only
+    golden_dir, observed_dir = out / "golden", out / "observed"
+    progress = output.progress(args)
+    only, scenarios = None, None
+    if shard is not None:
+        scenarios = load_specs([args.specs])
+        only = shards.shard_names([s.name for s in scenarios], shard)
+        _seed_kept_goldens(reports, golden_dir, [s for s in scenarios if s.name in only])
+    fresh = set(write_golden([args.specs], golden_dir, progress, only=only))
+    ranks, ranks_written = run_ranks([args.specs], golden_dir / "ranks", observed_dir / "ranks", args.impl,
+                                     args.exclude, progress, rank_timeout, only=only)
+    jobs = diff([args.specs], golden_dir, args.impl, observed_dir, progress,
+                allow_none=not args.impl or bool(ranks) or shard is not None, excluded=args.exclude, only=only)
+    verdicts = jobs + [outcome.verdict for outcome in ranks]
+    fresh |= {observed_dir / trace_filename(v.spec, v.implementation) for v in verdicts
+              if v.status != SKIPPED and v.status not in JOB_FAILURES}
+    shards.remove_stale((golden_dir, observed_dir), fresh)  # traces of specs that no longer exist would haunt the report
     fresh |= set(ranks_written)
     code = output.failure_code(verdicts) or output.nothing_compared(args, verdicts)
+    if shard is not None:
+        manifest = shards.write_partial(out, shard, scenarios, _run_options(args), fresh,
+                                        [(v.spec, "diff", v) for v in jobs]
+                                        + [(o.scenario.name, "ranks", o.verdict) for o in ranks])
+        output.emit(args, {"shard": str(shard), "verdicts": [v.as_dict() for v in verdicts],
+                           "written": sorted(map(str, fresh | {manifest})), "exit_code": code},
+                    output.verdict_lines(verdicts)
+                    + [f"shard {shard}: {len(only)} of {len(scenarios)} specs; wrote {len(fresh) + 1} files under {out} "
+                       f"(merge the {shard.count} shards with `fpemu merge --reports {reports} --specs {args.specs}`)"])
+        return code
+    diff_file, written = _run_reports(reports, verdicts, ranks, golden_dir, observed_dir)
     output.emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": sorted(map(str, fresh | set(written))),
                  "exit_code": code},
           output.verdict_lines(verdicts) + output.written_lines(sorted(fresh | {diff_file} | set(written))))
     return code
+
+
+def _cmd_merge(args) -> int:
+    from fpemu.harness import shards
+    from fpemu.specs import load_specs
+    _check_specs_folder(args)
+    reports = args.reports
+    scenarios = load_specs([args.specs])
+    partials = shards.read_partials(shards.find_partials(args.shards, reports), scenarios)
+    golden_dir, observed_dir = reports / "golden", reports / "observed"
+    fresh = shards.merge_files(partials, reports)
+    shards.remove_stale((golden_dir, observed_dir, golden_dir / "ranks", observed_dir / "ranks"), fresh)
+    jobs, ranks_verdicts = shards.merged_verdicts(partials, scenarios)
+    ranks = shards.ranks_outcomes(scenarios, ranks_verdicts, golden_dir / "ranks", observed_dir / "ranks")
+    verdicts = jobs + [outcome.verdict for outcome in ranks]
+    diff_file, written = _run_reports(reports, verdicts, ranks, golden_dir, observed_dir)
+    code = output.failure_code(verdicts) or output.nothing_compared(args, verdicts)
+    output.emit(args, {"merged": [str(p.path) for p in partials], "verdicts": [v.as_dict() for v in verdicts],
+                       "written": sorted(map(str, fresh | {diff_file} | set(written))), "exit_code": code},
+                output.verdict_lines(verdicts) + [f"merged {len(partials)} shards of {len(scenarios)} specs"]
+                + output.written_lines(sorted(fresh | {diff_file} | set(written))))
+    return code
+
+
+SHARD_HELP = ("run shard I of N (--shard 2/4; `slurm`: the task of a SLURM job array, from $SLURM_ARRAY_TASK_ID and "
+              "$SLURM_ARRAY_TASK_COUNT; default $FPEMU_SHARD): only its specs' jobs, written as partial results into "
+              "REPORTS/shards/I-of-N/; `fpemu merge` then writes the reports one run writes, byte for byte")
 
 
 TIMEOUT_HELP = ("seconds each job (spec x implementation) may run; a job past it is one result line, 'timed out "
@@ -261,3 +333,17 @@ def add_commands(registry) -> None:
     run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
                      help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "
                           "ranks.timeout_s, else 60 + 0.05 x steps x ranks)")
+    run.add_argument("--shard", metavar="I/N", help=SHARD_HELP)
+
+    merge = command("merge", "merge the partial results of `fpemu run --shard I/N` (every shard 1..N) into the "
+                    "reports one run writes, byte for byte; refuses (exit 2, naming the file) shards that do not fit "
+                    "together: one missing, of another N, spec set, options (--impl, --exclude, --rank-timeout: the merge takes "
+                    "the shards') or fpemu version", _cmd_merge)
+    merge.add_argument("shards", nargs="*", type=pathlib.Path,
+                       help="shard folders (with their shard.json), or folders of them (default: REPORTS/shards/)")
+    merge.add_argument("--specs", type=pathlib.Path, default=output.DEFAULT_SPECS,
+                       help="the spec folder the shards ran (default: specs/ of the current folder)")
+    merge.add_argument("--reports", type=pathlib.Path, default=output.RUN_REPORTS,
+                       help="output folder (default: reports/local/, as `fpemu run`)")
+    merge.add_argument("--allow-skips", action="store_true",
+                       help="exit 0 even when every job was skipped, as `fpemu run --allow-skips`")

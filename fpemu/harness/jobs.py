@@ -158,15 +158,17 @@ def _check_added(scenarios, requested) -> None:
                 "specs)")
 
 
-def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None) -> list:
+def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optional[list] = None,
+                 only=None) -> list:
     """Write the reference trace of every spec into ``out_dir``; returns the paths of its current goldens.
 
     A spec whose golden needs a real run that cannot run here (``golden_needs``: an fp8 training spec
     without torchao), or whose reference model ran past the command's ``--timeout``, keeps its golden where
     one is current (same spec sha256; its path is returned) and gets none otherwise; each such spec is
-    appended to ``unmade`` (when given) as ``(name, reason, kept path or None)``.
+    appended to ``unmade`` (when given) as ``(name, reason, kept path or None)``.  ``only``: the names of
+    the specs to write (a shard's, fpemu.harness.shards); None: all.
     """
-    scenarios = [s for s in load_specs(spec_paths) if runs_here(s)]
+    scenarios = [s for s in load_specs(spec_paths) if runs_here(s) and (only is None or s.name in only)]
     written = []
     for index, scenario in enumerate(scenarios, 1):
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
@@ -354,15 +356,16 @@ def skipped_summary(verdicts) -> str:
 # --- the jobs -------------------------------------------------------------------
 
 def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progress = _quiet,
-         allow_none: bool = False, excluded=None) -> list:
+         allow_none: bool = False, excluded=None, only=None) -> list:
     """Drive the implementations through every spec and compare with the golden traces.
 
     Every golden trace is read (and checked) before anything runs; no implementation to
     run is an error unless ``allow_none`` (``fpemu run`` over specs of source-derived profiles).
-    Each job is isolated: one that cannot run is one Verdict (see :func:`run_job`).
+    Each job is isolated: one that cannot run is one Verdict (see :func:`run_job`).  ``only``: the names
+    of the specs whose jobs to run (a shard's, fpemu.harness.shards; the checks see every spec); None: all.
     """
     scenarios = load_specs(spec_paths)
-    jobs = _jobs(scenarios, requested, allow_none, excluded)
+    jobs = _jobs(scenarios, requested, allow_none, excluded, only)
     goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs  # all, before any run
                if not _golden_unmade(scenario)}  # (one that cannot be made here: its job is skipped too)
     verdicts = []
@@ -402,9 +405,10 @@ def _with_unverified_versions(verdict, impl, observed):
     return dataclasses.replace(verdict, note="; ".join(filter(None, [verdict.note, note])))
 
 
-def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list:
+def _jobs(scenarios, requested, allow_none: bool = False, excluded=None, only=None) -> list:
     """(scenario, implementation) pairs, less those ``excluded``; finding none is an error unless
-    ``allow_none``."""
+    ``allow_none``.  ``only``: then the jobs of those spec names alone (a shard's: the checks see every spec,
+    so a shard refuses what the whole run refuses)."""
     _check_names(excluded, "--exclude")
     _check_added(scenarios, requested)
     jobs = [(scenario, impl) for scenario in scenarios if runs_here(scenario)
@@ -415,7 +419,7 @@ def _jobs(scenarios, requested, allow_none: bool = False, excluded=None) -> list
             named += f" outside --exclude {' '.join(excluded)}"
         raise FpemuInputError(f"nothing to run: no spec declares or matches {named} "
                               "(a spec runs its profile's own adapter and those under [implementations])")
-    return jobs
+    return jobs if only is None else [(scenario, impl) for scenario, impl in jobs if scenario.name in only]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Optional
 
 from fpemu.compare.diff import CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
+from fpemu.harness.limits import JOB_TIMEOUT
 from fpemu.traces import Trace, read_trace
 
 # Packages ``fpemu matrix`` takes as options (``--jax 0.4.31,0.10.2``), with the companions each
@@ -348,9 +349,13 @@ def build_column_environment(version_set: VersionSet):
 
 
 def _record_command(python, plan: MatrixPlan, out: pathlib.Path) -> list:
+    """``fpemu record`` of the plan's specs, each job under the command's --timeout (fpemu.harness.limits):
+    a job past it is its cell, ``cannot run: timed out after N s (--timeout)``."""
     command = [str(python), "-m", "fpemu", "record", *plan.specs, "--out", str(out), "--allow-skips", "--json",
                "--quiet"]
-    return command + (["--impl", *plan.implementations] if plan.implementations else [])
+    timeout = JOB_TIMEOUT.get()
+    return (command + (["--impl", *plan.implementations] if plan.implementations else [])
+            + (["--timeout", repr(float(timeout))] if timeout is not None else []))
 
 
 def _set_env() -> dict:
@@ -385,11 +390,13 @@ def _run_loop(python, plan: MatrixPlan, out: pathlib.Path) -> str:
     shutil.rmtree(out, ignore_errors=True)  # a trace left by an earlier run must not pass for this one's
     out.mkdir(parents=True)
     script = pathlib.Path(plan.run[0])
+    limit = JOB_TIMEOUT.get()  # the loop is the set's one job of its own: --timeout bounds it too
     try:
         done = subprocess.run([str(python), *plan.run], capture_output=True, text=True, cwd=script.parent,
-                              env={**_set_env(), LOOP_TRACES: str(out)}, timeout=RECORD_TIMEOUT)
+                              env={**_set_env(), LOOP_TRACES: str(out)}, timeout=limit or RECORD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return f"{script.name} ran past {RECORD_TIMEOUT:.0f} s"
+        return (f"{script.name} timed out after {limit:g} s (--timeout)" if limit
+                else f"{script.name} ran past {RECORD_TIMEOUT:.0f} s")
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or [""])[-1]
         return f"{script.name} exited {done.returncode}: {tail}"
@@ -597,10 +604,20 @@ def run_matrix(plan: MatrixPlan, traces_root=None, progress=lambda done, total, 
     Environments are built once and cached (``fpemu env``'s cache); each set's traces are written
     under ``traces_root`` (default :func:`default_traces_root`), one folder per set.
     """
+    return plan_results(plan, record_columns(plan, plan.sets, traces_root, progress))
+
+
+def record_columns(plan: MatrixPlan, sets, traces_root=None, progress=lambda done, total, label: None) -> list:
+    """The Column of each of ``sets`` (a plan's, or a shard's of them: fpemu.harness.shards), in order."""
     root = pathlib.Path(traces_root) if traces_root is not None else default_traces_root(plan.name)
     columns = []
-    for index, version_set in enumerate(plan.sets, 1):
-        progress(index - 1, len(plan.sets), f"{version_set.label}: installing and recording")
+    for index, version_set in enumerate(sets, 1):
+        progress(index - 1, len(sets), f"{version_set.label}: installing and recording")
         columns.append(record_column(plan, version_set, root))
-        progress(index, len(plan.sets), version_set.label)
+        progress(index, len(sets), version_set.label)
+    return columns
+
+
+def plan_results(plan: MatrixPlan, columns) -> dict:
+    """The results of ``plan`` from its columns (recorded here, or merged from shards)."""
     return matrix_results(plan.name, columns, reference_traces(plan.specs), plan.description, planned_keys(plan))

@@ -253,7 +253,7 @@ def _run_group(jobs, world_size: int, device: str, rank_timeout: Optional[float]
 
 
 def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=None, progress=None,
-              rank_timeout: Optional[float] = None) -> tuple:
+              rank_timeout: Optional[float] = None, only=None) -> tuple:
     """Predict and run every case of the [ranks] specs under ``spec_paths``.
 
     Args:
@@ -264,12 +264,13 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
       progress: ``(done, total, label)`` callback.
       rank_timeout: seconds every case may run before it counts as a hang (``--rank-timeout``); None: each
         spec's ``ranks.timeout_s``, else the default for the case's steps and world size (:func:`case_timeout`).
+      only: the names of the specs to run (a shard's, fpemu.harness.shards); None: all.
 
     Returns:
       (CaseOutcome per case, paths written).
     """
     from fpemu.adapters import get_adapter
-    scenarios = ranks_scenarios(load_specs(spec_paths))
+    scenarios = [s for s in ranks_scenarios(load_specs(spec_paths)) if only is None or s.name in only]
     jobs, outcomes = [], {}
     for scenario in scenarios:
         impl = _implementation(scenario, requested, excluded)

@@ -24,14 +24,15 @@ REFERENCE = "reference"
 def trace_metadata(scenario, implementation: str, profile: str, params: dict,
                    versions: dict, device: str, **extra) -> dict:
     """The metadata every trace carries (see fpemu.traces.format) for a scenario (its ``name``, ``path``,
-    ``sha256`` and ``text``) run by ``implementation`` (``REFERENCE``: no host provenance)."""
+    ``sha256`` and ``text``) run by ``implementation`` (``REFERENCE``: no host provenance; otherwise the
+    host's facts and the CPU tiers of the frameworks in ``versions``, whatever else the process imported)."""
     return {"fpemu_version": __version__,
             "spec": {"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256, "text": scenario.text},
             "implementation": implementation, "profile": profile, "params": params,
             "packages": versions, "device": device,
             # A reference trace is a pure function of its spec and fpemu's core: nothing of the host,
             # so a golden regenerated on another machine is byte-identical.
-            **({} if implementation == REFERENCE else {"host": host_provenance()}), **_replayed(scenario), **extra}
+            **({} if implementation == REFERENCE else {"host": host_provenance(versions)}), **_replayed(scenario), **extra}
 
 
 def _replayed(scenario) -> dict:
