@@ -301,14 +301,13 @@ def add_commands(registry) -> None:
                     "(as `fpemu run` does): ranks forked here, or, started by torchrun (`torchrun --nproc-per-node N "
                     "-m fpemu ranks SPEC...`), on the world torchrun formed (env://; NCCL for @cuda, gloo "
                     "otherwise): the cases of WORLD_SIZE ranks run, rank 0 writes the same per-rank traces, "
-                    "verdicts and report", _timed(_cmd_ranks))
+                    "verdicts and report", _cmd_ranks)
     ranks.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help + " (only [ranks] specs are run)")
     ranks.add_argument("--golden", type=pathlib.Path, required=True,
                        help="folder for fpemu's model's per-rank traces (its other traces are removed)")
     ranks.add_argument("--out", type=pathlib.Path, required=True,
                        help="folder for the real ranks' per-rank traces (its other traces are removed)")
     ranks.add_argument("--reports", type=pathlib.Path, help="also write ranks.md and plots/ranks.png into this folder")
-    ranks.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
     selection(ranks, impl_help + " (default: each spec's own)")
     ranks.add_argument("--rank-timeout", type=float, metavar="SECONDS",
                        help="seconds each case may run before it counts as a hang (default: the spec's "

@@ -189,7 +189,8 @@ _ENDINGS = {"doesn't match expected size": "gloo aborted a collective mismatch (
 
 _CASE_HANG = "timeout: no result within"  # torch_ranks' words for a case past its timeout
 _HANG_HINT = ("; a longer healthy case needs a longer timeout: ranks.timeout_s in the spec, or "
-              "`fpemu run --rank-timeout SECONDS`")
+              "`fpemu run --rank-timeout SECONDS` "
+              "(`fpemu ranks --rank-timeout` too)")
 
 
 def ending(error: str) -> str:
