@@ -892,6 +892,18 @@ class EnvWorld:
     def _has(self, key: str) -> bool:
         return self.store.check([key])
 
+    def exit_code(self, code: Optional[int] = None) -> int:
+        """Rank 0: publishes the command's exit ``code``; the others wait for it and return it.  Every rank
+        exits with rank 0's code: torchrun's agents on other nodes would otherwise wait out their exit
+        barrier (300 s) for an agent whose rank failed (a divergence, exit 1) while theirs succeeded."""
+        key = f"fpemu/{self.run}/exit"
+        if self.rank == 0:
+            self._set(key, code)
+            return code
+        while not self._has(key):
+            time.sleep(_POLL_S)
+        return self._get(key)
+
     def run_cases(self, cases: list, world_size: int, device: str, timeouts: list) -> Optional[list]:
         """:func:`run_cases` on this world: rank 0 leads the launches, the others follow them."""
         if world_size != self.world_size:

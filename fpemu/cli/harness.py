@@ -209,7 +209,7 @@ def _cmd_ranks(args) -> int:
     outcomes, written = run_ranks(args.specs, args.golden, args.out, args.impl, args.exclude,
                                   output.progress(args) if lead else None, rank_timeout, world, left_out)
     if not lead:
-        return 0
+        return world.exit_code()  # rank 0's (see EnvWorld.exit_code)
     verdicts = [outcome.verdict for outcome in outcomes]
     if left_out:
         output.note(args, f"note: {len(left_out)} case{'s' * (len(left_out) != 1)} left out: their world size is not "
@@ -221,7 +221,7 @@ def _cmd_ranks(args) -> int:
     output.emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": [str(p) for p in written],
                        "left_out": left_out, "launcher": launcher, "exit_code": code},
                 output.verdict_lines(verdicts) + output.written_lines(written, "traces and reports"))
-    return code
+    return code if world is None else world.exit_code(code)
 
 
 TIMEOUT_HELP = ("seconds each job (spec x implementation) may run; a job past it is one result line, 'timed out "
