@@ -46,7 +46,7 @@ def test_help_on_every_command(capsys):
     # in-process (a subprocess per command took 10 s); the entry points run as processes below
     commands = build_parser()._subparsers._group_actions[0].choices
     assert set(commands) == {"golden", "record", "diff", "audit", "compare", "report", "run", "simulate", "underflow",
-                             "env", "recipe", "emulate", "matrix", "bisect", "merge"}
+                             "env", "recipe", "emulate", "matrix", "bisect", "merge", "ranks"}
     for command in [[], *([c] for c in commands)]:
         with pytest.raises(SystemExit) as done:
             main([*command, "--help"])

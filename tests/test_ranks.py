@@ -444,3 +444,123 @@ def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):
     assert all(reason in o.verdict.note for o in outcomes) and all(o.verdict.implementation == "torch_fsdp2@cuda"
                                                                   for o in outcomes)
     assert len(written) == 4 * 2 + 4 * 4  # the model's traces still, one per rank of each case
+
+
+# --- torchrun: the same cases on the world torchrun forms -----------------------------------------
+
+TORCHRUN_SPEC = UNDECLARED.replace("world_sizes = [2]", "world_sizes = SIZES")
+ROOT = SPECS.parent
+
+
+def test_env_world_reads_torchruns_variables_and_names_the_one_missing():
+    from fpemu.adapters.torch_ranks import env_world
+    from fpemu.errors import FpemuInputError
+    assert env_world({}) is None  # the built-in launcher
+    full = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node0",
+            "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "0"}
+    world = env_world(full)
+    assert (world.rank, world.world_size, world.local_rank, world.local_world_size, world.host, world.port,
+            world.run) == (1, 4, 1, 2, "node0", 29500, "job7/0")
+    with pytest.raises(FpemuInputError, match="environment: RANK, WORLD_SIZE set but not MASTER_ADDR, MASTER_PORT"):
+        env_world({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(FpemuInputError, match="environment: WORLD_SIZE='two': expected an integer"):
+        env_world({**full, "WORLD_SIZE": "two"})
+    with pytest.raises(FpemuInputError, match="RANK=4: expected 0 <= RANK < WORLD_SIZE"):
+        env_world({**full, "RANK": "4"})
+
+
+def test_fpemu_ranks_refuses_a_world_no_case_fits_and_specs_without_ranks(tmp_path, monkeypatch, capsys):
+    spec = tmp_path / "d.toml"
+    spec.write_text(TORCHRUN_SPEC.replace("SIZES", "[2, 4]"))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)  # a world of 3: refused before any store is reached
+    args = ["ranks", str(spec), "--golden", str(tmp_path / "g"), "--out", str(tmp_path / "o"), "--quiet"]
+    assert main(args) == 2
+    assert ("no selected [ranks] case has 3 ranks, the world torchrun formed (WORLD_SIZE=3); their world sizes: 2, 4"
+            in capsys.readouterr().err)
+    assert main(["ranks", str(SPECS / "bernoulli_jmp.toml"), *args[2:]]) == 2
+    assert "no [ranks] spec" in capsys.readouterr().err
+    monkeypatch.delenv("MASTER_PORT")
+    assert main(args) == 2 and "but not MASTER_PORT" in capsys.readouterr().err
+
+
+def _fpemu_ranks(spec, out, nproc=None):
+    """``fpemu ranks`` in a fresh process, under torchrun (``torch.distributed.run``, --standalone: a free port)
+    with ``nproc`` ranks, else the built-in launcher; OMP_NUM_THREADS=1 for both, as torchrun sets it in its
+    workers (the traces record it: fpemu.host)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+                if nproc else [sys.executable])
+    command = [*launcher, "-m", "fpemu", "ranks", *map(str, spec), "--golden", str(out / "golden"), "--out",
+               str(out / "observed"), "--reports", str(out / "reports"), "--quiet", "--json"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return done, json.loads(done.stdout) if done.stdout.strip() else None  # rank 0's alone: the others print none
+
+
+def _same_bytes(torchrun, builtin, world_size):
+    """Every trace torchrun's rank 0 wrote equals, byte for byte, the built-in launcher's of that case."""
+    compared = 0
+    for folder in ("golden", "observed"):
+        written = sorted((torchrun / folder).glob("*.json"))
+        assert written and all(f".{world_size}ranks." in p.name for p in written)
+        assert {p.name for p in written} == {p.name for p in (builtin / folder).glob(f"*.{world_size}ranks.*.json")}
+        for path in written:
+            assert path.read_bytes() == (builtin / folder / path.name).read_bytes(), path.name
+            compared += 1
+    return compared
+
+
+@needs_torch
+def test_torchrun_at_2_ranks_writes_the_built_in_launchers_traces_byte_for_byte_and_a_divergence_exits_1(tmp_path):
+    spec = tmp_path / "d.toml"
+    spec.write_text(TORCHRUN_SPEC.replace("SIZES", "[2]"))
+    builtin, builtin_json = _fpemu_ranks([spec], tmp_path / "builtin")
+    torchrun, torchrun_json = _fpemu_ranks([spec], tmp_path / "torchrun", nproc=2)
+    assert builtin.returncode == 1 and torchrun.returncode != 0, (builtin.stderr[-2000:], torchrun.stderr[-2000:])
+    # torchrun exits 1 for any failed worker; the worker's own code is rank 0's, 1 here (a divergence)
+    assert torchrun_json["exit_code"] == 1 and "exitcode  : 1" in torchrun.stderr
+    assert torchrun_json["launcher"] == "torchrun (env://, rank 0 of 2)"
+    assert torchrun_json["verdicts"] == builtin_json["verdicts"]
+    assert [v["status"] for v in torchrun_json["verdicts"]] == ["match", "diverged"]
+    assert _same_bytes(tmp_path / "torchrun", tmp_path / "builtin", 2) == 8
+    assert ((tmp_path / "torchrun" / "reports" / "ranks.md").read_bytes()
+            == (tmp_path / "builtin" / "reports" / "ranks.md").read_bytes())
+
+
+@needs_torch
+@stage2
+def test_torchrun_at_4_ranks_runs_the_4_rank_cases_and_names_those_left_out(tmp_path):
+    spec = tmp_path / "d.toml"
+    spec.write_text(TORCHRUN_SPEC.replace("SIZES", "[2, 4]"))
+    builtin, _ = _fpemu_ranks([spec], tmp_path / "builtin")
+    torchrun, result = _fpemu_ranks([spec], tmp_path / "torchrun", nproc=4)
+    assert builtin.returncode == 1 and result["exit_code"] == 1, torchrun.stderr[-2000:]
+    assert result["left_out"] == ["d.loss.2ranks", "d.grad_after_reduce.2ranks"]
+    assert "2 cases left out: their world size is not WORLD_SIZE=4 (torchrun's): d.loss.2ranks" in torchrun.stderr
+    assert [(v["spec"], v["status"]) for v in result["verdicts"]] == [("d.loss.4ranks", "match"),
+                                                                      ("d.grad_after_reduce.4ranks", "diverged")]
+    assert _same_bytes(tmp_path / "torchrun", tmp_path / "builtin", 4) == 16
+
+
+@needs_torch
+@stage2
+def test_torchrun_matches_the_built_in_launcher_on_every_shipped_2_rank_case_a_crash_and_a_hang_included(tmp_path):
+    """Every shipped 2-rank case (DeepSpeed, megatron-core where installed; the step-keyed abort crashes its
+    group on purpose) and a case past its timeout: each is its own result line under torchrun too, and the
+    cases after it run in a fresh group."""
+    (tmp_path / "long.toml").write_text(LONG_DDP.format(timeout="timeout_s = 0.5"))
+    specs = [SPECS, tmp_path / "long.toml"]
+    builtin, expected = _fpemu_ranks(specs, tmp_path / "builtin")
+    torchrun, result = _fpemu_ranks(specs, tmp_path / "torchrun", nproc=2)
+    assert expected is not None and result is not None, torchrun.stderr[-3000:]
+    two = [v for v in expected["verdicts"] if ".2ranks" in v["spec"]]
+    assert result["verdicts"] == two and len(two) >= 30
+    statuses = {v["spec"]: v["status"] for v in two}
+    assert statuses["long.loss.2ranks"] == "cannot run" and statuses[
+        "ranks_ddp_step_keyed_abort.grad_after_reduce.2ranks"] == "known divergence"
+    assert result["exit_code"] == expected["exit_code"] == 1  # the hang
+    _same_bytes(tmp_path / "torchrun", tmp_path / "builtin", 2)

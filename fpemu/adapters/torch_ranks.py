@@ -238,7 +238,7 @@ def _deepspeed(rank: int) -> tuple:
     fpemu.adapters.deepspeed_scaler does); (deepspeed, whether the probe had to be answered)."""
     from fpemu.adapters.deepspeed_scaler import _fp16_on_this_cpu
     import logging
-    os.environ["LOCAL_RANK"] = str(rank)  # the engine asserts that a launcher set it
+    os.environ.setdefault("LOCAL_RANK", str(rank))  # the engine asserts that a launcher set it (torchrun does)
     import deepspeed
     import deepspeed.ops
     from deepspeed.utils import logger
@@ -496,9 +496,12 @@ def _run_case(torch, case: dict, rank: int, device: str) -> RankRecord:
                                sub_scales=getattr(rig, "sub_scales", []), overrides=getattr(rig, "overrides", ()))
 
 
-def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device: str, cases: list,
+def _rank_main(rank: int, world_size: int, join, backend: str, device: str, cases: list,
                results, timeout_s: float, log: str) -> None:
-    """A rank: one process group for every case, a barrier between cases."""
+    """A rank: one process group for every case, a barrier between cases.  ``join`` forms the world (the
+    built-in launcher's ``file://`` rendezvous, or torchrun's store: :class:`EnvWorld`); ``results`` is
+    the queue the rank reports on (a multiprocessing queue, or the store under torchrun).  Everything after
+    joining is the same for both launchers."""
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(descriptor, 2)  # the C++ side's last words (gloo's abort) land here, for the parent to read
     os.dup2(descriptor, 1)  # and what a framework prints (DeepSpeed logs to stdout), not into the parent's output
@@ -510,9 +513,8 @@ def _rank_main(rank: int, world_size: int, init_file: str, backend: str, device:
     code = 0
     try:
         if device == "cuda":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+            torch.cuda.set_device(join.gpu(torch, rank))
+        join.init(dist, backend, rank, world_size, timedelta(seconds=timeout_s))
         dist.barrier()
         results.put(("ready", -1, rank, None))  # the case clock starts once every rank is in the group
         for index, case in enumerate(cases):
@@ -543,9 +545,20 @@ def _first_line(text: str) -> str:
 # --- the launcher --------------------------------------------------------------------------
 
 
-def _rendezvous_file(folder: str) -> str:
-    # The store creates it: a fresh name per launch, no port to collide on between parallel CI jobs.
-    return os.path.join(folder, "rendezvous")
+@dataclasses.dataclass(frozen=True)
+class _FileJoin:
+    """The built-in launcher's world: a ``file://`` rendezvous in the launch's folder (the store creates
+    it: a fresh name per launch, no port to collide on between parallel CI jobs), a GPU per rank."""
+
+    path: str
+
+    def init(self, dist, backend: str, rank: int, world_size: int, timeout) -> None:
+        dist.init_process_group(backend, init_method=f"file://{self.path}", rank=rank, world_size=world_size,
+                                timeout=timeout)
+
+    @staticmethod
+    def gpu(torch, rank: int) -> int:
+        return rank % torch.cuda.device_count()
 
 
 def _last_words(log: str) -> str:
@@ -581,28 +594,38 @@ def _preload(cases) -> None:
             importlib.import_module(module)
 
 
+def _start_rank(ctx, rank: int, world_size: int, join, device: str, cases: list, results, group_timeout_s: float,
+                log: str):
+    backend = "nccl" if device == "cuda" else "gloo"
+    proc = ctx.Process(target=_rank_main, daemon=True,
+                       args=(rank, world_size, join, backend, device, cases, results, group_timeout_s, log))
+    proc.start()
+    return proc
+
+
+def _context(cases):
+    import multiprocessing
+    import torch.distributed as dist
+    # Forking is 2-3x faster than spawning, but a fork of a process that holds a process group (the
+    # world of one ShardedGradScaler needs, or the user's own) inherits it: its ranks could neither
+    # make their own default group nor destroy the inherited one (a gloo destructor deadlocks after
+    # fork).  Such a parent spawns fresh ranks instead.
+    ctx = multiprocessing.get_context("spawn" if dist.is_available() and dist.is_initialized() else "fork")
+    if ctx.get_start_method() == "fork":
+        _preload(cases)
+    return ctx
+
+
 class _Group:
     """The ranks of one launch (forked, or spawned from a parent holding a process group) and the queue they report on."""
 
     def __init__(self, cases, world_size: int, device: str, group_timeout_s: float, folder: str):
-        import multiprocessing
-        import torch.distributed as dist
-        # Forking is 2-3x faster than spawning, but a fork of a process that holds a process group (the
-        # world of one ShardedGradScaler needs, or the user's own) inherits it: its ranks could neither
-        # make their own default group nor destroy the inherited one (a gloo destructor deadlocks after
-        # fork).  Such a parent spawns fresh ranks instead.
-        ctx = multiprocessing.get_context("spawn" if dist.is_available() and dist.is_initialized() else "fork")
-        if ctx.get_start_method() == "fork":
-            _preload(cases)
+        ctx = _context(cases)
         self.results = ctx.Queue()
         self.logs = [os.path.join(folder, f"rank{rank}.log") for rank in range(world_size)]
-        backend = "nccl" if device == "cuda" else "gloo"
-        self.procs = [ctx.Process(target=_rank_main, daemon=True,
-                                  args=(rank, world_size, _rendezvous_file(folder), backend, device, cases,
-                                        self.results, group_timeout_s, self.logs[rank]))
-                      for rank in range(world_size)]
-        for proc in self.procs:
-            proc.start()
+        join = _FileJoin(os.path.join(folder, "rendezvous"))
+        self.procs = [_start_rank(ctx, rank, world_size, join, device, cases, self.results, group_timeout_s,
+                                  self.logs[rank]) for rank in range(world_size)]
 
     def next_message(self):
         try:
@@ -612,6 +635,10 @@ class _Group:
 
     def dead(self) -> list:
         return [rank for rank, proc in enumerate(self.procs) if proc.exitcode not in (None, 0)]
+
+    def death(self, rank: int) -> tuple:
+        """(exit code, last words) of a rank that died."""
+        return self.procs[rank].exitcode, _last_words(self.logs[rank])
 
     def failure(self, first: Optional[tuple]) -> str:
         """The case's error: the first rank's (rank, report), then every other rank's (after a short
@@ -623,8 +650,8 @@ class _Group:
                 reports.setdefault(message[2], message[3])
         lines = [f"rank {rank}: {text}" for rank, text in reports.items()]
         for rank in (r for r in self.dead() if r not in reports):
-            words = _last_words(self.logs[rank])
-            lines.append(f"rank {rank} died (exit code {self.procs[rank].exitcode})" + (f": {words}" if words else ""))
+            code, words = self.death(rank)
+            lines.append(f"rank {rank} died (exit code {code})" + (f": {words}" if words else ""))
         return "; ".join(lines)
 
     def close(self) -> None:
@@ -635,14 +662,16 @@ class _Group:
         self.results.close()
 
 
-def _launch(cases: list, world_size: int, device: str, timeouts: list) -> list:
+def _launch(cases: list, world_size: int, device: str, timeouts: list, group_type=_Group) -> list:
     """Run ``cases`` in one fresh process group until one fails (each within its entry of ``timeouts``);
-    returns their CaseResults so far."""
+    returns their CaseResults so far.  ``group_type(cases, world_size, device, group timeout, folder)``
+    starts the ranks: :class:`_Group` forks them all here, a torchrun world's starts this rank's
+    (:meth:`EnvWorld.group`)."""
     out, pending, ready = [], {}, set()
     with tempfile.TemporaryDirectory(prefix="fpemu-ranks-") as folder:
         # The group's own timeout bounds joining and every collective: never under the join's, and the
         # parent, not gloo, tells a case's hang by its own limit.
-        group = _Group(cases, world_size, device, max(_JOIN_TIMEOUT_S, *timeouts), folder)
+        group = group_type(cases, world_size, device, _group_timeout(timeouts), folder)
         started = time.perf_counter()
         try:
             while len(out) < len(cases):
@@ -675,6 +704,10 @@ def _launch(cases: list, world_size: int, device: str, timeouts: list) -> list:
     return out
 
 
+def _group_timeout(timeouts: list) -> float:
+    return max(_JOIN_TIMEOUT_S, *timeouts)
+
+
 def default_case_timeout(steps: int, world_size: int) -> float:
     """Seconds a case of ``steps`` steps on ``world_size`` ranks may run before it counts as a hang."""
     return CASE_TIMEOUT_BASE_S + CASE_TIMEOUT_PER_RANK_STEP_S * steps * world_size
@@ -689,7 +722,8 @@ def _case_timeout(case: dict, world_size: int, override: Optional[float]) -> flo
 
 
 def unavailable(world_size: int, device: str) -> Optional[str]:
-    """Why ``world_size`` ranks cannot run on ``device`` here (NCCL needs a GPU per rank), or None."""
+    """Why ``world_size`` ranks cannot run on ``device`` here (NCCL needs a GPU per rank), or None; under
+    torchrun ``world_size`` is this node's ranks (LOCAL_WORLD_SIZE)."""
     if device != "cuda":
         return None
     import torch
@@ -697,7 +731,8 @@ def unavailable(world_size: int, device: str) -> Optional[str]:
     return None if count >= world_size else f"{world_size} ranks need {world_size} GPUs (NCCL); this machine has {count}"
 
 
-def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: Optional[float] = None) -> list:
+def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s: Optional[float] = None,
+              world: Optional["EnvWorld"] = None) -> Optional[list]:
     """Run every case of one world size; one :class:`CaseResult` per case, in order.
 
     Args:
@@ -712,6 +747,12 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
       case_timeout_s: a case with no result by then is a hang: the group is killed and the next
         cases run in a fresh one.  None: each case's ``timeout_s``, else
         :func:`default_case_timeout` of its steps and the world size.
+      world: None: fork ``world_size`` ranks here (a ``file://`` rendezvous).  An :class:`EnvWorld`
+        (:func:`env_world`, under torchrun): this process is one rank of that world (its size must be
+        ``world_size``), every rank calls ``run_cases`` with the same cases, and rank 0 gets the
+        results (the others None).  Either way each rank runs the cases in a process of its own
+        (:func:`_rank_main`, the same code), watched by its launcher, so a rank that crashes or
+        hangs ends its case, not the run.
 
     Example::
 
@@ -720,7 +761,239 @@ def run_cases(cases: list, world_size: int, device: str = "cpu", case_timeout_s:
         [r.applied for r in result.ranks]     # [[True, False], [True, False]]
     """
     timeouts = [_case_timeout(case, world_size, case_timeout_s) for case in cases]
+    if world is not None:
+        return world.run_cases(cases, world_size, device, timeouts)
     out = []
     while len(out) < len(cases):
         out += _launch(cases[len(out):], world_size, device, timeouts[len(out):])
     return out
+
+
+# --- torchrun: the world of an env:// launcher --------------------------------------------
+
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_POLL_S = 0.05
+
+
+def env_world(environ=None) -> Optional["EnvWorld"]:
+    """This process's rank in a torchrun (or any env:// launcher's) world, or None when it runs alone.
+
+    torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+    TORCHELASTIC_RUN_ID; RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are needed (FpemuInputError,
+    naming the variable, when only some are set or one is not a number)."""
+    from fpemu.errors import FpemuInputError
+    environ = os.environ if environ is None else environ
+    present = [name for name in _ENV if name in environ]
+    if not present:
+        return None
+    missing = [name for name in _ENV if name not in environ]
+    if missing:
+        raise FpemuInputError(f"environment: {', '.join(present)} set but not {', '.join(missing)}: an env:// "
+                              "launcher (torchrun) sets all of them; unset them to run with the built-in launcher")
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if name in environ:
+            try:
+                numbers[name] = int(environ[name])
+            except ValueError:
+                raise FpemuInputError(f"environment: {name}={environ[name]!r}: expected an integer") from None
+    if not 0 <= numbers["RANK"] < numbers["WORLD_SIZE"]:
+        raise FpemuInputError(f"environment: RANK={numbers['RANK']}: expected 0 <= RANK < WORLD_SIZE "
+                              f"({numbers['WORLD_SIZE']})")
+    run = f"{environ.get('TORCHELASTIC_RUN_ID', 'env')}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return EnvWorld(numbers["RANK"], numbers["WORLD_SIZE"], numbers.get("LOCAL_RANK", numbers["RANK"]),
+                    numbers.get("LOCAL_WORLD_SIZE", numbers["WORLD_SIZE"]), environ["MASTER_ADDR"],
+                    numbers["MASTER_PORT"], run)
+
+
+def _store_client(host: str, port: int):
+    """A client of the world's TCPStore (torchrun's agent hosts it, else rank 0: :meth:`EnvWorld.store`)."""
+    import torch.distributed as dist
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=_JOIN_TIMEOUT_S))
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoreJoin:
+    """A torchrun world's process group for one launch: the world's store under the launch's prefix (each
+    launch, the first and those after a case that failed, a fresh group), the GPU LOCAL_RANK names."""
+
+    host: str
+    port: int
+    prefix: str
+    local_rank: int
+
+    def init(self, dist, backend: str, rank: int, world_size: int, timeout) -> None:
+        store = dist.PrefixStore(f"{self.prefix}/pg", _store_client(self.host, self.port))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+    def gpu(self, torch, rank: int) -> int:
+        return self.local_rank
+
+
+class _StoreQueue:
+    """A rank's messages (``put``, as onto the built-in launcher's queue) as keys of the world's store:
+    ``PREFIX/msg/RANK/N``, read (and deleted) by rank 0's launcher in order."""
+
+    def __init__(self, host: str, port: int, prefix: str, rank: int):
+        self.host, self.port, self.prefix, self.rank, self.sent, self.store = host, port, prefix, rank, 0, None
+
+    def put(self, message) -> None:
+        import pickle
+        if self.store is None:  # connected in the rank's own process, after forking
+            self.store = _store_client(self.host, self.port)
+        self.store.set(f"{self.prefix}/msg/{self.rank}/{self.sent}", pickle.dumps(message))
+        self.sent += 1
+
+    def close(self) -> None:
+        pass
+
+    def join_thread(self) -> None:
+        pass
+
+
+class EnvWorld:
+    """One rank of a torchrun world (:func:`env_world`).
+
+    Each rank's process (the one torchrun started) is that rank's launcher: it forks the rank's own
+    process, which joins the world's process group and runs the cases as the built-in launcher's
+    ranks do (:func:`_rank_main`), and watches it.  Rank 0 runs the built-in launcher's loop
+    (:func:`_launch`: the per-case timeouts, a failed case ends the group and the next cases run in a
+    fresh one) over every rank's messages, which come through the world's store; a rank's launcher
+    reports its process's death there, and kills it when rank 0 closes the group.  The store's keys
+    (``fpemu/RUN_ID/RESTART/CALL/...``): ``plan{A}`` (rank 0: launch A runs the cases from this
+    index, or ``done``), ``a{A}/msg/RANK/N``, ``a{A}/dead/RANK``, ``a{A}/close``, ``a{A}/closed``.
+    """
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, local_world_size: int, host: str, port: int,
+                 run: str):
+        self.rank, self.world_size, self.local_rank, self.local_world_size = rank, world_size, local_rank, local_world_size
+        self.host, self.port, self.run = host, port, run
+        self._store, self._calls = None, 0
+
+    def __repr__(self) -> str:
+        return f"EnvWorld(rank {self.rank} of {self.world_size}, store {self.host}:{self.port})"
+
+    @property
+    def store(self):
+        """The world's store: torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE), else rank 0 does."""
+        if self._store is None:
+            import torch.distributed as dist
+            self._store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=_JOIN_TIMEOUT_S)))
+        return self._store
+
+    def _get(self, key: str):
+        import pickle
+        return pickle.loads(self.store.get(key))
+
+    def _set(self, key: str, value) -> None:
+        import pickle
+        self.store.set(key, pickle.dumps(value))
+
+    def _has(self, key: str) -> bool:
+        return self.store.check([key])
+
+    def exit_code(self, code: Optional[int] = None) -> int:
+        """Rank 0: publishes the command's exit ``code``; the others wait for it and return it.  Every rank
+        exits with rank 0's code: torchrun's agents on other nodes would otherwise wait out their exit
+        barrier (300 s) for an agent whose rank failed (a divergence, exit 1) while theirs succeeded."""
+        key = f"fpemu/{self.run}/exit"
+        if self.rank == 0:
+            self._set(key, code)
+            return code
+        while not self._has(key):
+            time.sleep(_POLL_S)
+        return self._get(key)
+
+    def run_cases(self, cases: list, world_size: int, device: str, timeouts: list) -> Optional[list]:
+        """:func:`run_cases` on this world: rank 0 leads the launches, the others follow them."""
+        if world_size != self.world_size:
+            raise ValueError(f"cases of {world_size} ranks in a world of {self.world_size}")
+        self._calls += 1
+        call = f"fpemu/{self.run}/{self._calls}"
+        if self.rank != 0:
+            self._follow(call, cases, device, timeouts)
+            return None
+        out, launch = [], 0
+        try:
+            while len(out) < len(cases):
+                self._set(f"{call}/plan{launch}", len(out))
+                group = functools.partial(_WorldGroup, world=self, prefix=f"{call}/a{launch}")
+                out += _launch(cases[len(out):], world_size, device, timeouts[len(out):], group)
+                launch += 1
+        finally:
+            self._set(f"{call}/plan{launch}", "done")
+        return out
+
+    def _follow(self, call: str, cases: list, device: str, timeouts: list) -> None:
+        """A rank other than 0: each launch rank 0 plans, this rank's process, until rank 0 says done."""
+        launch = 0
+        while True:
+            key = f"{call}/plan{launch}"
+            while not self._has(key):
+                time.sleep(_POLL_S)
+            start = self._get(key)
+            if start == "done":
+                return
+            prefix = f"{call}/a{launch}"
+            with tempfile.TemporaryDirectory(prefix="fpemu-ranks-") as folder:
+                log = os.path.join(folder, f"rank{self.rank}.log")
+                proc = self._start(cases[start:], device, _group_timeout(timeouts[start:]), prefix, log)
+                reported = False
+                while not self._has(f"{prefix}/close"):
+                    if not reported and proc.exitcode not in (None, 0):
+                        self._set(f"{prefix}/dead/{self.rank}", (proc.exitcode, _last_words(log)))
+                        reported = True
+                    time.sleep(_POLL_S)
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(5)
+                self.store.add(f"{prefix}/closed", 1)
+            launch += 1
+
+    def _start(self, cases: list, device: str, group_timeout_s: float, prefix: str, log: str):
+        self.store  # noqa: B018 -- rank 0 without torchrun's agent hosts the store: before forking
+        return _start_rank(_context(cases), self.rank, self.world_size,
+                           _StoreJoin(self.host, self.port, prefix, self.local_rank), device, cases,
+                           _StoreQueue(self.host, self.port, prefix, self.rank), group_timeout_s, log)
+
+
+class _WorldGroup(_Group):
+    """Rank 0's view of one launch on a torchrun world (:class:`_Group`'s interface for :func:`_launch`):
+    its own rank's process here, every rank's messages and deaths through the store."""
+
+    def __init__(self, cases, world_size: int, device: str, group_timeout_s: float, folder: str, world=None,
+                 prefix: str = ""):
+        self.world, self.prefix, self.world_size = world, prefix, world_size
+        self.log = os.path.join(folder, f"rank{world.rank}.log")
+        self.read = [0] * world_size
+        self.proc = world._start(cases, device, group_timeout_s, prefix, self.log)
+
+    def next_message(self):
+        for rank in range(self.world_size):
+            key = f"{self.prefix}/msg/{rank}/{self.read[rank]}"
+            if self.world._has(key):
+                message = self.world._get(key)
+                self.world.store.delete_key(key)
+                self.read[rank] += 1
+                return message
+        time.sleep(_POLL_S)
+        return None
+
+    def dead(self) -> list:
+        return [rank for rank in range(self.world_size)
+                if (self.proc.exitcode not in (None, 0) if rank == self.world.rank
+                    else self.world._has(f"{self.prefix}/dead/{rank}"))]
+
+    def death(self, rank: int) -> tuple:
+        if rank == self.world.rank:
+            return self.proc.exitcode, _last_words(self.log)
+        return self.world._get(f"{self.prefix}/dead/{rank}")
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.world._set(f"{self.prefix}/close", True)
+        deadline = time.perf_counter() + 10.0  # the other ranks' processes gone before the next launch
+        while self.world.store.add(f"{self.prefix}/closed", 0) < self.world_size - 1 and time.perf_counter() < deadline:
+            time.sleep(_POLL_S)

@@ -1,4 +1,4 @@
-"""The harness commands: golden, record, diff, audit, compare, report and run (the main job)."""
+"""The harness commands: golden, record, diff, audit, compare, report, run (the main job) and ranks."""
 
 from __future__ import annotations
 
@@ -259,6 +259,40 @@ def _cmd_merge(args) -> int:
 SHARD_HELP = ("run shard I of N (--shard 2/4; `slurm`: the task of a SLURM job array, from $SLURM_ARRAY_TASK_ID and "
               "$SLURM_ARRAY_TASK_COUNT; default $FPEMU_SHARD): only its specs' jobs, written as partial results into "
               "REPORTS/shards/I-of-N/; `fpemu merge` then writes the reports one run writes, byte for byte")
+def _cmd_ranks(args) -> int:
+    """The [ranks] cases alone: forked here, or on the world torchrun formed (every rank runs this command;
+    rank 0 writes and prints, the others print nothing but errors)."""
+    from fpemu.adapters.torch_ranks import env_world
+    from fpemu.harness.ranks import ranks_scenarios, run_ranks
+    from fpemu.reports.ranks import ranks_report
+    from fpemu.specs import load_specs
+    rank_timeout = _rank_timeout(args.rank_timeout)
+    world = env_world()  # None: the built-in launcher
+    for path in args.specs:
+        if not path.exists():
+            raise FpemuInputError(f"{path}: no such spec file or folder")
+    if not ranks_scenarios(load_specs(args.specs)):
+        raise FpemuInputError(f"{', '.join(map(str, args.specs))}: no [ranks] spec (`fpemu ranks` runs [ranks] "
+                              "specs only; `fpemu run` runs every kind)")
+    lead = world is None or world.rank == 0
+    left_out = []
+    outcomes, written = run_ranks(args.specs, args.golden, args.out, args.impl, args.exclude,
+                                  output.progress(args) if lead else None, rank_timeout, world=world,
+                                  left_out=left_out)
+    if not lead:
+        return world.exit_code()  # rank 0's (see EnvWorld.exit_code)
+    verdicts = [outcome.verdict for outcome in outcomes]
+    if left_out:
+        output.note(args, f"note: {len(left_out)} case{'s' * (len(left_out) != 1)} left out: their world size is not "
+                    f"WORLD_SIZE={world.world_size} (torchrun's): {', '.join(left_out)}")
+    if args.reports is not None:
+        written = list(written) + ranks_report(args.reports, outcomes)
+    code = output.failure_code(verdicts) or output.nothing_compared(args, verdicts)
+    launcher = (f"torchrun (env://, rank 0 of {world.world_size})" if world is not None else "built-in (forked ranks)")
+    output.emit(args, {"verdicts": [v.as_dict() for v in verdicts], "written": [str(p) for p in written],
+                       "left_out": left_out, "launcher": launcher, "exit_code": code},
+                output.verdict_lines(verdicts) + output.written_lines(written, "traces and reports"))
+    return code if world is None else world.exit_code(code)
 
 
 TIMEOUT_HELP = ("seconds each job (spec x implementation) may run; a job past it is one result line, 'timed out "
@@ -347,3 +381,20 @@ def add_commands(registry) -> None:
                        help="output folder (default: reports/local/, as `fpemu run`)")
     merge.add_argument("--allow-skips", action="store_true",
                        help="exit 0 even when every job was skipped, as `fpemu run --allow-skips`")
+
+    ranks = command("ranks", "run the [ranks] specs' cases on real ranks and compare every rank with fpemu's model "
+                    "(as `fpemu run` does): ranks forked here, or, started by torchrun (`torchrun --nproc-per-node N "
+                    "-m fpemu ranks SPEC...`), on the world torchrun formed (env://; NCCL for @cuda, gloo "
+                    "otherwise): the cases of WORLD_SIZE ranks run, rank 0 writes the same per-rank traces, "
+                    "verdicts and report", _cmd_ranks)
+    ranks.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help + " (only [ranks] specs are run)")
+    ranks.add_argument("--golden", type=pathlib.Path, required=True,
+                       help="folder for fpemu's model's per-rank traces (its other traces are removed)")
+    ranks.add_argument("--out", type=pathlib.Path, required=True,
+                       help="folder for the real ranks' per-rank traces (its other traces are removed)")
+    ranks.add_argument("--reports", type=pathlib.Path, help="also write ranks.md and plots/ranks.png into this folder")
+    selection(ranks, impl_help + " (default: each spec's own)")
+    ranks.add_argument("--rank-timeout", type=float, metavar="SECONDS",
+                       help="seconds each case may run before it counts as a hang (default: the spec's "
+                            "ranks.timeout_s, else 60 + 0.05 x steps x ranks); under torchrun rank 0 kills the "
+                            "world's group past it and the next cases run in a fresh one")

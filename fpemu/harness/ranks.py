@@ -14,7 +14,9 @@ with the model bit for bit and the ranks with each other, and returns one
 * ``skipped`` / ``cannot run``: the layout's adapter cannot run here, or the run crashed or hung
   where the spec declares no abort.
 
-All cases of one world size and device run in one process group (fpemu.adapters.torch_ranks).
+All cases of one world size and device run in one process group (fpemu.adapters.torch_ranks): forked
+here by the built-in launcher, or, under torchrun (``world``: fpemu.adapters.torch_ranks.env_world), the
+world torchrun formed, where every rank calls :func:`run_ranks` and rank 0 writes the traces.
 """
 
 from __future__ import annotations
@@ -187,7 +189,8 @@ _ENDINGS = {"doesn't match expected size": "gloo aborted a collective mismatch (
 
 _CASE_HANG = "timeout: no result within"  # torch_ranks' words for a case past its timeout
 _HANG_HINT = ("; a longer healthy case needs a longer timeout: ranks.timeout_s in the spec, or "
-              "`fpemu run --rank-timeout SECONDS`")
+              "`fpemu run --rank-timeout SECONDS` "
+              "(`fpemu ranks --rank-timeout` too)")
 
 
 def ending(error: str) -> str:
@@ -245,15 +248,32 @@ def case_payload(scenario: RanksScenario, case, rank_timeout: Optional[float] = 
             "timeout_s": case_timeout(scenario, case, rank_timeout)}
 
 
-def _run_group(jobs, world_size: int, device: str, rank_timeout: Optional[float]) -> list:
-    """Every case of the group in one process group; one CaseResult per job, in order."""
+def _run_group(jobs, world_size: int, device: str, rank_timeout: Optional[float], world=None) -> Optional[list]:
+    """Every case of the group in one process group; one CaseResult per job, in order (None on a torchrun
+    world's ranks other than 0)."""
     from fpemu.adapters import get_adapter
     payload = [case_payload(scenario, case, rank_timeout) for _, scenario, case, _, _ in jobs]
-    return get_adapter(jobs[0][4].name).function()(payload, world_size, device)
+    run = get_adapter(jobs[0][4].name).function()
+    return run(payload, world_size, device) if world is None else run(payload, world_size, device, world=world)
+
+
+def _world_jobs(jobs: list, world, spec_paths, left_out: Optional[list]) -> list:
+    """The jobs a torchrun world of ``world.world_size`` ranks runs; the others' names go to ``left_out``.
+    FpemuInputError (exit 2) when none fits."""
+    fit = [job for job in jobs if job[2].world_size == world.world_size]
+    if left_out is not None:
+        left_out += [job[0] for job in jobs if job[2].world_size != world.world_size]
+    if jobs and not fit:
+        sizes = ", ".join(map(str, sorted({job[2].world_size for job in jobs})))
+        raise FpemuInputError(f"{', '.join(map(str, spec_paths))}: no selected [ranks] case has {world.world_size} "
+                              f"ranks, the world torchrun formed (WORLD_SIZE={world.world_size}); their world "
+                              f"sizes: {sizes}: run torchrun with --nnodes x --nproc-per-node equal to one of them")
+    return fit
 
 
 def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=None, progress=None,
-              rank_timeout: Optional[float] = None, only=None) -> tuple:
+              rank_timeout: Optional[float] = None, only=None, world=None,
+              left_out: Optional[list] = None) -> tuple:
     """Predict and run every case of the [ranks] specs under ``spec_paths``.
 
     Args:
@@ -265,6 +285,12 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
       rank_timeout: seconds every case may run before it counts as a hang (``--rank-timeout``); None: each
         spec's ``ranks.timeout_s``, else the default for the case's steps and world size (:func:`case_timeout`).
       only: the names of the specs to run (a shard's, fpemu.harness.shards); None: all.
+      world: None: the built-in launcher forks each world size's ranks here.  Under torchrun, this
+        process's rank (fpemu.adapters.torch_ranks.env_world): every rank calls run_ranks with the same
+        arguments, the cases of WORLD_SIZE ranks run on that world (FpemuInputError when there are none),
+        and rank 0 writes the same traces and returns the same outcomes as the built-in launcher would for
+        them; the other ranks return ``([], [])``.
+      left_out: a list, under torchrun: the names of the cases left out (another world size) are added.
 
     Returns:
       (CaseOutcome per case, paths written).
@@ -276,20 +302,30 @@ def run_ranks(spec_paths, golden_dir, observed_dir, requested=None, excluded=Non
         impl = _implementation(scenario, requested, excluded)
         if impl is not None:
             jobs += [(name, scenario, case, declared, impl) for name, case, declared in scenario.cases()]
+    if world is not None:
+        jobs = _world_jobs(jobs, world, spec_paths, left_out)
     groups = {}
     for job in jobs:
         entry = get_adapter(job[4].name).entry  # the torch layouts share one launcher: one group for all
-        reason = skip_reason(job[4]) or unavailable(job[2].world_size, job[4].device)
+        # a GPU per rank: under torchrun, per rank of this node
+        ranks_here = job[2].world_size if world is None else world.local_world_size
+        reason = skip_reason(job[4]) or unavailable(ranks_here, job[4].device)
         groups.setdefault((job[2].world_size, job[4].device, entry, reason), []).append(job)
     results = {}
     for (world_size, device, _, reason), group in sorted(groups.items(), key=lambda item: item[0][:3]):
         if reason:
             results.update({job[0]: reason for job in group})
             continue
+        if world is not None and world.rank != 0:  # a follower: its errors are the run's, not a case's
+            _run_group(group, world_size, device, rank_timeout, world)
+            continue
         try:
-            results.update(zip((job[0] for job in group), _run_group(group, world_size, device, rank_timeout)))
+            results.update(zip((job[0] for job in group), _run_group(group, world_size, device, rank_timeout,
+                                                                    world)))
         except Exception as error:  # noqa: BLE001 -- the launcher failing is every case's result line
             results.update({job[0]: error for job in group})
+    if world is not None and world.rank != 0:
+        return [], []
     golden_dir, observed_dir = pathlib.Path(golden_dir), pathlib.Path(observed_dir)
     written = []
     for index, (name, scenario, case, declared, impl) in enumerate(jobs, 1):
