@@ -11,7 +11,6 @@ from fpemu.cli import main
 from fpemu.specs import SpecError, parse_spec
 from fpemu.kinds.bounds import BOUNDS, bound_for
 from fpemu.traces import read_trace
-from fpemu.traces.fields import FIELDS
 from fpemu.traces.format import TraceError
 from fpemu.traces import schema
 from input_mutations import DAMAGED_TRACES, resealed
