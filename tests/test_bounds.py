@@ -4,11 +4,13 @@ import importlib
 import json
 import pathlib
 import re
+import time
 
 import pytest
 
 from fpemu.cli import main
 from fpemu.specs import SpecError, parse_spec
+from fpemu.harness.limits import JobTimedOut, time_limit
 from fpemu.kinds.bounds import BOUNDS, bound_for
 from fpemu.traces import read_trace
 from fpemu.traces.format import TraceError
@@ -237,3 +239,33 @@ def test_a_timeout_during_a_frameworks_import_leaves_it_importable_for_the_next_
               f"print('codes', first, second)\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert re.search(r"codes [01] 0", run.stdout), run.stdout + run.stderr
+
+
+class _SlowArgument:
+    """A ctypes argument type whose conversion runs Python code past the limit (as fpemu's compiled rounding
+    kernels' numpy arrays do, briefly): a limit reached there came out as ctypes.ArgumentError, exit 3."""
+
+    @classmethod
+    def from_param(cls, value):
+        time.sleep(5)
+        return value
+
+
+def test_a_limit_reached_inside_a_c_call_argument_conversion_is_still_the_limit():
+    import ctypes
+    absolute = ctypes.CDLL(None).abs
+    absolute.argtypes = [_SlowArgument]
+    started = time.monotonic()
+    with pytest.raises(JobTimedOut, match="timed out after 0.05 s") as raised:
+        with time_limit(0.05):
+            absolute(ctypes.c_int(-1))
+    assert isinstance(raised.value.__cause__, ctypes.ArgumentError) and time.monotonic() - started < 2
+
+
+def test_a_limit_the_job_swallowed_still_ends_it():
+    with pytest.raises(JobTimedOut):
+        with time_limit(0.05):
+            try:
+                time.sleep(5)
+            except BaseException:  # noqa: BLE001 -- a framework's catch-all fallback
+                pass

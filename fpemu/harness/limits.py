@@ -68,16 +68,30 @@ def time_limit(seconds: Optional[float]):
         yield
         return
 
+    raised = []
+
     def expired(signum, frame):
         if _importing():  # raised inside an import, it would leave a half-initialized module in sys.modules
             signal.setitimer(signal.ITIMER_REAL, _IMPORT_RECHECK_S)  # for every later job: stop once it is done
             return
-        raise JobTimedOut(seconds)
+        raised.append(JobTimedOut(seconds))
+        raise raised[0]
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except JobTimedOut:
+        raise
+    except BaseException as error:
+        # Raised inside a C call's argument conversion, the limit comes out as that call's own error
+        # (ctypes: ArgumentError naming JobTimedOut): it is still the limit, not a failure of the job.
+        if raised:
+            raise raised[0] from error
+        raise
+    else:
+        if raised:  # swallowed by the job's code (a fallback after a caught error): its result is not to be trusted
+            raise raised[0]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
