@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -284,3 +285,27 @@ def test_torchs_enum_registration_warning_is_dropped_and_nothing_else():
     assert enum_registration_noise(record("some other pytree warning"))
     main(["simulate", "--overflow-steps", "1", "--quiet"])
     assert all(keep in logging.getLogger(name).filters for name, keep in NOISE_FILTERS.items())
+
+
+CHATTER = """
+import argparse, logging, os, subprocess, sys
+from fpemu.cli import output
+logger = logging.getLogger("chatter")
+logger.addHandler(logging.StreamHandler(sys.stdout))  # bound at import, as DeepSpeed's logger is
+with output.stdout_for_results():
+    print("python chatter")
+    logger.warning("logger chatter")
+    os.write(1, b"c chatter\\n")
+    subprocess.run([sys.executable, "-c", "print('child chatter')"], check=True)
+    output.emit(argparse.Namespace(json=True), {"verdict": "ok"}, [])
+print("after")
+"""
+
+
+def test_stdout_carries_the_result_alone_whatever_else_writes_to_it():
+    """What frameworks print while a command runs (DeepSpeed's logger, bound to stdout at import, logged
+    'Setting accelerator to CPU' into `fpemu ranks --json`), C code and child processes go to stderr."""
+    done = subprocess.run([sys.executable, "-c", CHATTER], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}, check=True)
+    assert json.loads(done.stdout.removesuffix("after\n")) == {"verdict": "ok"}, done.stdout
+    assert all(f"{who} chatter" in done.stderr for who in ("python", "logger", "c", "child")), done.stderr

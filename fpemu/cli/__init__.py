@@ -109,13 +109,14 @@ def main(argv=None) -> int:
         logging.getLogger(logger).addFilter(keep)
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.handler(args)
-    except FpemuInputError as error:
-        return output.fail(args, str(error))
-    except OSError as error:  # an output path that cannot be written (a file where a folder must be, ...)
-        where = f"{error.filename}: " if error.filename else ""
-        return output.fail(args, f"cannot write {where}{error.strerror or error}")
-    except Exception as error:  # noqa: BLE001 -- anything else is a crash, reported as one
-        traceback.print_exc(file=sys.stderr)
-        return output.fail(args, f"unexpected {type(error).__name__}: {error}", code=3)
+    with output.stdout_for_results():
+        try:
+            return args.handler(args)
+        except FpemuInputError as error:
+            return output.fail(args, str(error))
+        except OSError as error:  # an output path that cannot be written (a file where a folder must be, ...)
+            where = f"{error.filename}: " if error.filename else ""
+            return output.fail(args, f"cannot write {where}{error.strerror or error}")
+        except Exception as error:  # noqa: BLE001 -- anything else is a crash, reported as one
+            traceback.print_exc(file=sys.stderr)
+            return output.fail(args, f"unexpected {type(error).__name__}: {error}", code=3)

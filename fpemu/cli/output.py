@@ -4,6 +4,8 @@ the JSON payload, the exit code the jobs ask for."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -46,12 +48,64 @@ def progress(args):
     return (lambda *a: None) if args.quiet else stderr_progress
 
 
+_RESULTS = []  # the stream fpemu's own result goes to while stdout_for_results holds stdout
+
+
+def _results():
+    return _RESULTS[-1] if _RESULTS else sys.stdout
+
+
+def _descriptor(stream):
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # pytest's capsys, a StringIO
+        return None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def stdout_for_results():
+    """While a command runs, its stdout carries fpemu's result alone (``emit``, ``fail``): whatever else
+    writes to it goes to stderr, so ``fpemu ... --json | jq`` reads one JSON document.  That is Python
+    code printing, a framework's logger bound to stdout at import (DeepSpeed's 'Setting accelerator to
+    CPU'), C code, and the processes fpemu starts or forks (ranks, workers), which inherit descriptor 1."""
+    original = sys.stdout
+    original.flush()
+    sys.stderr.flush()
+    saved = os.dup(1) if _is_open(1) and _is_open(2) else None
+    results = original
+    if saved is not None:
+        if _descriptor(original) == 1:  # the result goes where descriptor 1 went before it moved
+            results = io.TextIOWrapper(io.FileIO(saved, "w", closefd=False), encoding=original.encoding,
+                                       errors=getattr(original, "errors", None), line_buffering=True)
+        os.dup2(2, 1)
+    _RESULTS.append(results)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = original
+        _RESULTS.pop()
+        results.flush()
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def emit(args, payload: dict, lines) -> None:
     if args.json:
-        print(json.dumps(payload, indent=1, sort_keys=True))
+        print(json.dumps(payload, indent=1, sort_keys=True), file=_results())
     else:
         for line in lines:
-            print(line)
+            print(line, file=_results())
 
 
 def written_lines(paths, what: str = "files") -> list:
@@ -117,5 +171,5 @@ def nothing_compared(args, verdicts, noun: str = "compared") -> int:
 def fail(args, message: str, code: int = 2) -> int:
     print(f"fpemu {args.command}: error: {message}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"error": message, "exit_code": code}))
+        print(json.dumps({"error": message, "exit_code": code}), file=_results())
     return code
