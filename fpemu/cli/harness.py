@@ -128,6 +128,25 @@ def _cmd_compare(args) -> int:
     return code
 
 
+def _cmd_merge_traces(args) -> int:
+    from fpemu.traces.merge import merge_traces
+    for name in ("base", "ours", "theirs"):
+        if not getattr(args, name).is_file():
+            raise FpemuInputError(f"{name} {getattr(args, name)}: no such file")
+    merge = merge_traces(args.base, args.ours, args.theirs)
+    code = 0 if merge.clean else 1
+    if merge.conflicts:
+        line = (f"{args.ours}: {merge.conflicts} conflict(s) where both sides changed the same lines; resolve them "
+                "(the checksum line is gone and comes back when the file is regenerated: `fpemu golden`)")
+    elif merge.problem:
+        line = f"{args.ours}: merged without conflicts but left unsealed: {merge.problem}"
+    else:
+        line = f"{args.ours}: merged and sealed"
+    output.emit(args, {"file": str(args.ours), "conflicts": merge.conflicts, "problem": merge.problem,
+                       "exit_code": code}, [line])
+    return code
+
+
 def _cmd_report(args) -> int:
     from fpemu.reports import write_all
     for name, path, folder in (("--golden", args.golden, True), ("--observed", args.observed, True),
@@ -347,6 +366,13 @@ def add_commands(registry) -> None:
                       "1 when they differ", _cmd_compare)
     compare.add_argument("before", type=pathlib.Path, help="the first trace (e.g. the baseline)")
     compare.add_argument("after", type=pathlib.Path, help="the second trace")
+
+    merge = command("merge-traces", "git's merge driver for trace files (`%O %A %B`): merges two branches' changes "
+                    "to one golden line by line without its checksum line, then seals the result; exit 1 with "
+                    "conflict markers where both changed the same lines (set-up: docs/golden.md)", _cmd_merge_traces)
+    merge.add_argument("base", type=pathlib.Path, help="the common ancestor's version (%%O)")
+    merge.add_argument("ours", type=pathlib.Path, help="this branch's version, replaced by the result (%%A)")
+    merge.add_argument("theirs", type=pathlib.Path, help="the other branch's version (%%B)")
 
     report = command("report", "write reports/ from traces, diff results and benchmark results", _cmd_report)
     report.add_argument("--reports", type=pathlib.Path, default=output.DEFAULT_REPORTS, help="output folder")
