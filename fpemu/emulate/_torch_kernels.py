@@ -42,6 +42,8 @@ _ONEDNN_GELU = {"aten::gelu": 0, "aten::gelu_": 0, "aten::gelu_backward": 1}
 _AARCH64 = platform.machine() in ("aarch64", "arm64")
 _BF16_MIN_NORMAL = 2.0 ** -126
 
+# (On AVX512_BF16 and below; oneDNN's AVX512_CORE_FP16 and AMX convolutions, on a Sapphire Rapids, rounded
+# the test's samples once: running torch's kernel is exact on every tier.)
 _BLOCKED = "oneDNN's low-precision convolution accumulates its blocks of products in another order"
 _STATISTICS = ("the mixed-dtype kernel (low input, float32 weight and statistics) reduces in another "
                "order than the float32 kernel")
