@@ -47,7 +47,7 @@ def test_help_on_every_command(capsys):
     # in-process (a subprocess per command took 10 s); the entry points run as processes below
     commands = build_parser()._subparsers._group_actions[0].choices
     assert set(commands) == {"golden", "record", "diff", "audit", "compare", "report", "run", "simulate", "underflow",
-                             "env", "recipe", "emulate", "matrix", "bisect", "merge", "ranks"}
+                             "env", "recipe", "emulate", "matrix", "bisect", "merge", "ranks", "merge-traces"}
     for command in [[], *([c] for c in commands)]:
         with pytest.raises(SystemExit) as done:
             main([*command, "--help"])
@@ -287,6 +287,7 @@ def test_torchs_enum_registration_warning_is_dropped_and_nothing_else():
     assert all(keep in logging.getLogger(name).filters for name, keep in NOISE_FILTERS.items())
 
 
+ROOT_DIR = pathlib.Path(__file__).resolve().parents[1]
 CHATTER = """
 import argparse, logging, os, subprocess, sys
 from fpemu.cli import output
@@ -306,6 +307,52 @@ def test_stdout_carries_the_result_alone_whatever_else_writes_to_it():
     """What frameworks print while a command runs (DeepSpeed's logger, bound to stdout at import, logged
     'Setting accelerator to CPU' into `fpemu ranks --json`), C code and child processes go to stderr."""
     done = subprocess.run([sys.executable, "-c", CHATTER], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}, check=True)
+                          env={**os.environ, "PYTHONPATH": str(ROOT_DIR)}, check=True)
     assert json.loads(done.stdout.removesuffix("after\n")) == {"verdict": "ok"}, done.stdout
     assert all(f"{who} chatter" in done.stderr for who in ("python", "logger", "c", "child")), done.stderr
+
+
+def test_the_progress_bar_is_tqdms_one_bar_a_phase_and_none_off_a_terminal():
+    import io
+    from tqdm import tqdm
+    from fpemu.cli import output
+    stream = io.StringIO()
+    bar = output.ProgressBar(tqdm, stream)
+    for done, total, label in ((1, 3, "golden a"), (3, 3, "golden c"), (1, 2, "diff x"), (2, 2, "diff y")):
+        bar(done, total, label)
+    drawn = stream.getvalue()
+    assert "3/3" in drawn and "golden c" in drawn and "2/2" in drawn and "diff y" in drawn, drawn
+
+
+def _golden_stderr(tmp_path, terminal: bool) -> str:
+    """What `fpemu golden` of one spec writes to stderr: a pseudo-terminal, or a pipe as in CI."""
+    import pty
+    command = [sys.executable, "-m", "fpemu", "golden", str(ROOT_DIR / "specs" / "bernoulli_jmp.toml"), "--out",
+               str(tmp_path / ("tty" if terminal else "pipe"))]
+    env = {**os.environ, "PYTHONPATH": str(ROOT_DIR)}
+    if not terminal:
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=True).stderr
+    import fcntl
+    import struct
+    import termios
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's 100 columns
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=follower, env=env) as child:
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        assert child.wait(timeout=120) == 0
+    os.close(leader)
+    return drawn.decode(errors="replace")
+
+
+def test_a_command_draws_its_progress_on_a_terminal_and_nothing_in_a_pipe(tmp_path):
+    assert "1/1" in _golden_stderr(tmp_path, terminal=True)
+    assert "1/1" not in _golden_stderr(tmp_path, terminal=False)

@@ -367,7 +367,7 @@ def add_commands(registry) -> None:
     compare.add_argument("before", type=pathlib.Path, help="the first trace (e.g. the baseline)")
     compare.add_argument("after", type=pathlib.Path, help="the second trace")
 
-    merge = command("merge-traces", "git's merge driver for trace files (`%O %A %B`): merges two branches' changes "
+    merge = command("merge-traces", "git's merge driver for trace files (base, ours, theirs): merges two branches' changes "
                     "to one golden line by line without its checksum line, then seals the result; exit 1 with "
                     "conflict markers where both changed the same lines (set-up: docs/golden.md)", _cmd_merge_traces)
     merge.add_argument("base", type=pathlib.Path, help="the common ancestor's version (%%O)")

@@ -43,9 +43,42 @@ class Formatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
+def _silent(done: int, total: int, label: str) -> None:
+    pass
+
+
+class ProgressBar:
+    """The harness's progress callback ``(done, total, label)`` drawn by tqdm: one bar per phase (a new
+    total, or a count that starts again, begins a new bar), the job's name beside it."""
+
+    def __init__(self, tqdm, stream):
+        self._tqdm, self._stream, self._bar = tqdm, stream, None
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if self._bar is None or self._bar.total != total or done < self._bar.n:
+            self.close()
+            self._bar = self._tqdm(total=total, file=self._stream, unit="job", dynamic_ncols=True)
+        self._bar.set_postfix_str(label[:80], refresh=False)
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 def progress(args):
-    from fpemu.harness import stderr_progress
-    return (lambda *a: None) if args.quiet else stderr_progress
+    """The progress display of a command: a tqdm bar on stderr where stderr is a terminal and tqdm is
+    installed (the ``progress`` extra), else none (--quiet, CI logs, pipes)."""
+    if args.quiet or not sys.stderr.isatty():
+        return _silent
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _silent
+    return ProgressBar(tqdm, sys.stderr)
 
 
 _RESULTS = []  # the stream fpemu's own result goes to while stdout_for_results holds stdout

@@ -28,17 +28,6 @@ from fpemu.traces.layout import REFERENCE, portable_spec_path
 Progress = Callable[[int, int, str], None]
 
 
-def stderr_progress(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr, redrawn in place; silent when stderr is not a terminal."""
-    if not sys.stderr.isatty():
-        return
-    width = 24
-    filled = width * done // max(total, 1)
-    line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}"
-    end = "\r" if done < total else "\n"
-    print(line[:120].ljust(120), end=end, file=sys.stderr, flush=True)
-
-
 def _quiet(done: int, total: int, label: str) -> None:
     pass
 
