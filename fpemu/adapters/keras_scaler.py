@@ -7,15 +7,23 @@ effects), and JAX's own trainer uses ``stateless_apply``, so that is what runs h
 from __future__ import annotations
 
 import os
+import sys
 
 from fpemu.adapters.observed import observed_trace
 from fpemu.errors import RefusedCall
 
 
 def _import_keras():
-    if "keras" not in __import__("sys").modules:
-        os.environ.setdefault("KERAS_BACKEND", "jax")
-    import keras
+    # Keras reads its backend once, as it is imported: set for that import alone, so that the traces of
+    # later jobs in this process (their environment flags) do not depend on a keras job before them.
+    given, first = os.environ.get("KERAS_BACKEND"), "keras" not in sys.modules
+    if first:
+        os.environ["KERAS_BACKEND"] = given or "jax"
+    try:
+        import keras
+    finally:
+        if first and given is None:
+            del os.environ["KERAS_BACKEND"]
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"the keras adapter needs KERAS_BACKEND=jax, got {keras.backend.backend()!r}")
     return keras
