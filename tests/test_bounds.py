@@ -269,3 +269,44 @@ def test_a_limit_the_job_swallowed_still_ends_it():
                 time.sleep(5)
             except BaseException:  # noqa: BLE001 -- a framework's catch-all fallback
                 pass
+
+
+def _in_a_thread(fn):
+    import threading
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(fn())
+        except BaseException as error:  # noqa: BLE001 -- handed to the test
+            outcome.append(error)
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return outcome[0]
+
+
+def _busy(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "finished"
+
+
+def test_a_limit_in_another_thread_than_the_main_one_stops_its_job():
+    # as in a Dask worker's task thread, where SIGALRM cannot reach
+    def job():
+        with time_limit(0.1):
+            return _busy(5)
+    started = time.monotonic()
+    outcome = _in_a_thread(job)
+    assert isinstance(outcome, JobTimedOut) and "timed out after 0.1 s" in str(outcome)
+    assert time.monotonic() - started < 2
+
+
+def test_a_thread_limit_that_did_not_pass_never_reaches_the_caller_later():
+    def job():
+        with time_limit(0.2):
+            _busy(0.05)
+        return _busy(0.5)  # past where the limit would have been
+    assert _in_a_thread(job) == "finished"

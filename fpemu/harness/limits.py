@@ -2,9 +2,9 @@
 
 The CLI sets the limit for a command with :func:`job_timeout`; :func:`fpemu.harness.jobs.run_job` runs each
 job under :func:`time_limit`, which raises :class:`JobTimedOut` in the job when the limit passes
-(``SIGALRM``: the main thread of a POSIX process; elsewhere no limit is set).  The signal is handled
-between Python bytecodes, so a job stuck inside one C call (a framework kernel) stops when that call
-returns, and one inside an import stops once the import is done (a module left half-imported would break
+(``SIGALRM`` in the main thread of a POSIX process; in another thread, a Dask worker's, a timer raises
+it there).  It is handled between Python bytecodes, so a job stuck inside one C call (a framework kernel)
+stops when that call returns (fpemu.harness.pool kills a worker process whose job is stuck so), and one inside an import stops once the import is done (a module left half-imported would break
 every later job of the process); a [ranks] case runs in worker processes under its own limit (``--rank-timeout``).
 """
 
@@ -63,22 +63,18 @@ def _can_alarm() -> bool:
 
 @contextlib.contextmanager
 def time_limit(seconds: Optional[float]):
-    """Raise :class:`JobTimedOut` in the block once ``seconds`` pass (None, or no SIGALRM here: no limit)."""
-    if seconds is None or not _can_alarm():
+    """Raise :class:`JobTimedOut` in the block once ``seconds`` pass (None: no limit).
+
+    In a process's main thread the limit is ``SIGALRM`` (it also cuts short a sleep or a blocking
+    system call); in any other thread (a Dask worker's task, fpemu.harness.pool) it is raised in that
+    thread from a timer, between two bytecodes, so one C call runs to its end first.
+    """
+    if seconds is None:
         yield
         return
-
     raised = []
-
-    def expired(signum, frame):
-        if _importing():  # raised inside an import, it would leave a half-initialized module in sys.modules
-            signal.setitimer(signal.ITIMER_REAL, _IMPORT_RECHECK_S)  # for every later job: stop once it is done
-            return
-        raised.append(JobTimedOut(seconds))
-        raise raised[0]
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    arm, disarm = _alarm(seconds, raised) if _can_alarm() else _thread_timer(seconds, raised)
+    arm()
     try:
         yield
     except JobTimedOut:
@@ -87,11 +83,64 @@ def time_limit(seconds: Optional[float]):
         # Raised inside a C call's argument conversion, the limit comes out as that call's own error
         # (ctypes: ArgumentError naming JobTimedOut): it is still the limit, not a failure of the job.
         if raised:
-            raise raised[0] from error
+            raise JobTimedOut(seconds) from error
         raise
     else:
         if raised:  # swallowed by the job's code (a fallback after a caught error): its result is not to be trusted
-            raise raised[0]
+            raise JobTimedOut(seconds)
     finally:
+        disarm()
+
+
+def _alarm(seconds: float, raised: list) -> tuple:
+    previous = []
+
+    def expired(signum, frame):
+        if _importing():  # raised inside an import, it would leave a half-initialized module in sys.modules
+            signal.setitimer(signal.ITIMER_REAL, _IMPORT_RECHECK_S)  # for every later job: stop once it is done
+            return
+        raised.append(True)
+        raise JobTimedOut(seconds)
+
+    def arm():
+        previous.append(signal.signal(signal.SIGALRM, expired))
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def disarm():
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGALRM, previous[0])
+    return arm, disarm
+
+
+def _thread_timer(seconds: float, raised: list) -> tuple:
+    """The limit of a block in a thread other than the main one: a timer thread raises it there
+    (``PyThreadState_SetAsyncExc``, which takes an exception class and calls it with no arguments)."""
+    import ctypes
+    target, lock, timers, ended = threading.get_ident(), threading.Lock(), [], []
+    timed_out = type("JobTimedOut", (JobTimedOut,), {"__init__": lambda self: JobTimedOut.__init__(self, seconds)})
+
+    def expired():
+        with lock:
+            if ended:
+                return
+            if _importing():
+                timers.append(threading.Timer(_IMPORT_RECHECK_S, expired))
+                timers[-1].daemon = True
+                timers[-1].start()
+                return
+            raised.append(True)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(timed_out))
+
+    def arm():
+        timers.append(threading.Timer(seconds, expired))
+        timers[-1].daemon = True
+        timers[-1].start()
+
+    def disarm():
+        with lock:
+            ended.append(True)
+            for timer in timers:
+                timer.cancel()
+            if raised:  # not delivered yet (the block ended first): withdrawn, or it would hit the caller
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+    return arm, disarm
