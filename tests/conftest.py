@@ -4,6 +4,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# fpemu commands run in-process and in subprocesses here run their jobs one after another (tests of
+# --jobs set it themselves): on 2 cores, worker processes beside pytest's would only contend.
+os.environ.setdefault("FPEMU_JOBS", "1")
 
 import hypothesis_budget  # noqa: E402,F401  (registers and loads the hypothesis profiles)
 

@@ -287,11 +287,12 @@ def _add_matrix_commands(command, specs_help: str, impl_help: str) -> None:
 
 
 def _shared(cmd, impl_help: str, report: str) -> None:
-    from fpemu.cli.harness import TIMEOUT_HELP
+    from fpemu.cli.harness import TIMEOUT_HELP, jobs_option
     cmd.add_argument("--timeout", type=float, metavar="SECONDS",
                      help=TIMEOUT_HELP.replace("(spec x implementation)", "(spec x implementation, in each set; a "
                                                "plan's own loop: each set's run of it)")
                      + "; in the report, a timed-out job is its cell, `cannot run`")
+    jobs_option(cmd, executor=False)  # a set's jobs run with the set's own packages, here
     cmd.add_argument("--with", dest="with_", nargs="+", metavar="REQ",
                      help="requirements added to every set (numpy==2.4.6, flax==0.10.0, ...)")
     cmd.add_argument("--impl", nargs="+", help=impl_help + " (default: each spec's own)")

@@ -318,11 +318,27 @@ TIMEOUT_HELP = ("seconds each job (spec x implementation) may run; a job past it
                 "after N s' (cannot run), and the other jobs still run (default: no limit)")
 
 
+def jobs_option(cmd, executor: bool = True) -> None:
+    """--jobs N (and, with ``executor``, --executor): where the command's jobs run (fpemu.harness.pool)."""
+    from fpemu.harness.pool import JOBS_ENV, usable_cores
+    cmd.add_argument("--jobs", metavar="N", help=f"run N jobs at once, each in a worker process of its own (default: "
+                     f"${JOBS_ENV} where set, else the usable cores, {usable_cores()} here); the results, output "
+                     "and files are the same at any N, and a worker that dies is its job's result line")
+    if executor:
+        cmd.add_argument("--executor", metavar="WHERE", help="where the jobs run: 'local' (the default: --jobs worker "
+                         "processes here) or 'dask:ADDRESS', a running Dask cluster's scheduler (dask:tcp://HOST:8786; "
+                         "plain 'dask': $DASK_SCHEDULER_ADDRESS), whose workers need this fpemu; the results come "
+                         "back here, and what is written is the same as a local run's")
+
+
 def _timed(handler):
-    """``handler`` with each of its jobs under the command's --timeout (fpemu.harness.limits)."""
+    """``handler`` with its jobs under the command's --timeout (fpemu.harness.limits), run on --jobs worker
+    processes or on the --executor cluster (fpemu.harness.pool)."""
     def run(args) -> int:
         from fpemu.harness.limits import job_timeout
-        with job_timeout(args.timeout):
+        from fpemu.harness.pool import checked_executor, checked_jobs, default_jobs, job_workers
+        workers = default_jobs() if args.jobs is None else checked_jobs(args.jobs)
+        with job_timeout(args.timeout), job_workers(workers, checked_executor(getattr(args, "executor", None))):
             return handler(args)
     return run
 
@@ -337,6 +353,7 @@ def add_commands(registry) -> None:
     golden.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="at most SECONDS for each spec's reference model: a spec past it gets no golden (its "
                              "current one is kept), one line naming it, exit 1; the other specs still run")
+    jobs_option(golden)
 
     record = command("record", "record real implementations' traces (a baseline for `fpemu audit`); the folder "
                      "ends up holding exactly this run's traces: traces in it that this run did not write are "
@@ -344,6 +361,7 @@ def add_commands(registry) -> None:
     record.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     record.add_argument("--out", type=pathlib.Path, required=True, help="folder for the recorded traces")
     record.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    jobs_option(record)
     selection(record, impl_help, "exit 0 even when every job was skipped (nothing recorded) instead of 1")
 
     diff = command("diff", "drive real implementations through the specs and compare with golden traces",
@@ -351,6 +369,7 @@ def add_commands(registry) -> None:
     diff.add_argument("specs", nargs="+", type=pathlib.Path, help=specs_help)
     diff.add_argument("--golden", type=pathlib.Path, required=True, help="folder of golden traces")
     diff.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    jobs_option(diff)
     selection(diff, impl_help + " (default: each spec's own)")
     diff.add_argument("--save", type=pathlib.Path, help="also write the observed traces into this folder")
 
@@ -358,6 +377,7 @@ def add_commands(registry) -> None:
                     _timed(_cmd_audit))
     audit.add_argument("--baseline", type=pathlib.Path, required=True, help="folder written by `fpemu record`")
     audit.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    jobs_option(audit)
     selection(audit, "audit only these implementations of the baseline (a name: every device)",
               "exit 0 even when baseline implementations cannot run here (skipped) instead of 1")
 
@@ -389,6 +409,7 @@ def add_commands(registry) -> None:
                      help="output folder (default: reports/local/, which git ignores; --reports reports rewrites the "
                           "committed reports, from a full install: rows that cannot run here would replace measured ones)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
+    jobs_option(run)
     selection(run, impl_help + " (default: each spec's own)")
     run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
                      help="seconds each [ranks] case may run before it counts as a hang (default: the spec's "

@@ -11,13 +11,14 @@ import json
 import pathlib
 import sys
 import traceback
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from fpemu.compare.changes import TraceChanges, trace_changes
 from fpemu.compare import compare_traces
 from fpemu.compare.diff import API_CHANGED, CANNOT_RUN, INTERNAL_ERROR, SKIPPED, Verdict
 from fpemu.errors import FpemuInputError, RefusedCall
 from fpemu.harness.limits import JOB_TIMEOUT, JobTimedOut, time_limit
+from fpemu.harness.pool import in_order
 from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
 from fpemu.kinds import explain, kind_of, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
@@ -159,24 +160,35 @@ def write_golden(spec_paths, out_dir, progress: Progress = _quiet, unmade: Optio
     """
     scenarios = [s for s in load_specs(spec_paths) if runs_here(s) and (only is None or s.name in only)]
     written = []
-    for index, scenario in enumerate(scenarios, 1):
+    references = in_order(_reference_job, [(s,) for s in scenarios], died=_reference_died)
+    for index, (scenario, (trace, missing)) in enumerate(zip(scenarios, references), 1):
         path = pathlib.Path(out_dir) / trace_filename(scenario.name, REFERENCE)
-        missing = _golden_unmade(scenario)
-        if not missing:
-            try:
-                with time_limit(JOB_TIMEOUT.get()):
-                    trace = reference_trace(scenario)
-            except JobTimedOut as late:
-                missing = f"its reference model {late}"
-            else:
-                written.append(write_golden_trace(portable_spec_path(trace, pathlib.Path.cwd()), path))
-        if missing:
+        if trace is not None:
+            written.append(write_golden_trace(portable_spec_path(trace, pathlib.Path.cwd()), path))
+        else:
             kept = path if _is_current_golden(path, scenario) else None  # made where its framework ran
             written += [kept] if kept else []
             if unmade is not None:
                 unmade.append((scenario.name, missing, kept))
         progress(index, len(scenarios), scenario.name + (f" (golden not made here: {missing})" if missing else ""))
     return written
+
+
+def _reference_job(scenario):
+    """(the reference trace of ``scenario``, None), or (None, why none is made: a real run it needs cannot
+    run here, or its reference model ran past --timeout)."""
+    missing = _golden_unmade(scenario)
+    if missing:
+        return None, missing
+    try:
+        with time_limit(JOB_TIMEOUT.get()):
+            return reference_trace(scenario), None
+    except JobTimedOut as late:
+        return None, f"its reference model {late}"
+
+
+def _reference_died(scenario, why: str):
+    return None, f"its reference model did not finish: {why}"
 
 
 def _golden_unmade(scenario):
@@ -331,6 +343,22 @@ def run_job(scenario, impl):
         return None, job_failure(scenario, impl, error)
 
 
+def _job_died(scenario, impl, why: str):
+    """run_job's result for a job whose worker process died or was killed (fpemu.harness.pool)."""
+    return None, _skipped(scenario, impl, why, CANNOT_RUN)
+
+
+def _job_imports(scenario, impl) -> frozenset:
+    from fpemu.adapters import ADAPTERS
+    adapter = ADAPTERS.get(impl.name)
+    return frozenset(adapter.modules if adapter is not None else ())
+
+
+def run_jobs(jobs) -> Iterator:
+    """:func:`run_job` of each (scenario, implementation) pair, in order, on the command's ``--jobs``
+    worker processes (fpemu.harness.pool), a framework's jobs kept to the workers that imported it."""
+    return in_order(run_job, jobs, died=_job_died, imports=_job_imports)
+
 
 def skipped_summary(verdicts) -> str:
     """Which implementations were skipped and why, one clause per implementation and reason."""
@@ -358,9 +386,8 @@ def diff(spec_paths, golden_dir, requested=None, save_dir=None, progress: Progre
     goldens = {scenario.name: _golden_for(scenario, golden_dir) for scenario, _ in jobs  # all, before any run
                if not _golden_unmade(scenario)}  # (one that cannot be made here: its job is skipped too)
     verdicts = []
-    for index, (scenario, impl) in enumerate(jobs, 1):
+    for index, ((scenario, impl), (observed, failure)) in enumerate(zip(jobs, run_jobs(jobs)), 1):
         key = impl.key
-        observed, failure = run_job(scenario, impl)
         if failure is not None:
             verdicts.append(failure)
         else:
@@ -448,9 +475,8 @@ def record(spec_paths, out_dir, requested=None, progress: Progress = _quiet, exc
         raise FpemuInputError(f"{out_dir}: holds golden (reference) traces ({', '.join(golden[:3])}"
                               f"{', ...' if len(golden) > 3 else ''}); record a baseline into a folder of its own")
     written, unrecorded = [], []
-    for index, (scenario, impl) in enumerate(jobs, 1):
+    for index, ((scenario, impl), (trace, failure)) in enumerate(zip(jobs, run_jobs(jobs)), 1):
         key = impl.key
-        trace, failure = run_job(scenario, impl)
         if failure is not None:
             unrecorded.append(failure)
         else:
@@ -497,19 +523,16 @@ def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=No
         raise FpemuInputError(f"nothing to audit: {baseline_dir} holds {', '.join(held)}; none is selected by "
                               + " ".join(f"{option} {' '.join(names)}" for option, names
                                          in (("--impl", requested), ("--exclude", excluded)) if names))
+    rebuilt = [_rebuilt_job(path, before) for path, before in chosen]
+    runs = run_jobs([job for job in rebuilt if isinstance(job, tuple)])
     changes, unchanged, problems = [], 0, []
-    for index, (path, before) in enumerate(chosen, 1):
-        spec = before.metadata["spec"]
-        try:  # a newer fpemu may refuse an old baseline's spec or no longer have its adapter
-            scenario = parse_spec(spec["text"], spec["path"])
-            adapter, device = parse_implementation(before.implementation)
-        except FpemuInputError as refused:
-            problems.append(Verdict(before.spec_name, before.implementation, CANNOT_RUN,
-                                    note=f"this fpemu cannot rebuild the baseline {path.name}: {refused}"))
+    for index, ((path, before), job) in enumerate(zip(chosen, rebuilt), 1):
+        if isinstance(job, Verdict):  # this fpemu cannot rebuild it
+            problems.append(job)
             progress(index, len(chosen), f"{before.spec_name} / {before.implementation}")
             continue
-        impl = dataclasses.replace(scenario.implementation(adapter), device=device)
-        now, failure = run_job(scenario, impl)
+        scenario, _ = job
+        now, failure = next(runs)
         if failure is not None:
             recorded = ", ".join(f"{k} {v}" for k, v in sorted(before.metadata.get("packages", {}).items()))
             problems.append(dataclasses.replace(failure, note=f"{failure.note} (the baseline {path.name} "
@@ -524,3 +547,16 @@ def audit(baseline_dir, progress: Progress = _quiet, requested=None, excluded=No
                                            str(path)))
         progress(index, len(chosen), f"{before.spec_name} / {before.implementation}")
     return changes, unchanged, problems
+
+
+def _rebuilt_job(path, before: Trace):
+    """The (scenario, implementation) job that re-records the baseline trace ``before`` (read from ``path``),
+    or the Verdict of a baseline this fpemu cannot rebuild (it refuses its spec or has no such adapter now)."""
+    spec = before.metadata["spec"]
+    try:
+        scenario = parse_spec(spec["text"], spec["path"])
+        adapter, device = parse_implementation(before.implementation)
+    except FpemuInputError as refused:
+        return Verdict(before.spec_name, before.implementation, CANNOT_RUN,
+                       note=f"this fpemu cannot rebuild the baseline {path.name}: {refused}")
+    return scenario, dataclasses.replace(scenario.implementation(adapter), device=device)

@@ -34,6 +34,7 @@ from typing import Optional
 from fpemu.compare.diff import CANNOT_RUN, INTERNAL_ERROR, SKIPPED
 from fpemu.errors import FpemuInputError
 from fpemu.harness.limits import JOB_TIMEOUT
+from fpemu.harness.pool import JOB_WORKERS
 from fpemu.traces import Trace, read_trace
 
 # Packages ``fpemu matrix`` takes as options (``--jax 0.4.31,0.10.2``), with the companions each
@@ -350,12 +351,14 @@ def build_column_environment(version_set: VersionSet):
 
 def _record_command(python, plan: MatrixPlan, out: pathlib.Path) -> list:
     """``fpemu record`` of the plan's specs, each job under the command's --timeout (fpemu.harness.limits):
-    a job past it is its cell, ``cannot run: timed out after N s (--timeout)``."""
+    a job past it is its cell, ``cannot run: timed out after N s (--timeout)``; on the command's --jobs
+    worker processes (fpemu.harness.pool)."""
     command = [str(python), "-m", "fpemu", "record", *plan.specs, "--out", str(out), "--allow-skips", "--json",
                "--quiet"]
     timeout = JOB_TIMEOUT.get()
     return (command + (["--impl", *plan.implementations] if plan.implementations else [])
-            + (["--timeout", repr(float(timeout))] if timeout is not None else []))
+            + (["--timeout", repr(float(timeout))] if timeout is not None else [])
+            + ["--jobs", str(JOB_WORKERS.get())])
 
 
 def _set_env() -> dict:

@@ -1,0 +1,150 @@
+"""fpemu.harness.pool: jobs on worker processes give the results of one job after another, in job order; a
+worker that dies or hangs is its job's result; bad input still reaches the caller."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from fpemu.errors import FpemuInputError
+from fpemu.harness import pool
+from fpemu.harness.limits import job_timeout
+
+
+def _square_later(value, delay):
+    time.sleep(delay)
+    return value * value, os.getpid()
+
+
+def _died(*job):
+    return ("died", job[-1])
+
+
+def _results(work, jobs, workers=2):
+    with pool.job_workers(workers):
+        return list(pool.in_order(work, jobs, died=_died))
+
+
+def test_results_come_in_job_order_whichever_worker_ends_first():
+    # the first job is the slowest: the others end first, on the other worker
+    jobs = [(1, 1.0), (2, 0.0), (3, 0.0), (4, 0.0)]
+    results = _results(_square_later, jobs)
+    assert [value for value, _ in results] == [1, 4, 9, 16]
+    pids = {pid for _, pid in results}
+    assert len(pids) == 2 and os.getpid() not in pids  # two workers, neither this process
+
+
+def test_one_worker_runs_the_jobs_here():
+    assert {pid for _, pid in _results(_square_later, [(1, 0), (2, 0)], workers=1)} == {os.getpid()}
+
+
+def _crash_on(value):
+    if value == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if value == 3:
+        os._exit(7)
+    return value
+
+
+def test_a_worker_that_dies_is_its_jobs_result_and_the_other_jobs_still_run():
+    results = _results(_crash_on, [(1,), (2,), (3,), (4,), (5,)])
+    assert results[0] == 1 and results[3:] == [4, 5]
+    assert results[1] == ("died", "its worker process died of signal SIGSEGV")
+    assert results[2] == ("died", "its worker process exited with code 7 in the job")
+
+
+def _refuse(value):
+    if value == 2:
+        raise FpemuInputError(f"spec {value}: expected something else")
+    return value
+
+
+def test_bad_input_in_a_job_reaches_the_caller_at_its_turn():
+    seen = []
+    with pool.job_workers(2), pytest.raises(FpemuInputError, match="spec 2: expected"):
+        for result in pool.in_order(_refuse, [(1,), (2,), (3,)], died=_died):
+            seen.append(result)
+    assert seen == [1]
+
+
+def _stuck_where_no_signal_reaches(value):
+    if value == 1:  # SIGALRM blocked: the in-job --timeout cannot stop it, as inside one long C call
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(60)
+    return value
+
+
+def test_a_job_stuck_past_its_timeout_is_killed(monkeypatch):
+    monkeypatch.setattr(pool, "GRACE_S", 0.5)
+    began = time.monotonic()
+    with job_timeout(0.5):
+        results = _results(_stuck_where_no_signal_reaches, [(1,), (2,)])
+    assert results[1] == 2 and results[0][0] == "died"
+    assert results[0][1].startswith("its worker process was killed") and "past --timeout" in results[0][1]
+    assert time.monotonic() - began < 30
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
+def test_jobs_must_be_a_whole_number_of_workers(value):
+    with pytest.raises(FpemuInputError, match=f"--jobs {value!r}: expected a whole number"):
+        pool.checked_jobs(value)
+
+
+def test_the_default_is_fpemu_jobs_else_the_usable_cores(monkeypatch):
+    monkeypatch.setenv(pool.JOBS_ENV, "3")
+    assert pool.default_jobs() == 3
+    monkeypatch.setenv(pool.JOBS_ENV, "many")
+    with pytest.raises(FpemuInputError, match=r"\$FPEMU_JOBS 'many'"):
+        pool.default_jobs()
+    monkeypatch.delenv(pool.JOBS_ENV)
+    assert pool.default_jobs() == len(os.sched_getaffinity(0))
+
+
+# five scaler adapters (keras among them: it set KERAS_BACKEND for every later job of its process), a step,
+# a skipped job; .ci/run's stage 2 compares the whole `fpemu run` at --jobs 1 and 2
+RUN_SPECS = ["flax_vs_torch_timing.toml", "step_bf16_torch.toml", "floor_paddle.toml"]
+
+
+def _run_files(tmp_path, capsys, jobs: str, *more) -> tuple:
+    """What `fpemu run --jobs N [MORE...]` prints and writes (path -> bytes), from the same folders each time."""
+    import shutil
+    from fpemu.cli import main
+    reports = tmp_path / "reports"
+    shutil.rmtree(reports, ignore_errors=True)
+    code = main(["run", "--specs", str(tmp_path / "specs"), "--reports", str(reports), "--jobs", jobs, "--quiet", *more])
+    files = {str(p.relative_to(reports)): p.read_bytes() for p in sorted(reports.rglob("*")) if p.is_file()}
+    return code, capsys.readouterr().out, files
+
+
+def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(tmp_path, capsys, monkeypatch):
+    import pathlib
+    import shutil
+    root = pathlib.Path(__file__).resolve().parent.parent
+    (tmp_path / "specs").mkdir()
+    for name in RUN_SPECS:
+        shutil.copy(root / "specs" / name, tmp_path / "specs" / name)
+    monkeypatch.chdir(root)
+    one = _run_files(tmp_path, capsys, "1")
+    two = _run_files(tmp_path, capsys, "2")
+    assert one[0] == two[0] and one[1] == two[1]
+    assert sorted(one[2]) == sorted(two[2]) and len(one[2]) > len(RUN_SPECS)
+    assert [name for name in one[2] if one[2][name] != two[2][name]] == []
+
+
+@pytest.mark.parametrize("value, expected", [("local", None), (None, None), ("dask:tcp://10.0.0.5:8786", "tcp://10.0.0.5:8786")])
+def test_executor_names_where_the_jobs_run(value, expected):
+    assert pool.checked_executor(value) == expected
+
+
+def test_executor_dask_reads_the_scheduler_address_from_dasks_variable(monkeypatch):
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://10.0.0.5:8786")
+    assert pool.checked_executor("dask") == "tcp://10.0.0.5:8786"
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
+    with pytest.raises(FpemuInputError, match="--executor 'dask': no scheduler address"):
+        pool.checked_executor("dask")
+
+
+def test_executor_other_than_local_or_dask_is_bad_input():
+    with pytest.raises(FpemuInputError, match="--executor 'ray': expected 'local' or 'dask:ADDRESS'"):
+        pool.checked_executor("ray")
