@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
 import resource
+import subprocess
+import sys
 import time
 
 from fpemu.fileio import atomic_write
 
-REPORTS = pathlib.Path(__file__).resolve().parent.parent / "reports"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
 # What a reader of any timing here must know (the timings take turns, so one run's ratios compare).
 TIMING_NOTE = ("Timed on a 2-vCPU virtual machine where the same code runs up to 30-60% slower at some hours "
                "than at others; what is compared takes turns in one run, so the ratios of one run compare, "
@@ -84,3 +89,22 @@ def write_report(stem: str, title: str, result: dict, rows, columns, notes, sect
                  + "\n".join(f"- {n}" for n in section_notes) + "\n")
     atomic_write(REPORTS / f"{stem}.md", text)
     atomic_write(REPORTS / f"{stem}.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+
+
+def tree_digests(folder: pathlib.Path, skip=()) -> dict:
+    """relative path -> sha256 of every file under ``folder``, less those under a folder named in ``skip``."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not set(skip) & set(p.relative_to(folder).parts)}
+
+
+def run_fpemu(*args, cwd=ROOT, env=None) -> tuple:
+    """(wall seconds, exit code) of ``python -m fpemu ARGS`` as a process of its own, this checkout first on
+    its path; an exit code other than 0 or 1 (bad input, an internal error) ends the benchmark."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "fpemu", *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+    wall = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"fpemu {' '.join(map(str, args))} exited {done.returncode}: {done.stderr[-2000:]}")
+    return wall, done.returncode

@@ -12,43 +12,25 @@ Writes reports/bench_shards.md and .json.  Run: python -m benchmarks.bench_shard
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import pathlib
 import platform
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 
-from benchmarks._common import TIMING_NOTE, write_report
+from benchmarks._common import ROOT, TIMING_NOTE, run_fpemu, tree_digests, write_report
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 MATRIX_SPECS = ("specs/step_bf16_jax_default.toml", "specs/step_fp16_jax_default.toml")
 RUN_SPECS = ("seed_example_1", "floor_jmp", "floor_torch", "timing_flax", "static_scale", "bernoulli_torch",
              "ranks_ddp_grad_scaler", "model_fp16_linear_settle")
 
 
-def _tree(folder: pathlib.Path) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and "shards" not in p.relative_to(folder).parts}
-
-
 def _fpemu(*args, cwd=ROOT) -> tuple:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("FPEMU_SHARD", None)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "fpemu", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True)
-    wall = time.perf_counter() - start
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"fpemu {' '.join(map(str, args))} exited {done.returncode}: {done.stderr[-2000:]}")
-    return wall, done.returncode
+    return run_fpemu(*args, cwd=cwd, env={"FPEMU_SHARD": ""})  # the shard is the command line's alone
 
 
 def _compare(what: str, whole: pathlib.Path, merged: pathlib.Path, timings: list) -> dict:
-    a, b = _tree(whole), _tree(merged)
+    a, b = tree_digests(whole, skip=("shards",)), tree_digests(merged, skip=("shards",))
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return {"what": what, "files": len(a), "identical": "yes" if not differ else f"NO: {', '.join(differ[:5])}",
             **{key: round(value, 1) for key, value in timings}}
