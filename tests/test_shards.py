@@ -160,6 +160,9 @@ def _artifact_steps(job: dict, action: str) -> list:
 
 @pytest.mark.fpemu_torch
 @pytest.mark.fpemu_jmp
+@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
+                    reason="21 s of fpemu processes (CI stage 2: FPEMU_TEST_ENVS=1); the shards' merge is tested here by "
+                           "test_two_shards_merge_into_the_reports_of_one_run_byte_for_byte")
 def test_the_example_ci_workflow_expanded_here_merges_into_one_runs_reports(tmp_path):
     """examples/ci/github-actions.yml as GitHub runs it: each matrix entry on a machine of its own (a folder),
     its artifact passed to the merge job as the upload and download steps say, then its fpemu steps."""
@@ -267,3 +270,17 @@ def test_a_matrix_job_past_timeout_is_its_cell_and_one_line(here, tmp_path, caps
     for command in (["matrix", str(plan)], ["bisect", "jax", "--specs", str(SPECS / "floor_jmp.toml"),
                                             "--versions", "0.4.31,0.4.33"]):
         _refused(capsys, [*command, "--timeout", "0"], "--timeout 0.0: expected seconds > 0")
+
+
+def test_the_exhaustive_block_sweep_in_shards_merges_into_the_rows_of_one_sweep(tmp_path, monkeypatch):
+    # each row's sweep (minutes) replaced by its key: what is checked is which shard takes which row, and the merge
+    from benchmarks import exhaustive_blocks as sweep
+    monkeypatch.setattr(sweep, "SHARD_DIR", tmp_path)
+    monkeypatch.setattr(sweep, "sweep", lambda key: dict(zip(("sweep", "rule", "element"), key)))
+    whole = [sweep.sweep(key) for key in sweep.rows_to_sweep()]
+    sweep.run_shard(0, 3)
+    with pytest.raises(SystemExit, match="blocks-1-of-3.json: missing; run --shard 1/3 first"):
+        sweep.merged_rows(3)
+    sweep.run_shard(1, 3)
+    sweep.run_shard(2, 3)
+    assert sweep.merged_rows(3) == whole and len(whole) == 35
