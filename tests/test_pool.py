@@ -106,18 +106,23 @@ def test_the_default_is_fpemu_jobs_else_the_usable_cores(monkeypatch):
 RUN_SPECS = ["flax_vs_torch_timing.toml", "step_bf16_torch.toml", "floor_paddle.toml"]
 
 
-def _run_files(tmp_path, capsys, jobs: str, *more) -> tuple:
-    """What `fpemu run --jobs N [MORE...]` prints and writes (path -> bytes), from the same folders each time."""
+def _run_files(tmp_path, jobs: str, *more) -> tuple:
+    """What `fpemu run --jobs N [MORE...]` prints and writes (path -> bytes), from the same folders each time,
+    as a fresh process (as its workers are: this one holds the state of the tests before, JAX's config
+    among it)."""
     import shutil
-    from fpemu.cli import main
+    import subprocess
+    import sys
     reports = tmp_path / "reports"
     shutil.rmtree(reports, ignore_errors=True)
-    code = main(["run", "--specs", str(tmp_path / "specs"), "--reports", str(reports), "--jobs", jobs, "--quiet", *more])
+    done = subprocess.run([sys.executable, "-m", "fpemu", "run", "--specs", str(tmp_path / "specs"), "--reports",
+                           str(reports), "--jobs", jobs, "--quiet", *more], capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
     files = {str(p.relative_to(reports)): p.read_bytes() for p in sorted(reports.rglob("*")) if p.is_file()}
-    return code, capsys.readouterr().out, files
+    return done.returncode, done.stdout, files
 
 
-def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(tmp_path, capsys, monkeypatch):
+def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(tmp_path, monkeypatch):
     import pathlib
     import shutil
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -125,8 +130,8 @@ def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(
     for name in RUN_SPECS:
         shutil.copy(root / "specs" / name, tmp_path / "specs" / name)
     monkeypatch.chdir(root)
-    one = _run_files(tmp_path, capsys, "1")
-    two = _run_files(tmp_path, capsys, "2")
+    one = _run_files(tmp_path, "1")
+    two = _run_files(tmp_path, "2")
     assert one[0] == two[0] and one[1] == two[1]
     assert sorted(one[2]) == sorted(two[2]) and len(one[2]) > len(RUN_SPECS)
     assert [name for name in one[2] if one[2][name] != two[2][name]] == []
