@@ -74,18 +74,8 @@ def test_timeout_stops_a_job_in_a_dask_task_thread(scheduler):
 
 
 def test_fpemu_run_on_the_cluster_writes_what_it_writes_here(scheduler, tmp_path, monkeypatch):
-    import pathlib
-    import shutil
-    from test_pool import RUN_SPECS, _run_files
-    root = pathlib.Path(__file__).resolve().parent.parent
-    (tmp_path / "specs").mkdir()
-    for name in RUN_SPECS:
-        shutil.copy(root / "specs" / name, tmp_path / "specs" / name)
-    monkeypatch.chdir(root)
-    here = _run_files(tmp_path, "1")
-    there = _run_files(tmp_path, "1", "--executor", f"dask:{scheduler}")
-    assert here[0] == there[0] and here[1] == there[1]
-    assert sorted(here[2]) == sorted(there[2]) and [name for name in here[2] if here[2][name] != there[2][name]] == []
+    from test_pool import assert_runs_write_the_same
+    assert_runs_write_the_same(tmp_path, monkeypatch, ("1",), ("1", "--executor", f"dask:{scheduler}"))
 
 
 def test_a_scheduler_that_does_not_answer_is_bad_input(monkeypatch):
