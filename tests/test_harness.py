@@ -82,6 +82,24 @@ def test_shipped_specs_are_valid_and_cover_every_profile():
     assert {i.name for s in step_scenarios for i in s.implementations} == {"jax_step", "torch_step"}
 
 
+def test_a_golden_is_read_by_its_specs_kind_and_reported_as_that_kind_says():
+    """harness.md's section of a scenario asks its kind (fpemu.kinds.kind_of_trace) what its scale is called:
+    every committed golden's kind is its spec's, and the kinds without a scale record none."""
+    from fpemu.kinds import kind_of, kind_of_trace
+    scenarios = {s.name: s for s in load_specs([SPECS])}
+    goldens = sorted((ROOT / "reports" / "golden").glob("*.json"))
+    assert len(goldens) >= 80
+    labels = set()
+    for path in goldens:
+        trace = read_trace(path)
+        kind = kind_of_trace(trace)
+        assert kind is kind_of(scenarios[path.stem]), path.name
+        assert (kind.scale_label is None) == ("scale" not in trace.steps[0]), path.name
+        assert (kind.scale_label == "fp8 scale") == ("amax" in trace.steps[0]), path.name
+        labels.add(kind.scale_label)
+    assert labels == {None, "loss scale", "fp8 scale"}
+
+
 def test_traces_are_deterministic_lossless_and_checked(tmp_path):
     scenario = load_spec(SPECS / "factor3_near_max_torch.toml")
     first, second = dumps(reference_trace(scenario)), dumps(reference_trace(scenario))

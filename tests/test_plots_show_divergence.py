@@ -8,6 +8,7 @@ import types
 import pytest
 
 from fpemu.figures import pyplot
+from fpemu.kinds import kind_of_trace
 from fpemu.reports import plots
 from fpemu.reports.writer import departures, diverged_fields
 from fpemu.traces import read_trace
@@ -24,7 +25,7 @@ def verdicts_of(spec):
 def figure_of(spec, observed=()):
     trace, verdicts = read_trace(REPORTS / "golden" / f"{spec}.json"), verdicts_of(spec)
     return plots.draw_scale_trajectories(spec, {"reference": trace.column("scale")}, trace.column("overflow"),
-                                         {}, "fp8 scale" if "amax" in trace.steps[0] else "loss scale",
+                                         {}, kind_of_trace(trace).scale_label,
                                          diverged_fields(trace, observed, verdicts), departures(verdicts))
 
 

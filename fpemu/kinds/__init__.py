@@ -11,6 +11,7 @@ from __future__ import annotations
 from fpemu.kinds import blocks, fp8_training, ranks, recipe, scaler, step
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
+from fpemu.kinds.schema import parse_toml
 from fpemu.traces import Trace
 from fpemu.traces.fields import fields_recorded_by
 
@@ -30,6 +31,12 @@ def kind_of(scenario: ScenarioBase) -> ScenarioKind:
 def kind_of_spec(raw: dict) -> ScenarioKind:
     """The kind of a spec's TOML table ``raw``: the first whose table it has, else the kind without one."""
     return next(kind for kind in KINDS if kind.table is None or kind.table in raw)
+
+
+def kind_of_trace(trace: Trace) -> ScenarioKind:
+    """The kind of the spec ``trace`` was made from (the spec text its metadata holds)."""
+    spec = trace.metadata.get("spec") or {}
+    return kind_of_spec(parse_toml(spec.get("text", ""), spec.get("path", "the trace's spec")))
 
 
 def spec_tables() -> set:
@@ -65,4 +72,4 @@ def explain(field: str, step: int, golden: Trace, observed: Trace):
 
 
 __all__ = ["KINDS", "ScenarioKind", "ExpectedDivergence", "Implementation", "ScenarioBase", "kind_of",
-           "kind_of_spec", "spec_tables", "reference_trace", "record_trace", "explain"]
+           "kind_of_spec", "kind_of_trace", "spec_tables", "reference_trace", "record_trace", "explain"]

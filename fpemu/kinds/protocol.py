@@ -1,7 +1,7 @@
 """The one protocol a scenario kind implements: a descriptor the registry (fpemu.kinds.KINDS) lists.
 
 A scenario kind is one package under fpemu/kinds/ whose ``KIND`` is a :class:`ScenarioKind`.  The spec
-loader (fpemu.specs), the harness, the comparison's explanations and the reports reach a kind only
+loader (fpemu.specs), the harness, the comparison's explanations and the report's sections reach a kind only
 through its descriptor, so adding a kind is its package and one line of the registry.
 """
 
@@ -34,6 +34,9 @@ class ScenarioKind:
       runs_by_default: the adapters of this kind a spec without [implementations] drives: ``profile``
         (those whose profile is the scenario's), ``declared`` (only the spec's own) or ``own`` (the
         kind's parser chose them).
+      scale_label: what the report (reports/harness.md) calls the ``scale`` its steps record, the y axis
+        of the scenario's plot (``loss scale``, an fp8 recipe's ``fp8 scale``); None for a kind whose
+        steps record no scale, so its section has no scale plot.
     """
 
     name: str
@@ -45,3 +48,4 @@ class ScenarioKind:
     record: Optional[Callable] = None
     explain: Optional[Callable] = None
     runs_by_default: str = "profile"
+    scale_label: Optional[str] = "loss scale"

@@ -12,6 +12,7 @@ from fpemu.compare.diff import JOB_FAILURES, SKIPPED, STATUSES
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_bounded
 from fpemu.formats import FORMATS, range_stats
+from fpemu.kinds import kind_of_trace
 from fpemu.scalers import PROFILES, simulate_scaler
 from fpemu.scalers.profiles import REQUIRED
 from fpemu.traces.schema import READ_LIMITS, bounded_json
@@ -248,7 +249,8 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
                      + (f" from step {step} ({v['divergence']['field']})" if step is not None else "")
                      + (f"; {v['note']}" if v.get("note") and v["status"] in _NOTED else ""))
     written = []
-    if not plots_ok or "scale" not in trace.steps[0]:
+    scale_label = kind_of_trace(trace).scale_label
+    if not plots_ok or scale_label is None:
         return "\n".join(lines), written
     from fpemu.reports.plots import scale_trajectories, shares_per_step, ulp_histogram
     series = {"reference": trace.column("scale")}
@@ -256,7 +258,7 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
     status = ", ".join(f"{v['implementation']} {v['status']}" for v in verdicts) or "reference only"
     plot = scale_trajectories(folder / "plots" / f"{name}.png", f"{name}: {status}", series,
                               trace.column("overflow"), diverges_at,
-                              "fp8 scale" if "amax" in trace.steps[0] else "loss scale",
+                              scale_label,
                               diverged_fields(trace, observed, verdicts), departures(verdicts))
     written.append(plot)
     lines += ["", f"![{name}](plots/{plot.name})"]

@@ -9,6 +9,7 @@ from fpemu.kinds.blocks.trace import block_cause, recorded_blocks_trace, referen
 from fpemu.kinds.protocol import ScenarioKind
 
 KIND = ScenarioKind("blocks", "blocks", BlocksScenario, parse_blocks_spec, reference=reference_blocks_trace,
-                    record=recorded_blocks_trace, explain=block_cause, runs_by_default="own")
+                    record=recorded_blocks_trace, explain=block_cause, runs_by_default="own",
+                    scale_label=None)
 
 __all__ = ["KIND", "BlocksScenario"]

@@ -7,6 +7,6 @@ from fpemu.kinds.fp8_training.trace import (float8_training_traces, recorded_fp8
 
 KIND = ScenarioKind("fp8_training", "fp8_training", Fp8TrainingScenario, parse_fp8_training_spec,
                     reference=reference_fp8_training_trace, record=recorded_fp8_training_trace,
-                    runs_by_default="own")
+                    runs_by_default="own", scale_label=None)
 
 __all__ = ["KIND", "Fp8TrainingScenario", "float8_training_traces"]

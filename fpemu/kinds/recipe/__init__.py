@@ -5,6 +5,6 @@ from fpemu.kinds.recipe.spec import AmaxSource, RecipeScenario, parse_recipe_spe
 from fpemu.kinds.recipe.trace import recorded_recipe_trace, reference_recipe_trace
 
 KIND = ScenarioKind("recipe", "recipe", RecipeScenario, parse_recipe_spec, other_tables=("amax",),
-                    reference=reference_recipe_trace, record=recorded_recipe_trace)
+                    reference=reference_recipe_trace, record=recorded_recipe_trace, scale_label="fp8 scale")
 
 __all__ = ["KIND", "AmaxSource", "RecipeScenario"]
