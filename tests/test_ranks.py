@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fpemu
+from fpemu.adapters import torch_ranks
 from fpemu.cli import main
 from fpemu.ranks import RanksCase, chained_scales, cross_rank_verdict, predict, reduce_found_inf
 from fpemu.ranks.model import MAX, SUM, FoundInfReduction
@@ -450,6 +451,51 @@ def test_cases_whose_device_is_missing_are_skipped_with_the_reason(tmp_path):
 
 TORCHRUN_SPEC = UNDECLARED.replace("world_sizes = [2]", "world_sizes = SIZES")
 ROOT = SPECS.parent
+
+
+class _ScriptedGroup(torch_ranks._Group):
+    """The launcher's view of a group whose messages arrive in a set order (fpemu's own transport, scripted):
+    each entry is a message, or ``("die", rank, exit code, last words)``, after which that rank is dead."""
+
+    script = ()
+
+    def __init__(self, cases, world_size, device, group_timeout_s, folder):
+        self.left, self.deaths = list(self.script), {}
+
+    def next_message(self):
+        while self.left:
+            entry = self.left.pop(0)
+            if entry[0] != "die":
+                return entry
+            self.deaths[entry[1]] = entry[2:]
+            return None  # the launcher looks at the dead before the next message
+        return None
+
+    def dead(self):
+        return sorted(self.deaths)
+
+    def death(self, rank):
+        return self.deaths[rank]
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("late", ["done", "error"])
+def test_a_result_arriving_after_a_peer_died_still_counts_and_the_crash_is_the_next_cases(late, monkeypatch):
+    """Found in CI under torchrun: rank 0's process died in case 6 (a gloo abort) and was seen dead before rank
+    1's 'done' of case 5, sent before it, came through the store; case 5 was blamed for case 6's crash.  A
+    result or error already sent still counts; the failure is the first case some rank did not finish."""
+    monkeypatch.setattr(torch_ranks, "_IN_FLIGHT_S", 0.05)
+    rank1_late = (("done", 0, 1, ("r1", 0.5)) if late == "done" else ("error", 1, 1, "RuntimeError: Connection reset"))
+    _ScriptedGroup.script = [("ready", -1, 0, None), ("ready", -1, 1, None), ("done", 0, 0, ("r0", 0.25)),
+                             ("die", 0, -6, "op.preamble.length <= op.nbytes. 216 vs 8"), rank1_late]
+    if late == "error":  # rank 1 finished case 0 in time; its error about case 1 arrives after the death
+        _ScriptedGroup.script.insert(3, ("done", 0, 1, ("r1", 0.5)))
+    first, second = torch_ranks._launch([{}, {}, {}], 2, "cpu", [60.0] * 3, _ScriptedGroup)
+    assert first == torch_ranks.CaseResult(("r0", "r1"), None, 0.5)
+    died = "rank 0 died (exit code -6): op.preamble.length <= op.nbytes. 216 vs 8"
+    assert second.error == (died if late == "done" else f"rank 1: RuntimeError: Connection reset; {died}")
 
 
 def test_env_world_reads_torchruns_variables_and_names_the_one_missing():

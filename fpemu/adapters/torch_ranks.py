@@ -640,14 +640,9 @@ class _Group:
         """(exit code, last words) of a rank that died."""
         return self.procs[rank].exitcode, _last_words(self.logs[rank])
 
-    def failure(self, first: Optional[tuple]) -> str:
-        """The case's error: the first rank's (rank, report), then every other rank's (after a short
-        grace, as a rank's abort takes its peers down with it), then the last words of ranks that died."""
-        deadline, reports = time.perf_counter() + 1.0, dict([first] if first else [])
-        while time.perf_counter() < deadline:
-            message = self.next_message()
-            if message is not None and message[0] == "error":
-                reports.setdefault(message[2], message[3])
+    def failure(self, reports: dict) -> str:
+        """The case's error: every rank's report (``{rank: text}``, in the order they came), then the last words
+        of ranks that died without one."""
         lines = [f"rank {rank}: {text}" for rank, text in reports.items()]
         for rank in (r for r in self.dead() if r not in reports):
             code, words = self.death(rank)
@@ -676,32 +671,64 @@ def _launch(cases: list, world_size: int, device: str, timeouts: list, group_typ
         try:
             while len(out) < len(cases):
                 message = group.next_message()
-                error = None
+                reports, failed, timed_out = {}, False, None
                 limit = timeouts[len(out)] if len(ready) == world_size else _JOIN_TIMEOUT_S
                 if message is not None and message[0] == "error":
-                    error = group.failure((message[2], message[3]))
+                    reports[message[2]], failed = message[3], True
                 elif message is not None and message[0] == "ready":
                     ready.add(message[2])
                     started = time.perf_counter()
                 elif message is not None:
                     pending.setdefault(message[1], {})[message[2]] = message[3]
                 elif group.dead():
-                    error = group.failure(None)
+                    failed = True
                 elif time.perf_counter() - started > limit:
-                    error = (f"timeout: no result within {limit:g} s (a hang: the ranks wait in different "
-                             "collectives)" if len(ready) == world_size else
-                             f"timeout: the ranks did not join the process group within {limit:g} s")
-                if error is not None:
-                    out.append(CaseResult((), error, time.perf_counter() - started))
+                    timed_out = (f"timeout: no result within {limit:g} s (a hang: the ranks wait in different "
+                                 "collectives)" if len(ready) == world_size else
+                                 f"timeout: the ranks did not join the process group within {limit:g} s")
+                    failed = True
+                if failed:
+                    _collect_in_flight(group, pending, reports)
+                    started = _complete(out, pending, world_size, started)
+                    if len(out) < len(cases):  # the failure is the first case some rank did not finish
+                        error = timed_out or group.failure(reports)
+                        out.append(CaseResult((), error, time.perf_counter() - started))
                     break
-                if len(pending.get(len(out), {})) == world_size:
-                    records = pending.pop(len(out))
-                    seconds = max(s for _, s in records.values())
-                    out.append(CaseResult(tuple(records[r][0] for r in range(world_size)), None, seconds))
-                    started = time.perf_counter()
+                started = _complete(out, pending, world_size, started)
         finally:
             group.close()
     return out
+
+
+# How long results already sent are awaited once a case failed: a rank's abort takes its peers down with
+# it, and a result sent before the failure may arrive after it (each rank reports on its own connection:
+# under torchrun a 'done' of the case before came through the store after rank 0's own process was seen
+# dead, and that case was blamed for the crash of the next).
+_IN_FLIGHT_S = 2.0
+
+
+def _collect_in_flight(group, pending: dict, reports: dict) -> None:
+    """Read the group's messages for :data:`_IN_FLIGHT_S`: results into ``pending``, errors into ``reports``."""
+    deadline = time.perf_counter() + _IN_FLIGHT_S
+    while time.perf_counter() < deadline:
+        message = group.next_message()
+        if message is None:
+            continue
+        kind, index, rank, body = message
+        if kind == "error":
+            reports.setdefault(rank, body)
+        elif kind == "done":
+            pending.setdefault(index, {})[rank] = body
+
+
+def _complete(out: list, pending: dict, world_size: int, started: float) -> float:
+    """Append to ``out`` each next case every rank has finished; the clock of the case after them."""
+    while len(pending.get(len(out), {})) == world_size:
+        records = pending.pop(len(out))
+        seconds = max(s for _, s in records.values())
+        out.append(CaseResult(tuple(records[r][0] for r in range(world_size)), None, seconds))
+        started = time.perf_counter()
+    return started
 
 
 def _group_timeout(timeouts: list) -> float:
