@@ -48,13 +48,25 @@ def recorded():
     return run(record=True, observe=True)
 
 
-def counts(values: np.ndarray) -> tuple:
-    """(zero, subnormal, beyond, nan) counts of float32 values cast to fp16 by ml_dtypes, and the largest."""
+def counts(values: np.ndarray, dtype=np.float16) -> tuple:
+    """(zero, subnormal, beyond, nan) counts of float32 values cast to ``dtype`` by ml_dtypes."""
     with np.errstate(over="ignore"):
-        cast = values.astype(np.float16).astype(np.float64)
-    tiny = float(ml_dtypes.finfo(np.float16).smallest_normal)
+        cast = values.astype(dtype).astype(np.float64)
+    tiny = float(ml_dtypes.finfo(dtype).smallest_normal)
     return (int((cast == 0).sum()), int(((np.abs(cast) > 0) & (np.abs(cast) < tiny)).sum()),
             int(np.isinf(cast).sum()), int(np.isnan(values).sum()))
+
+
+def computed_in_fp16(incoming) -> dict:
+    """group -> whether its gradients are fp16 values (autocast computed them in fp16), from the finite elements
+    of the first one with finite nonzero elements; the embedding's and the norms' are float32."""
+    out = {}
+    for name, grad in incoming:
+        values = grad.numpy()
+        values = values[np.isfinite(values)]
+        if name not in out and values.any():
+            out[name] = bool((values.astype(np.float16).astype(np.float32) == values).all())
+    return out
 
 
 def test_statistics_are_each_microbatchs_gradient_not_the_sum(recorded):
@@ -63,12 +75,16 @@ def test_statistics_are_each_microbatchs_gradient_not_the_sum(recorded):
     assert [s.overflow for s in rec.steps] == [found for _, found in seen]
     per_step = len(incoming) // STEPS
     assert per_step == MICRO * len(list(model.parameters()))
+    in_fp16 = computed_in_fp16(incoming)
+    assert not in_fp16["model.embed_tokens"] and in_fp16["lm_head"]
+    differs = 0  # float32 gradients whose fp16 classes are not their own: the test tells the two apart
     for index, step in enumerate(rec.steps):
         assert step.microbatches == MICRO
         mine = incoming[index * per_step:(index + 1) * per_step]
         for group, stats in step.grad_stats.items():
             values = np.concatenate([g.numpy().ravel() for name, g in mine if name == group])
-            zero, subnormal, beyond, nan = counts(values)
+            zero, subnormal, beyond, nan = counts(values, np.float16 if in_fp16[group] else np.float32)
+            differs += not in_fp16[group] and counts(values) != (zero, subnormal, beyond, nan)
             assert values.size == stats.elements * MICRO
             assert (stats.zero, stats.subnormal, stats.overflow, stats.nan) == tuple(
                 n / values.size for n in (zero, subnormal, beyond, nan))
@@ -79,6 +95,7 @@ def test_statistics_are_each_microbatchs_gradient_not_the_sum(recorded):
             assert step.compute_max < OVERFLOW_FROM
         else:
             assert step.compute_max == math.inf
+    assert differs
 
 
 def test_the_float32_sum_of_the_microbatches_is_not_what_is_recorded(recorded):

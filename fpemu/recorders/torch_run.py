@@ -9,7 +9,10 @@ step record per update attempt:
   before it is added into ``.grad``: a tensor hook keeps it and the pass's end measures them all, on
   their own device, at most ``CHUNK`` elements at a time (a large gradient in pieces, small ones
   together), so the temporaries stay under ~40 MiB whatever the model; nothing is copied to the host
-  but a handful of numbers per group.  So an attempt that accumulates microbatches is described by
+  but a handful of numbers per group.  A gradient is classed by the range of the format it was
+  computed in: the compute format's, or float32's for one autocast leaves in float32 (see
+  ``compute_max`` below for how that is told; it was counted as fp16 before, so a float32 embedding's
+  gradient of 85,809 showed an fp16 overflow share at a step that did not overflow).  So an attempt that accumulates microbatches is described by
   what each backward produced in the compute format, not by the float32 sum in ``.grad`` (which can
   pass fp16's range with no microbatch overflowing); gradients set by hand, with no backward pass,
   are measured in ``.grad`` when ``scaler.step`` (or ``scaler.unscale_``) first unscales.  Holding a
@@ -121,13 +124,15 @@ def _pieces(grad):
     return (flat,) if flat.numel() <= CHUNK else flat.split(CHUNK)  # most are small: no split call
 
 
-def _batches(pieces):
-    """Consecutive (group, piece) pairs packed into lists of at most CHUNK elements on one device, so
-    a model's many small gradients are measured in a few tensor operations, not eight per tensor."""
+def _batches(pieces, kind=lambda item: None):
+    """Consecutive (key, piece) pairs packed into lists of at most CHUNK elements on one device (and of one
+    ``kind(item)``), so a model's many small gradients are measured in a few tensor operations, not eight
+    per tensor."""
     batch, size = [], 0
     for item in pieces:
         elements = item[1].numel()
-        if batch and (size + elements > CHUNK or batch[-1][1].device != item[1].device):
+        if batch and (size + elements > CHUNK or batch[-1][1].device != item[1].device
+                      or kind(batch[-1]) != kind(item)):
             yield batch
             batch, size = [], 0
         batch.append(item)
@@ -260,7 +265,7 @@ class TorchRecorder:
         self._shadow_every, self._statistics = shadow_every, bool(statistics)
         self._compute_format = compute_format
         RecorderSettings(self._grouping, shadow_every, compute_format or "fp16", self._statistics)  # checks them
-        self._edges = None
+        self._edges: dict = {}  # (in the compute format, device) -> class edges
         self._hooks: list = []
         # each backward pass's gradients as it hands them to the parameters (group, gradient), measured
         # when the pass ends; what the attempt's passes measured, per group; how many passes; the pass
@@ -371,11 +376,11 @@ class TorchRecorder:
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         log = self.audit._logs[0]
         factor = 1.0 if log.scaled else self.audit._scale()  # compare at the attempt's scale
-        edges = self._bounds(params[0].device)
         shadow_of = dict(zip(map(id, params), grads))
         shadow, results = {}, []
         for group, members in self._groups:
-            counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor, edges)
+            counts = [_shadow_counts(torch, shadow_of[id(p)], p.grad, factor,
+                                     self._bounds(p.device, self._computed_in(p)))
                       for p in members if shadow_of[id(p)] is not None and p.grad is not None]
             results.append((group, sum(p.numel() for p in members), torch.stack(counts).sum(0) if counts else None))
         histograms = _shadow_histograms(torch, [(index, shadow_of[id(p)]) for index, (_, members) in
@@ -408,10 +413,16 @@ class TorchRecorder:
             self._dtype = dtype
         return dtype
 
-    def _bounds(self, device):
-        if self._edges is None or self._edges.device != device:
-            self._edges = _class_bounds(import_torch(), self._format(), device)
-        return self._edges
+    def _bounds(self, device, in_format: bool = True):
+        """The class edges of the compute format, or of float32 for a gradient computed in float32."""
+        key = (in_format, device)
+        if key not in self._edges:
+            self._edges[key] = _class_bounds(import_torch(), self._format() if in_format else "fp32", device)
+        return self._edges[key]
+
+    def _computed_in(self, param) -> bool:
+        """Whether ``param``'s gradients are computed in the compute format (not yet known: as if they were)."""
+        return self._in_format.get(id(param), True)
 
     def _in_pass(self) -> None:
         """Measure what the running backward pass hands over when it ends (queued once per pass)."""
@@ -465,10 +476,11 @@ class TorchRecorder:
         incoming, self._incoming, self._pass_task = self._incoming, [], None
         self._hooked.clear()
         activations, self._activation_maxima = self._activation_maxima, []
-        by_group, largest = self._measure_grads([(group, grad) for group, _, grad in incoming])
+        self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
+        by_group, largest = self._measure_grads([(group, grad, self._computed_in(param))
+                                                 for group, param, grad in incoming])
         for group, measured in by_group.items():
             self._passes.setdefault(group, []).extend(measured)
-        self._classify([(param, grad) for _, param, grad in incoming if id(param) not in self._in_format])
         maxima = [top for (_, param, _), top in zip(incoming, largest) if self._in_format.get(id(param))]
         if activations:  # 16-bit patterns of the compute format (the only dtype hooked): back to its value
             maxima.append(float(import_torch().stack(activations).amax().view(self._compute_dtype())))
@@ -481,29 +493,34 @@ class TorchRecorder:
         """Whether each parameter's gradient arrives as compute-format values (autocast cast the
         parameter, so its gradient is computed in the format) or as float32 computed in float32 (a norm's
         weight, an embedding), which no scale makes overflow the format: decided once per parameter, at
-        its first finite nonzero gradient (one extra pass over it)."""
+        its first gradient with finite nonzero elements, from those (an overflowed pass's finite elements
+        tell it too, so the pass is classed by its own format)."""
         torch = import_torch()
         dtype = self._compute_dtype()
         for param, grad in grads:
             grad = grad.detach()
             if dtype is None:
                 self._in_format[id(param)] = True  # a format torch has no dtype for: every value counts
-            elif bool(torch.isfinite(grad).all()) and bool(grad.any()):
-                self._in_format[id(param)] = bool((grad.to(dtype).to(grad.dtype) == grad).all())
+                continue
+            finite = grad if bool(torch.isfinite(grad).all()) else grad[torch.isfinite(grad)]
+            if bool(finite.any()):
+                self._in_format[id(param)] = bool((finite.to(dtype).to(grad.dtype) == finite).all())
 
     def _measure_grads(self, grads) -> tuple:
-        """(group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient) pairs, and each
-        gradient's max_abs) (two transfers per CHUNK elements)."""
+        """(group -> [(counts, max_abs, min_nonzero, nan)] of the pieces of (group, gradient, computed in the
+        compute format) triples, and each gradient's max_abs) (two transfers per CHUNK elements).  Each
+        gradient's classes are those of the format it was computed in: a float32 one (a norm's weight, an
+        embedding) is never beyond the compute format's range, nor subnormal in it, whatever its values."""
         torch = import_torch()
-        pieces = [(group, index, piece) for index, (group, grad) in enumerate(grads) for piece in _pieces(grad)
-                  if piece.numel()]
+        pieces = [((group, index, in_format), piece) for index, (group, grad, in_format) in enumerate(grads)
+                  for piece in _pieces(grad) if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
         largest_of = [0.0] * len(grads)
-        for batch in _batches([((group, index), piece) for group, index, piece in pieces]):
+        for batch in _batches(pieces, kind=lambda item: item[0][2]):
             tensors = [piece for _, piece in batch]
-            counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device))
-            for ((group, index), piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(),
-                                                                                  extremes.tolist()):
+            counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device, batch[0][0][2]))
+            for ((group, index, _), piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(),
+                                                                                     extremes.tolist()):
                 nan = 0
                 if piece_counts[3]:
                     nan, largest = _top_class_measures(torch, piece)
@@ -513,8 +530,8 @@ class TorchRecorder:
 
     def _measure(self) -> dict:
         """GroupStats of every group at the gradients' current values."""
-        by_group, _ = self._measure_grads([(group, p.grad) for group, members in self._groups for p in members
-                                           if p.grad is not None])
+        by_group, _ = self._measure_grads([(group, p.grad, self._computed_in(p)) for group, members in self._groups
+                                           for p in members if p.grad is not None])
         return {group: _group_stats(sum(p.numel() for p in members), by_group[group])
                 for group, members in self._groups}
 

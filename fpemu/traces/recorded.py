@@ -30,7 +30,10 @@ A recorded trace is an ordinary trace (see :mod:`fpemu.traces.format`), so ``fpe
 ``grad_stats`` describe each group's gradients as the run holds them at the attempt's scale
 (scaled, before unscaling), rounded to the recorder's compute format: the shares of elements that
 are zero, subnormal, beyond the format's range (``overflow``, inf included) and NaN there, and
-the largest magnitude and the smallest nonzero magnitude of the stored (scaled) values.  Where an
+the largest magnitude and the smallest nonzero magnitude of the stored (scaled) values.  The torch
+recorder classes a gradient that autocast leaves in float32 (a norm's weight, an embedding: computed in
+float32, never held in the compute format) by float32's range instead: it counts as beyond the range
+only where it is inf, and as subnormal only below float32's smallest normal.  Where an
 attempt accumulates several backward passes (microbatches) the torch recorder measures each pass's
 own gradient as the backward hands it to the parameter (in the compute format where autocast cast
 the parameter), not the float32 sum in ``.grad``, which may exceed the format's range without any
