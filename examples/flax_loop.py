@@ -129,8 +129,10 @@ def record(path=None, *, steps=30, batch=8, init_scale=2.0 ** 16, growth_interva
             sampled = shadow is not None and index % shadow_every == 0
             shadow_stats = shadow(params, dynamic_scale.scale, tokens) if sampled else None  # before the update
             params, opt_state, new_scale, aux = train_step(params, opt_state, dynamic_scale, tokens)
+            # applied: the step selects the update on is_fin (the warmup's lr of 0 leaves the parameters as they
+            # were, so comparing them would read its first update as skipped)
             recorder.record(aux["stats"], scale_state=dynamic_scale, next_scale_state=new_scale, loss=aux["loss"],
-                            grad_norm=aux["grad_norm"], lr=aux["lr"], overflow=~aux["is_fin"],
+                            grad_norm=aux["grad_norm"], lr=aux["lr"], overflow=~aux["is_fin"], applied=aux["is_fin"],
                             schedule_count=aux["count"], shadow=shadow_stats)
             dynamic_scale = new_scale
     return recorder

@@ -327,9 +327,10 @@ def test_docstring_examples():
     assert result.failed == 0 and result.attempted > 0
 
 
-def _jmp_loop(recorder, guarded: bool, steps: int = 8):
+def _jmp_loop(recorder, guarded: bool, steps: int = 8, observe: bool = True):
     """The jmp + optax loop; ``guarded=False`` applies every update, overflowed or not (no select_tree).  Each
-    attempt records what the step really did: ``applied`` from whether the parameters changed."""
+    attempt records what the step really did: ``applied`` from whether the parameters changed (``observe=False``:
+    the parameters are not handed over, so the recorder can only assume it)."""
     jmp = pytest.importorskip("jmp")
     optimizer = optax.adam(1e-2)
 
@@ -349,8 +350,8 @@ def _jmp_loop(recorder, guarded: bool, steps: int = 8):
     loss_scale = jmp.DynamicLossScale(jnp.float32(2.0 ** 18), period=3)
     for x, y in _batches(steps):
         new_params, opt_state, new_scale, stats, finite = train_step(params, opt_state, loss_scale, x, y)
-        recorder.record(stats, scale_state=loss_scale, next_scale_state=new_scale, overflow=~finite,
-                        params_before=params, params_after=new_params)
+        observed = {"params_before": params, "params_after": new_params} if observe else {}
+        recorder.record(stats, scale_state=loss_scale, next_scale_state=new_scale, overflow=~finite, **observed)
         params, loss_scale = new_params, new_scale
     return recorder
 
@@ -364,6 +365,23 @@ def test_applied_is_observed_from_the_parameters_not_inferred():
     first = next(i for i, s in enumerate(unguarded) if s.overflow)
     assert unguarded[first].applied  # the update ran on the inf/NaN gradients: the parameters changed
     assert bool(jax_run.params_changed({"w": jnp.array([jnp.nan, 1.0])}, {"w": jnp.array([jnp.nan, 1.0])})) is False
+
+
+def test_an_applied_assumed_from_overflow_is_marked_in_the_trace_and_warned_once(tmp_path):
+    """Issue 28: without the parameters (or applied=) the recorder cannot see a loop applying inf/NaN updates;
+    the trace counts the steps it assumed, so a reader knows 'skips exactly the overflowing steps' was not
+    observed there, and the loop's author is told once how to observe it."""
+    from fpemu.traces.recorded import recorder_settings
+    with pytest.warns(RuntimeWarning, match="assumed from overflow") as warned:
+        assumed = _jmp_loop(record_jax("fp16", name="assumed", scaler="jmp"), guarded=False, observe=False)
+    assert len([w for w in warned if "assumed from overflow" in str(w.message)]) == 1
+    overflowed = [i for i, s in enumerate(assumed.steps) if s.overflow]
+    assert overflowed and not any(assumed.steps[i].applied for i in overflowed)  # what it had to assume
+    written = read_trace(assumed.write(tmp_path / "assumed.json"))
+    assert written.metadata["recorder"]["applied_assumed"] == 8 == recorder_settings(written).applied_assumed
+    observed = _jmp_loop(record_jax("fp16", name="observed", scaler="jmp"), guarded=False).trace()
+    assert "applied_assumed" not in observed.metadata["recorder"]  # observed runs read as before
+    assert recorder_settings(observed).applied_assumed == 0
 
 
 def test_scaler_parameters_come_from_the_real_state_not_the_caller():

@@ -18,6 +18,7 @@ format, native to XLA or not, and the same counts :func:`fpemu.range_stats` give
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Optional, Union
 
 import numpy as np
@@ -387,6 +388,7 @@ class JaxRecorder:
         self._final_scale: Optional[float] = None
         self._schedule_count = 0  # no count given: no scheduler observed
         self._device: Optional[str] = None
+        self._applied_assumed = 0  # steps whose `applied` was taken from `overflow`, not observed
 
     def grad_stats(self, grads, *, scale=None) -> dict:
         """:func:`grad_stats` in the recorder's format and grouping; call it inside the jitted step."""
@@ -413,10 +415,14 @@ class JaxRecorder:
             ``is_fin``, negated); None: any NaN or overflow in ``stats``.
           applied: whether the update ran (:func:`params_changed` inside the step says it); None: observed
             from ``params_before`` and ``params_after`` where given, else assumed exactly when it did not
-            overflow (an assumption, not an observation: a loop that applies inf/NaN updates is recorded
-            as skipping them).
+            overflow.  That is an assumption, not an observation (a loop that applies inf/NaN updates
+            would be recorded as skipping them, and a trace could never show the loop skipping other
+            steps than the overflowing ones): the trace says so, ``metadata.recorder.applied_assumed``
+            counting such steps, and the first one warns (RuntimeWarning).
           params_before, params_after: the parameters the step received and returned, to observe
-            ``applied`` (compared on their device; one bool comes to the host).
+            ``applied`` (compared on their device; one bool comes to the host).  An update that changes
+            nothing (a learning rate of 0 at a warmup's first step) reads as not applied: pass
+            ``applied`` where the step knows (the flag it selects the update on).
           schedule_count: the optax schedule's count after the step (``ScaleByScheduleState.count``,
             ``ScaleByAdamState.count``); the last one given is the summary's ``scheduler_steps``.
           shadow: what :meth:`shadow_stats` returned for this step's batch (sampled steps only).
@@ -429,6 +435,8 @@ class JaxRecorder:
             self.params.update(state_params(scale_state, self.scaler))
         if applied is None and params_before is not None and params_after is not None:
             applied = _changed(params_before, params_after)
+        if applied is None:
+            self._assume_applied()
         if overflow is None:
             overflow = any(row.nan or row.overflow for row in groups.values())
         overflow = bool(np.asarray(overflow))
@@ -448,6 +456,13 @@ class JaxRecorder:
         if self._device is None:
             self._device = _device_of(stats)
         return record
+
+    def _assume_applied(self) -> None:
+        if not self._applied_assumed:
+            warnings.warn(f"record_jax {self.name!r}: step {len(self._steps)}: whether the update ran is assumed from "
+                          "overflow (not observed): pass record(..., params_before=, params_after=) or applied=; the "
+                          "trace counts such steps in metadata.recorder.applied_assumed", RuntimeWarning, stacklevel=3)
+        self._applied_assumed += 1
 
     @property
     def steps(self) -> tuple:
@@ -480,7 +495,8 @@ class JaxRecorder:
         return recorded_metadata(
             framework="jax", name=self.name, device=self._device or "cpu", profile=self.scaler,
             params=self.params, packages=installed_versions(packages),
-            settings=RecorderSettings(groups=groups, shadow_every=self.shadow_every, compute_format=self.format.name))
+            settings=RecorderSettings(groups=groups, shadow_every=self.shadow_every, compute_format=self.format.name,
+                                      applied_assumed=self._applied_assumed))
 
 
 @functools.lru_cache(maxsize=None)

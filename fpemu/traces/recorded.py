@@ -383,20 +383,29 @@ class RecorderSettings:
       shadow_every: a float32 shadow pass every this many attempts (0: never).
       compute_format: the fpemu format the gradient statistics round to (``fp16``, ``bf16``...).
       statistics: whether per-group gradient statistics were computed.
+      applied_assumed: how many steps' ``applied`` the recorder took from ``overflow`` instead of
+        observing the update (JAX, where the loop gave neither ``applied`` nor the parameters); written
+        only where it is not 0.
     """
 
     groups: str = "module"
     shadow_every: int = 0
     compute_format: str = "fp16"
     statistics: bool = True
+    applied_assumed: int = 0
 
     def __post_init__(self):
-        if isinstance(self.shadow_every, bool) or not isinstance(self.shadow_every, int) or self.shadow_every < 0:
-            raise ValueError(f"shadow_every must be an int >= 0 (0: no shadow pass), got {self.shadow_every!r}")
+        for name in ("shadow_every", "applied_assumed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         get_format(self.compute_format)  # an unknown name raises, listing the known ones
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        settings = dataclasses.asdict(self)
+        if not self.applied_assumed:  # traces recorded before it, and every observed run, read the same
+            del settings["applied_assumed"]
+        return settings
 
 
 _POSITIVE_FLOAT32_PATTERNS = (1, 0x7F800000)  # smallest subnormal .. +inf

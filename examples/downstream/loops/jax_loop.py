@@ -58,7 +58,8 @@ def train(steps: int = 12, init_scale: float = 2.0 ** 20, period: int = 3, path=
     xs, ys = data(steps)
     with recorder:
         for index in range(steps):
-            params, opt_state, new_scale, stats, loss, norm = step(params, opt_state, scale, xs[index], ys[index])
-            recorder.record(stats, scale_state=scale, next_scale_state=new_scale, loss=loss, grad_norm=norm)
-            scale = new_scale
+            new_params, opt_state, new_scale, stats, loss, norm = step(params, opt_state, scale, xs[index], ys[index])
+            recorder.record(stats, scale_state=scale, next_scale_state=new_scale, loss=loss, grad_norm=norm,
+                            params_before=params, params_after=new_params)  # whether the update ran, observed
+            params, scale = new_params, new_scale
     return recorder.trace()
