@@ -3,6 +3,7 @@ and a reference trace."""
 
 import json
 import os
+import pathlib
 import re
 
 import pytest
@@ -282,12 +283,23 @@ def test_plain_data_golden(pytester, monkeypatch):
 
 
 def test_fpemu_golden_stores_a_relative_spec_path(tmp_path, monkeypatch, request):
-    """`fpemu golden /abs/path/spec.toml` keeps the host's path out of the golden."""
+    """`fpemu golden /abs/path/spec.toml` keeps the host's path out of the golden, wherever it runs from: the
+    path is the spec's within its project (the folder above it with .git or pyproject.toml), else its name
+    (run from / it was the whole host path, 'tmp/.../specs/s.toml')."""
     from fpemu.harness import write_golden
     spec = (request.config.rootpath / "specs" / "seed_example_1.toml").resolve()
-    monkeypatch.chdir(request.config.rootpath)
-    (written,) = write_golden([str(spec)], tmp_path / "inside")
-    assert read_trace(written).metadata["spec"]["path"] == "specs/seed_example_1.toml"
-    monkeypatch.chdir(tmp_path)
-    (written,) = write_golden([str(spec)], tmp_path / "outside")
-    assert read_trace(written).metadata["spec"]["path"] == "seed_example_1.toml"
+    for index, where in enumerate((request.config.rootpath, tmp_path, pathlib.Path("/"), spec.parent)):
+        monkeypatch.chdir(where)
+        (written,) = write_golden([str(spec)], tmp_path / f"from{index}")
+        assert read_trace(written).metadata["spec"]["path"] == "specs/seed_example_1.toml", where
+    team = tmp_path / "team"  # a downstream project of its own
+    (team / "specs").mkdir(parents=True)
+    (team / "pyproject.toml").write_text("[project]\nname = 'team'\n")
+    (team / "specs" / "mine.toml").write_text(spec.read_text())
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "mine.toml").write_text(spec.read_text())
+    for path, stored in ((team / "specs" / "mine.toml", "specs/mine.toml"), (alone / "mine.toml", "mine.toml")):
+        monkeypatch.chdir("/")
+        (written,) = write_golden([str(path)], tmp_path / "out" / path.parent.name)
+        assert read_trace(written).metadata["spec"]["path"] == stored

@@ -112,9 +112,11 @@ def codes_digest(codes, fp8_format: str) -> str:
 
 
 def portable_spec_path(trace, base):
-    """``trace`` with its spec path relative to the folder ``base`` where the spec lies inside it, else
-    the spec's file name alone: a golden must not hold the path of the host that wrote it (an absolute
-    path as typed).
+    """``trace`` with its spec path relative to the root of the project the spec lies in (the nearest folder
+    above it holding ``.git`` or ``pyproject.toml``), else to the folder ``base`` where the spec lies inside
+    it, else the spec's file name alone: a golden must not hold the path of the host that wrote it (an
+    absolute path as typed, or one relative to wherever the command ran).  A relative path is read from
+    the current folder, as the spec was.
 
     Example:
       >>> from fpemu.traces.format import Trace
@@ -122,14 +124,22 @@ def portable_spec_path(trace, base):
       >>> portable_spec_path(t, "/home/me/repo").metadata["spec"]["path"], portable_spec_path(t, "/tmp").metadata["spec"]["path"]
       ('specs/s.toml', 's.toml')
     """
+    import os
     import pathlib
     from fpemu.traces.format import Trace
     spec = trace.metadata.get("spec") or {}
-    path = pathlib.PurePath(spec.get("path") or "")
-    if not path.is_absolute():
+    if not spec.get("path"):
         return trace
-    try:
-        portable = path.relative_to(pathlib.Path(base).resolve())
-    except ValueError:
+    path = pathlib.Path(os.path.abspath(spec["path"]))  # '..' folded, links kept: as the user named them
+    root = next((folder for folder in path.parents
+                 if any((folder / marker).exists() for marker in (".git", "pyproject.toml"))), None)
+    base = pathlib.Path(os.path.abspath(base))
+    for folder in ([root] if root is not None else []) + ([base] if base != pathlib.Path(base.anchor) else []):
+        try:
+            portable = path.relative_to(folder)
+            break
+        except ValueError:
+            continue
+    else:
         portable = pathlib.PurePath(path.name)
     return Trace({**trace.metadata, "spec": {**spec, "path": portable.as_posix()}}, trace.steps, trace.summary)
