@@ -207,6 +207,24 @@ def test_a_readme_fpemu_did_not_write_is_left_alone(results, tmp_path):
     assert (tmp_path / "README.md").read_text() == "# My project's reports\n"
 
 
+def test_a_results_file_or_plot_fpemu_did_not_write_is_left_alone(results, tmp_path):
+    """Issue 28: the user's own files at the paths of a matrix's results and plot are never overwritten; the report
+    is written from the results files that are fpemu's."""
+    mine = {"results": tmp_path / "upgrades" / "jax_steps.json", "plot": tmp_path / "plots" / "upgrades_jax_steps.png"}
+    for path in mine.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"my": "own notes"}\n')
+    written, left = write_results(tmp_path, results)
+    assert [p.name for p in written] == ["upgrades.md", "README.md"] and left == list(mine.values())
+    assert all(path.read_text() == '{"my": "own notes"}\n' for path in mine.values())
+    assert "jax_steps" not in (tmp_path / "upgrades.md").read_text()
+    mine["results"].unlink()  # the results are fpemu's again; the plot is still the user's: linked nowhere
+    written, left = write_results(tmp_path, results)
+    assert left == [mine["plot"]] and mine["plot"].read_text() == '{"my": "own notes"}\n'
+    report = (tmp_path / "upgrades.md").read_text()
+    assert "jax_steps" in report and "upgrades_jax_steps.png" not in report
+
+
 def test_without_matplotlib_the_report_links_no_image(results, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     write_results(tmp_path, results)

@@ -136,12 +136,13 @@ def section(results: dict, plot: str = None) -> list:
 
 
 def _grid(results: dict, reports: pathlib.Path):
-    """The behaviour grid of one matrix as a PNG under reports/plots/, or None without matplotlib or rows."""
-    if not results["rows"]:
+    """The behaviour grid of one matrix as a PNG under reports/plots/, or None without matplotlib or rows, or
+    where a file there is no PNG (not one fpemu drew: it is left alone)."""
+    path = reports / "plots" / f"upgrades_{results['name']}.png"
+    if not results["rows"] or (path.exists() and not _is_png(path)):
         return None
     try:
         from fpemu.reports.plots import behaviour_grid
-        path = reports / "plots" / f"upgrades_{results['name']}.png"
         behaviour_grid(path, f"{results['name']}: behaviour per version",
                        [f"{r['spec']} / {r['implementation']}" for r in results["rows"]],
                        [c["label"] for c in results["columns"]],
@@ -150,6 +151,19 @@ def _grid(results: dict, reports: pathlib.Path):
     except ImportError:  # matplotlib is optional: the report links no image it did not write
         return None
     return path.relative_to(reports).as_posix()
+
+
+def _is_png(path: pathlib.Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _is_results_file(path: pathlib.Path) -> bool:
+    try:
+        read_results(path)
+        return True
+    except FpemuInputError:
+        return False
 
 
 def _owned_write(path: pathlib.Path, text: str) -> pathlib.Path | None:
@@ -161,26 +175,34 @@ def _owned_write(path: pathlib.Path, text: str) -> pathlib.Path | None:
 
 
 def write_report(reports) -> pathlib.Path | None:
-    """Regenerate reports/upgrades.md (and its plots) from every results file in reports/upgrades/; None where
-    an upgrades.md fpemu did not write is there (it is left alone)."""
+    """Regenerate reports/upgrades.md (and its plots) from every results file in reports/upgrades/ (a JSON
+    file there that is none is not read); None where an upgrades.md fpemu did not write is there (it is
+    left alone)."""
     reports = pathlib.Path(reports)
     lines = _HEAD.splitlines() + [""]
     for path in sorted((reports / RESULTS_FOLDER).glob("*.json")):
-        results = read_results(path)
-        lines += section(results, _grid(results, reports))
+        if _is_results_file(path):
+            results = read_results(path)
+            lines += section(results, _grid(results, reports))
     return _owned_write(reports / REPORT, "\n".join(lines).rstrip() + "\n")
 
 
 def write_results(reports, results: dict) -> tuple:
     """Write one matrix's results file and regenerate the report and the reports' index (README.md), each
-    only where the file there is fpemu's own (:func:`_owned_write`); returns (the paths written, the paths
-    left alone)."""
+    only where the file there is fpemu's own (:func:`_owned_write`; a results file or a plot of the same name
+    that fpemu did not write is left alone too); returns (the paths written, the paths left alone)."""
     from fpemu.reports.writer import index_report
     reports = pathlib.Path(reports)
-    path = atomic_write(reports / RESULTS_FOLDER / f"{results['name']}.json",
-                        json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    target = reports / RESULTS_FOLDER / f"{results['name']}.json"
+    plot = reports / "plots" / f"upgrades_{results['name']}.png"
+    path = None
+    if not target.exists() or _is_results_file(target):
+        path = atomic_write(target, json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    plot_ours = not plot.exists() or _is_png(plot)
     report = write_report(reports)
     index = _owned_write(reports / "README.md", index_report(reports))
     written = [p for p in (path, report, index) if p is not None]
-    left = [reports / name for name, done in ((REPORT, report), ("README.md", index)) if done is None]
+    left = [target] if path is None else []
+    left += [] if plot_ours else [plot]
+    left += [reports / name for name, done in ((REPORT, report), ("README.md", index)) if done is None]
     return written, left
