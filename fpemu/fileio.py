@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import pathlib
 import tempfile
 
@@ -45,10 +46,19 @@ def read_text(path, error: type) -> str:
         raise error(f"{path}: cannot read: {reason}") from None
 
 
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
 def read_bounded(path, error: type, max_bytes: int) -> bytes:
     """The bytes of ``path``, refused (``error`` naming it) when it holds more than ``max_bytes``: the size
-    is checked before anything is read."""
+    is checked before anything is read; so is what it is (a named pipe or a socket would block the open
+    or the read until a writer came, for ever)."""
     try:
+        kind = os.stat(path).st_mode
+        if not stat.S_ISREG(kind):
+            raise error(f"{path}: not a regular file ({_KINDS.get(stat.S_IFMT(kind), 'a special file')}): "
+                        "expected a file to read")
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > max_bytes:
@@ -56,6 +66,8 @@ def read_bounded(path, error: type, max_bytes: int) -> bytes:
             data = handle.read(max_bytes + 1)  # a file that grew (or a pipe) is bounded too
     except OSError as problem:
         raise error(f"{path}: cannot read: {problem.strerror or problem}") from None
+    except ValueError as problem:  # a path holding a NUL byte
+        raise error(f"{str(path)!r}: cannot read: {problem}") from None
     if len(data) > max_bytes:
         raise error(f"{path}: over the {max_bytes:,} bytes a reader of it accepts")
     return data

@@ -8,10 +8,12 @@ traces differ (:func:`explain`).  Adding a kind is its package and one line here
 
 from __future__ import annotations
 
+from typing import Optional
+
 from fpemu.kinds import blocks, fp8_training, ranks, recipe, scaler, step
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
-from fpemu.kinds.schema import parse_toml
+from fpemu.kinds.schema import SpecError, parse_toml
 from fpemu.traces import Trace
 from fpemu.traces.fields import fields_recorded_by
 
@@ -33,10 +35,14 @@ def kind_of_spec(raw: dict) -> ScenarioKind:
     return next(kind for kind in KINDS if kind.table is None or kind.table in raw)
 
 
-def kind_of_trace(trace: Trace) -> ScenarioKind:
-    """The kind of the spec ``trace`` was made from (the spec text its metadata holds)."""
+def kind_of_trace(trace: Trace) -> Optional[ScenarioKind]:
+    """The kind of the spec ``trace`` was made from (the spec text its metadata holds); None for a trace made
+    from no spec (a recorded or an emulated run keeps a description or its model file as its text)."""
     spec = trace.metadata.get("spec") or {}
-    return kind_of_spec(parse_toml(spec.get("text", ""), spec.get("path", "the trace's spec")))
+    try:
+        return kind_of_spec(parse_toml(spec.get("text", ""), spec.get("path") or "the trace's spec"))
+    except SpecError:
+        return None
 
 
 def spec_tables() -> set:

@@ -11,6 +11,7 @@ import hashlib
 import math
 import pathlib
 import re
+import sys
 
 try:
     import tomllib
@@ -111,11 +112,13 @@ class Checker:
         return value
 
     def number(self, value, key: str, low: float, high: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(key, f"expected a finite number, got {value!r}")
+        """A finite number in [low, high], as a float (-0.0 read as 0.0: a bound's sign is its value's, and
+        numpy's uniform(-0.0, 0.0) refuses its own interval)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+            self.fail(key, f"expected a finite number, got {_short(value)}")
         if not low <= value <= high:
-            self.fail(key, f"expected a number in [{low}, {high}], got {value}")
-        return float(value)
+            self.fail(key, f"expected a number in [{low}, {high}], got {_short(value)}")
+        return float(value) + 0.0
 
     def choice(self, value, key: str, options) -> str:
         if value not in options:
@@ -135,6 +138,11 @@ class Checker:
         kind = self.choice(raw["source"], f"{table}.source", options)
         self.table(raw, table, keys_by_kind[kind] | {"source"})
         return kind
+
+
+def _finite(value) -> bool:
+    """Whether a TOML number is a finite float (an integer past float's range is not: float() overflows)."""
+    return abs(value) <= sys.float_info.max if isinstance(value, int) else math.isfinite(value)
 
 
 def implementation_tables(check: Checker, raw, kind: str):

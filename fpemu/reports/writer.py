@@ -249,7 +249,8 @@ def _scenario_section(folder, name, trace, observed, verdicts, plots_ok) -> tupl
                      + (f" from step {step} ({v['divergence']['field']})" if step is not None else "")
                      + (f"; {v['note']}" if v.get("note") and v["status"] in _NOTED else ""))
     written = []
-    scale_label = kind_of_trace(trace).scale_label
+    kind = kind_of_trace(trace)  # None: a run made from no spec (recorded, emulated), whose scale is a loss scale
+    scale_label = kind.scale_label if kind is not None else "loss scale" if "scale" in trace.steps[0] else None
     if not plots_ok or scale_label is None:
         return "\n".join(lines), written
     from fpemu.reports.plots import scale_trajectories, shares_per_step, ulp_histogram

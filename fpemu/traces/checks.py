@@ -92,9 +92,17 @@ def strings_table(value):
     return None
 
 
+def file_name(value):
+    """A name that becomes part of a file name (a spec's, an implementation's): no folder in it, none above."""
+    fits = isinstance(value, str) and value and not value.startswith(".") and not any(c in value for c in "/\\\0")
+    return None if fits else "a name without '/', '\\' or a leading '.' (it names files)"
+
+
 def spec(value):
     if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("name", "sha256", "text")):
         return "an object with string name, sha256 and text"
+    if file_name(value["name"]):
+        return f"an object whose name is {file_name(value['name'])}"
     return None if string(value.get("path", "")) is None else "an object whose path is a string"
 
 
@@ -106,3 +114,32 @@ def events(value):
 
 def anything(value):
     return None
+
+
+def groups_of(fields: dict, floats: tuple = ()):
+    """An object of group name -> an object holding exactly ``fields`` (key -> check) and, for each name in
+    ``floats``, its ``<name>_hex`` form: a recorded step's per-group statistics."""
+    keys = set(fields) | {f"{name}_hex" for name in floats}
+
+    def checked(value):
+        expected = f"an object of group -> {{{', '.join(sorted(keys))}}}"
+        if not isinstance(value, dict):
+            return expected
+        for name, group in value.items():
+            if not isinstance(group, dict) or set(group) != keys:
+                return f"{expected} (group {json_name(name)}: {json_name(group)} has other keys)"
+            wrong = next((f"{key}: {fields[key](group[key])}" for key in fields if fields[key](group[key])), None)
+            wrong = wrong or next((f"{key}_hex: a float.hex() string" for key in floats
+                                   if float_hex(group[f"{key}_hex"])), None)
+            if wrong:
+                return f"{expected} (group {json_name(name)}, {wrong})"
+        return None
+    return checked
+
+
+def binade_rows(value):
+    """A shadow histogram's binades: an object of binade (an integer as a string) -> a non-empty list of counts."""
+    fits = isinstance(value, dict) and all(
+        isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(row, list) and row
+        and all(count(n) is None for n in row) for key, row in value.items())
+    return None if fits else "an object of binade -> a list of counts"

@@ -14,12 +14,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
-from fpemu.traces.checks import (at_least, count, flag, float_hex, integer, list_of, number, share, string,
-                                 table)
+from fpemu.traces.checks import (at_least, binade_rows, count, flag, float_hex, groups_of, integer, list_of, number,
+                                 share, string)
 
 # A step field's value check, and its exact form's (``<name>_hex``; None: it has none): see TraceField.value.
 NUMBER, NONNEGATIVE, SHARE = (number, float_hex), (at_least(0), float_hex), (share, float_hex)
 NUMBERS, PER_CAST = (list_of(number), list_of(float_hex)), (list_of(at_least(0), 2), list_of(float_hex, 2))
+# A recorded step's per-group statistics, as fpemu.traces.recorded writes them (GroupStats, ShadowStats,
+# ShadowHistogram.to_json)
+GRAD_STATS = groups_of({"elements": count, **dict.fromkeys(("zero", "subnormal", "overflow", "nan"), share),
+                        "max_abs": at_least(0), "min_nonzero": at_least(0)},
+                       ("zero", "subnormal", "overflow", "nan", "max_abs", "min_nonzero"))
+SHADOW = groups_of({"underflow": share, "subnormal": share}, ("underflow", "subnormal"))
+SHADOW_HISTOGRAM = groups_of({"elements": count, "zero": count, "nonfinite": count, "binades": binade_rows})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +108,11 @@ FIELDS = {field.name: field for field in [
     # recorded runs only (fpemu.traces.recorded): the loop's own measurements
     TraceField("grad_norm", True, ("recorded",), NONNEGATIVE, by_default=False, trajectory=False),
     TraceField("lr", True, ("recorded",), NUMBER, by_default=False),  # a different rate changes the update sizes
-    TraceField("grad_stats", False, ("recorded",), _ONE(table), by_default=False, trajectory=False),
+    TraceField("grad_stats", False, ("recorded",), _ONE(GRAD_STATS), by_default=False, trajectory=False),
     TraceField("microbatches", False, ("recorded",), _ONE(count), by_default=False, trajectory=False),
     TraceField("compute_max", True, ("recorded",), NONNEGATIVE, by_default=False, trajectory=False),
-    TraceField("shadow", False, ("recorded",), _ONE(table), by_default=False, trajectory=False),
-    TraceField("shadow_histogram", False, ("recorded",), _ONE(table), by_default=False, trajectory=False),
+    TraceField("shadow", False, ("recorded",), _ONE(SHADOW), by_default=False, trajectory=False),
+    TraceField("shadow_histogram", False, ("recorded",), _ONE(SHADOW_HISTOGRAM), by_default=False, trajectory=False),
 ]}
 EXACT_FIELDS = tuple(name for name, field in FIELDS.items() if not field.ulp)
 ULP_FIELDS = tuple(name for name, field in FIELDS.items() if field.ulp)

@@ -22,8 +22,9 @@ import re
 import subprocess
 import tempfile
 
-from fpemu.fileio import atomic_write
+from fpemu.fileio import atomic_write, read_bounded
 from fpemu.traces.format import TraceError, checksum, loads
+from fpemu.traces.schema import READ_LIMITS, bounded_json
 
 # The line dumps() writes first (the keys are sorted, "checksum" leads).
 _CHECKSUM_LINE = re.compile(r'^ "checksum": "sha256:[0-9a-f]{64}",\n', re.M)
@@ -48,17 +49,15 @@ class TraceMerge:
 
 def _unsealed(path: pathlib.Path) -> str:
     try:
-        return _CHECKSUM_LINE.sub("", path.read_text(encoding="utf-8"), count=1)
+        return _CHECKSUM_LINE.sub("", read_bounded(path, TraceError, READ_LIMITS["bytes"]).decode("utf-8"), count=1)
     except UnicodeDecodeError as error:
         raise TraceError(f"{path}: not a trace file: not UTF-8 text ({error.reason})") from None
 
 
 def _sealed(text: str, path: pathlib.Path) -> str:
-    """``text`` (a trace without its checksum) with a fresh one; TraceError where it is no valid trace."""
-    try:
-        body = json.loads(text)
-    except ValueError as error:
-        raise TraceError(f"{path}: the merged text is not JSON: {error}") from None
+    """``text`` (a trace without its checksum) with a fresh one; TraceError where it is no valid trace (read
+    within the reader's bounds: nesting, number lengths, size)."""
+    body = bounded_json(text.encode("utf-8"), f"{path} (merged)", TraceError, "a trace: the merged text")
     if not isinstance(body, dict):
         raise TraceError(f"{path}: the merged text is not a trace (a JSON object)")
     body.pop("checksum", None)

@@ -86,7 +86,7 @@ def bounded_json(data: bytes, path: str, error: type, what: str = "a trace file"
 # The metadata keys every writer (fpemu.traces.layout, .recorded, fpemu.emulate.trace, fpemu.harness) may
 # write: key -> (required, check).
 METADATA = {
-    "fpemu_version": (True, checks.string), "spec": (True, checks.spec), "implementation": (True, checks.string),
+    "fpemu_version": (True, checks.string), "spec": (True, checks.spec), "implementation": (True, checks.file_name),
     "profile": (False, checks.string), "params": (False, checks.table), "packages": (False, checks.strings_table),
     "device": (False, checks.string), "host": (False, checks.table), "verified": (False, checks.string),
     "replayed": (False, checks.strings_table), "tensors_from": (False, checks.string),

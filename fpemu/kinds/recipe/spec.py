@@ -23,6 +23,7 @@ share of the steps by the events 0, inf and NaN (``zero_rate``, ``inf_rate``, ``
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -98,8 +99,10 @@ def _amax_source(check, raw) -> AmaxSource:
     if kind == "explicit":
         sequence = raw.get("sequence")
         if not isinstance(sequence, list) or not sequence or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and not v < 0 for v in sequence):
-            check.fail("amax.sequence", "expected a non-empty list of amaxes (numbers >= 0, inf or nan)")
+                isinstance(v, (int, float)) and not isinstance(v, bool) and not v < 0
+                and not (isinstance(v, int) and v > sys.float_info.max) for v in sequence):
+            check.fail("amax.sequence", "expected a non-empty list of amaxes (numbers >= 0 within float's range, "
+                                        "inf or nan)")
         fields["sequence"] = tuple(float(v) for v in sequence)
         return AmaxSource(**fields)
     if "seed" in raw:

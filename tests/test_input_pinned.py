@@ -1,0 +1,107 @@
+"""Inputs an outside fuzzer (issue 24, second round) still turned into exit 3, a hang or a write outside the
+reports folder, each pinned: every one now ends in exit 0 or a named error (exit 2), or a clean result."""
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from fpemu.cli import main
+from fpemu.traces import loads
+from fpemu.traces.format import TraceError
+from input_mutations import replaced, resealed
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "examples" / "downstream" / "tests" / "golden" / "torch_loop.json"
+
+
+def _golden(tmp_path, name, text, capsys):
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(text)
+    code = main(["golden", str(spec), "--out", str(tmp_path / "golden"), "--quiet"])
+    return code, capsys.readouterr().err, spec
+
+
+def test_a_negative_zero_spread_is_zero(tmp_path, capsys):
+    """`spread = -0.0` passed the bound [0, 120] and reached numpy's uniform(0.0, -0.0): 'high - low < 0', exit 3."""
+    text = (ROOT / "specs" / "recipe_te_delayed_most_recent_e5m2.toml").read_text()
+    assert "spread = 100.0" in text
+    code, err, _ = _golden(tmp_path, "spread", text.replace("spread = 100.0", "spread = -0.0"), capsys)
+    assert code == 0, err
+
+
+def test_an_integer_amax_past_floats_range_is_refused_naming_the_key(tmp_path, capsys):
+    text = (ROOT / "specs" / "recipe_te_current_kernel.toml").read_text()
+    huge = "1" + "0" * 400
+    code, err, spec = _golden(tmp_path, "amax", text.replace("sequence = [3.0,", f"sequence = [{huge},"), capsys)
+    assert code == 2 and f"{spec}: amax.sequence: expected a non-empty list of amaxes" in err, err
+
+
+@pytest.mark.parametrize("target", ["nul", "fifo", "folder"])
+def test_a_recorded_overflow_trace_that_is_no_file_is_refused_without_waiting(tmp_path, capsys, target):
+    """A NUL byte in the path was 'unexpected ValueError' (exit 3); a named pipe blocked the spec's loading for
+    ever (no --timeout covers loading)."""
+    path = {"nul": "a\u0000b.json", "fifo": "pipe.json", "folder": "folder.json"}[target]
+    if target == "fifo":
+        os.mkfifo(tmp_path / path)
+    elif target == "folder":
+        (tmp_path / path).mkdir()
+    text = f'steps = 4\n[scaler]\nprofile = "torch"\n[overflow]\nsource = "recorded"\ntrace = {json.dumps(path)}\n'
+    code, err, spec = _golden(tmp_path, "recorded", text, capsys)
+    assert code == 2 and f"{spec}: overflow.trace: " in err, err
+    assert {"nul": "embedded null byte", "fifo": "not a regular file (a named pipe)",
+            "folder": "not a regular file (a folder)"}[target] in err
+
+
+@pytest.mark.parametrize("group, value, says", [
+    ("string", "\u00fcn\u00ef\u2603", "has other keys"),  # was AttributeError in compare: exit 3
+    ("zero", 1e60, "zero: a share between 0 and 1"),  # was accepted
+    ("hex", ["0x1p+0"], "min_nonzero_hex: a float\\.hex\\(\\) string"),  # was TypeError in compare: exit 3
+])
+def test_a_recorded_steps_group_statistics_are_checked(group, value, says):
+    body = json.loads(RECORDED.read_text())
+    stats = body["steps"][1]["grad_stats"]
+    name = next(iter(stats))
+    changed = {"string": value, "zero": {**stats[name], "zero": value},
+               "hex": {**stats[name], "min_nonzero_hex": value}}[group]
+    with pytest.raises(TraceError, match=f"steps\\[1\\].grad_stats: .*\\(group '{name}'.*{says}"):
+        loads(resealed(replaced(body, ["steps", 1, "grad_stats", name], changed)), "t.json")
+
+
+@pytest.mark.parametrize("where, value", [(["metadata", "spec", "name"], "../../evil"),
+                                          (["metadata", "spec", "name"], "/abs/evil"),
+                                          (["metadata", "implementation"], "../x")])
+def test_names_that_become_file_names_hold_no_folder(tmp_path, capsys, where, value):
+    """`fpemu report` wrote plots/<spec name>.png: a spec name of ../../evil put a file outside --reports."""
+    body = json.loads((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "bernoulli_flax.json").write_text(resealed(replaced(body, where, value)))
+    code = main(["report", "--golden", str(golden), "--reports", str(tmp_path / "reports" / "R")])
+    err = capsys.readouterr().err
+    assert code == 2 and "a name without '/'" in err, err
+    assert not (tmp_path / "evil.png").exists() and not list(tmp_path.rglob("evil*"))
+
+
+def test_report_on_a_recorded_run_names_its_scale_a_loss_scale(tmp_path, capsys):
+    """A recorded run's spec text is a description, not TOML: the report said 'error: : not valid TOML'."""
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / RECORDED.name).write_bytes(RECORDED.read_bytes())
+    code = main(["report", "--golden", str(golden), "--reports", str(tmp_path / "reports")])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "reports" / "plots" / "torch_loop.png").exists()
+
+
+def test_merge_traces_bounds_what_it_parses(tmp_path, capsys):
+    """A merge whose result nested 100,000 deep was a RecursionError (exit 3): it is left unsealed, exit 1."""
+    body = json.loads((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+    base, ours, theirs = (tmp_path / f"{n}.json" for n in ("base", "ours", "theirs"))
+    base.write_text(resealed(body))
+    theirs.write_text(resealed(body))
+    deep = resealed(replaced(body, ["metadata", "profile"], "PLACEHOLDER"))
+    ours.write_text(deep.replace('"PLACEHOLDER"', "[" * 100_000 + "]" * 100_000))
+    code = main(["merge-traces", str(base), str(ours), str(theirs)])
+    said = capsys.readouterr()
+    assert code == 1 and "nested 100,002 deep, over the reader's 64" in said.err + said.out, said
