@@ -105,3 +105,20 @@ def test_merge_traces_bounds_what_it_parses(tmp_path, capsys):
     code = main(["merge-traces", str(base), str(ours), str(theirs)])
     said = capsys.readouterr()
     assert code == 1 and "nested 100,002 deep, over the reader's 64" in said.err + said.out, said
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda b: b["steps"][0]["params"].__setitem__(0, "inf"), r"steps\[0\].params: a list is not params_hex a list"),
+    (lambda b: b["steps"][0]["params"].pop(), r"steps\[0\].params: a list is not params_hex"),
+    (lambda b: b["steps"][0].pop("scale_hex"), r"steps\[0\].scale_hex: missing"),
+    (lambda b: b["summary"].pop("final_scale"), r"summary.final_scale: missing"),
+    (lambda b: b.__setitem__("summary", {}), r"summary.attempts: missing"),
+])
+def test_a_resealed_trace_missing_or_contradicting_a_float_form_is_refused(change, says):
+    """Accepted before: a list field whose readable values are not its hex twin's (comparisons read the hex, so
+    `fpemu compare` said 'identical'), a float without one of its forms, an empty summary (`fpemu diff` matched)."""
+    body = json.loads((ROOT / "reports" / "golden" / "step_bf16_torch.json").read_text())
+    assert "params" in body["steps"][0]
+    change(body)
+    with pytest.raises(TraceError, match=says):
+        loads(resealed(body), "t.json")

@@ -105,10 +105,15 @@ SUMMARY = {
     "events": checks.events, "examples": checks.optional(checks.count), "scheduler_steps": checks.count,
     "losses_hex": checks.list_of(checks.float_hex),
 }
+SUMMARY_ALWAYS = ("attempts", "completed_updates", "skipped_updates", "stopped_at")  # every writer's
 RECORDED_SOURCE = "recorded_run"  # metadata.source of a user's own run (fpemu.traces.recorded)
 # The fields every record of a recorded run holds; a loop may measure the others on some attempts only (the
 # shadow pass's on sampled ones, statistics where it called grad_stats, the loss where it reported one)
 RECORDED_ALWAYS = ("scale", "overflow", "applied")
+
+
+# The step fields stored with a float.hex() twin
+TWINNED = tuple(name for name, field in FIELDS.items() if field.value[1] is not None)
 
 
 def _wrong(where: str, expected: str, value) -> str:
@@ -149,7 +154,7 @@ def _steps_problem(steps) -> str | None:
             return problem
         if record["step"] != index:
             return _wrong(f"steps[{index}].step", f"{index} (records are in step order)", record["step"])
-        problem = _pairs_problem(record, f"steps[{index}]")
+        problem = _pairs_problem(record, f"steps[{index}]", TWINNED)
         if problem:
             return problem
     return None
@@ -160,13 +165,26 @@ def _same_float(readable, exact: str) -> bool:
     return value == stored or (value != value and stored != stored)
 
 
-def _pairs_problem(table: dict, where: str) -> str | None:
-    """A readable float that is not its ``_hex`` twin (comparisons read the hex, reports the readable)."""
+def _same_floats(readable, exact) -> bool:
+    """Whether a readable float (or a list of them, nested) is its ``_hex`` twin, element for element."""
+    if isinstance(readable, list) or isinstance(exact, list):
+        return (isinstance(readable, list) and isinstance(exact, list) and len(readable) == len(exact)
+                and all(_same_floats(r, e) for r, e in zip(readable, exact)))
+    return _same_float(readable, exact)
+
+
+def _pairs_problem(table: dict, where: str, twinned=()) -> str | None:
+    """A readable float (or list of floats) that is not its ``_hex`` twin (comparisons read the hex, reports
+    the readable), or one of ``twinned`` without its twin."""
+    for key in twinned:
+        if (key in table) != (f"{key}_hex" in table):
+            missing = f"{key}_hex" if key in table else key
+            return f"{where}.{missing}: missing (every float is stored as a readable value and its float.hex() form)"
     for key, exact in table.items():
         readable = table.get(key[:-4]) if key.endswith("_hex") else None
-        if isinstance(exact, str) and readable is not None and not isinstance(readable, list) \
-                and not _same_float(readable, exact):
-            return f"{where}.{key[:-4]}: {checks.json_name(readable)} is not {key} {exact} (the two forms of one float)"
+        if readable is not None and not _same_floats(readable, exact):
+            stored = exact if isinstance(exact, str) else checks.json_name(exact)
+            return f"{where}.{key[:-4]}: {checks.json_name(readable)} is not {key} {stored} (the two forms of one float)"
     return None
 
 
@@ -220,8 +238,8 @@ def trace_problem(body: dict) -> str | None:
     return (_table_problem(body.get("metadata"), "metadata", {k: c for k, (_, c) in METADATA.items()},
                            [k for k, (required, _) in METADATA.items() if required])
             or _steps_problem(body.get("steps"))
-            or _table_problem(body.get("summary"), "summary", SUMMARY)
-            or _pairs_problem(body["summary"], "summary")
+            or _table_problem(body.get("summary"), "summary", SUMMARY, SUMMARY_ALWAYS)
+            or _pairs_problem(body["summary"], "summary", ("final_scale",))
             or _kinds_problem(body["steps"], body["metadata"].get("source") == RECORDED_SOURCE)
             or _summary_problem(body["summary"], body["steps"])
             or _spec_problem(body["metadata"]["spec"]))
