@@ -2,6 +2,7 @@
 error (exit 2, naming the file and the phase), never a hang of fpemu, a traceback or fpemu ending with the file's code."""
 
 import os
+import time
 import textwrap
 
 import pytest
@@ -97,3 +98,64 @@ def test_jax_grads_that_return_none_are_named(tmp_path):
     '''))
     with pytest.raises(FpemuInputError, match=f"{path}: step 0: grads\\(\\) returned NoneType; it returns \\(loss, grads\\)"):
         emulate_file(path, steps=1)
+
+
+# Bounds of the command line (issue: an outside fuzzer's emulate runs): checked before the child starts.
+def test_steps_past_the_model_bound_are_refused_before_a_child_starts(tmp_path, capsys):
+    from fpemu.kinds.bounds import bound_for
+    code, _ = _run(tmp_path, "x = 1\n", "--steps", "100000000000000000000")
+    err = capsys.readouterr().err
+    assert code == 2 and "--steps 100000000000000000000" in err and f"{bound_for('steps').limit('model'):,}" in err, err
+
+
+def test_a_scaler_param_past_its_bound_is_refused_naming_it(tmp_path, capsys):
+    from fpemu.kinds.bounds import bound_for
+    code, _ = _run(tmp_path, "x = 1\n", "--param", "growth_interval=1" + "0" * 30)
+    err = capsys.readouterr().err
+    assert code == 2 and "--param growth_interval=1" in err, err
+    assert f"{bound_for('scaler.params.growth_interval').maximum:,}" in err, err
+
+
+def test_a_file_raising_base_exception_is_one_line_without_a_traceback(tmp_path, capfd):
+    code, path = _run(tmp_path, "raise BaseException('boom')\n")
+    err = capfd.readouterr().err
+    assert code == 2 and f"{path}: importing it raised BaseException: boom" in err and "Traceback" not in err, err
+
+
+def test_a_child_past_its_limit_prints_no_traceback(tmp_path, capfd):
+    # the file's import outlasts --step-timeout, then the child goes on to report its next phase: it must
+    # not print a BrokenPipeError traceback for the pipe fpemu has stopped reading
+    code, path = _run(tmp_path, "import time\ntime.sleep(2.5)\n", "--step-timeout", "2")
+    time.sleep(1.5)  # (the old code left the child running past the limit)
+    err = capfd.readouterr().err
+    assert code == 2 and "importing it timed out" in err and "Traceback" not in err, err
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(os, "fork"), reason="reads /proc, forks")
+def test_a_process_the_model_file_forks_ends_with_its_child(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    text = (f"import os, time\nif os.fork() == 0:\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "    time.sleep(600)\n    os._exit(0)\n")
+    code, _ = _run(tmp_path, text)  # (it defines no build(): an input error, once the fork has run)
+    assert code == 2
+    for _ in range(50):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 3
+    while not _dead(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _dead(pid), f"the model file's grandchild {pid} outlived fpemu emulate"
+    finally:
+        if not _dead(pid):
+            os.kill(pid, 9)

@@ -23,18 +23,22 @@ def _threads(args):
 def _cmd_emulate(args) -> int:
     from fpemu.emulate.isolated import emulate_isolated
     from fpemu.emulate.run import write_outputs
+    from fpemu.kinds.bounds import bound_for
     overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
                                                ("accumulation", args.accumulation)) if value is not None}
     if args.flush_subnormals:
         overrides["subnormals"] = False
-    if args.steps < 1:
-        raise FpemuInputError(f"--steps {args.steps}: expected at least 1 step")
+    most = bound_for("steps").limit("model")  # a model's steps, as a model-driven spec's are bounded
+    if not 1 <= args.steps <= most:
+        raise FpemuInputError(f"--steps {args.steps}: expected 1..{most:,} steps (a model spec's steps bound: each "
+                              "step is run and stored)")
+    params = parse_params(args.param)  # (checked before the child starts)
     # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the
     # emulator; the file runs in a child process, so a hang or an exit in it is a named error
     trace = emulate_isolated(args.model, step_timeout=args.step_timeout, timeout=args.timeout, threads=_threads(args),
                              progress=output.progress(args),
                              policy=args.policy, overrides=overrides, steps=args.steps, profile=args.scaler,
-                             params=parse_params(args.param), seed=args.seed, semantics=args.semantics)
+                             params=params, seed=args.seed, semantics=args.semantics)
     written = write_outputs(trace, args.out, plot=not args.no_plot)
     summary = trace.summary
     first = trace.metadata["telemetry"]["first_nonfinite"]
@@ -73,7 +77,8 @@ def add_commands(registry) -> None:
     emulate.add_argument("--semantics", help="JAX: the interpreter's float32 arithmetic, a fpemu.steps.SEMANTICS "
                          "preset (default jax_cpu_strict: XLA:CPU's; jax_cpu: with XLA's default bf16 excess "
                          "precision; seed: IEEE, sequential sums)")
-    emulate.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    emulate.add_argument("--steps", type=int, default=20, help="training steps (default 20; at most a model "
+                         "spec's steps bound, docs/bounds.md)")
     emulate.add_argument("--scaler", help="the loss-scaler profile (default torch for torch files, flax for JAX "
                          "files; `fpemu simulate` takes the same names)")
     emulate.add_argument("--param", action="append", metavar="NAME=VALUE", help="a parameter of the scaler profile "

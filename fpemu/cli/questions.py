@@ -35,21 +35,48 @@ def _param_value(text: str, where: str):
         return _number(text, where)
 
 
-def parse_params(items, words=()) -> dict:
-    """NAME=VALUE items; ``words``: the names whose value is taken as a string (a format's name)."""
+def _bounded_param(key: str, value, item: str, option: str, bounds: str):
+    """An integer parameter within its row of fpemu.kinds.bounds (``bounds``.NAME, as a spec's would be)."""
+    from fpemu.kinds.bounds import bound_for
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    try:
+        row = bound_for(f"{bounds}.{key}")
+    except LookupError:  # a name no row spells (a dot in it): the row of any name
+        row = bound_for(f"{bounds}.*")
+    if not row.minimum <= value <= row.limit():
+        raise FpemuInputError(f"{option} {item}: expected an integer in {row.minimum:,}..{row.limit():,} "
+                              f"({row.why}), got {value}")
+    return value
+
+
+def parse_params(items, words=(), option: str = "--param", bounds: str = "scaler.params") -> dict:
+    """NAME=VALUE items; ``words``: the names whose value is taken as a string (a format's name).
+
+    An integer value is held to the bound a spec's ``bounds``.NAME has (fpemu.kinds.bounds: a scaler's
+    ``scaler.params``, a recipe's ``recipe.params``); past it is an error naming ``option`` and the bound.
+    """
     params = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise FpemuInputError(f"--param {item}: expected NAME=VALUE (e.g. --param init_scale=1024)")
+            raise FpemuInputError(f"{option} {item}: expected NAME=VALUE (e.g. {option} init_scale=1024)")
         key = key.strip()
-        params[key] = value.strip() if key in words else _param_value(value, f"--param {item}")
+        params[key] = (value.strip() if key in words else
+                       _bounded_param(key, _param_value(value, f"{option} {item}"), item, option, bounds))
     return params
 
 
+def _steps_bound() -> int:
+    """The most steps a simulated run has: a scaler spec's steps bound (fpemu.kinds.bounds)."""
+    from fpemu.kinds.bounds import bound_for
+    return bound_for("steps").limit("scaler")
+
+
 def _parse_steps(text: str) -> list:
-    """'3,7,8' or '10-12,20' -> sorted step indices."""
+    """'3,7,8' or '10-12,20' -> sorted step indices, each below the steps bound."""
     steps = set()
+    last_step = _steps_bound() - 1
     for part in filter(None, (p.strip() for p in text.split(","))):
         first, sep, last = part.partition("-")
         try:
@@ -59,6 +86,9 @@ def _parse_steps(text: str) -> list:
                                   f"got {part!r}") from None
         if lo < 0 or hi < lo:
             raise FpemuInputError(f"--overflow-steps {text}: {part!r} is not a step or an increasing range >= 0")
+        if hi > last_step:
+            raise FpemuInputError(f"--overflow-steps {text}: {part!r} goes past step {last_step:,}, the last of "
+                                  f"the longest run (--steps is at most {last_step + 1:,}, a scaler spec's bound)")
         steps.update(range(lo, hi + 1))
     return sorted(steps)
 
@@ -74,7 +104,7 @@ def _simulated(name: str, option: str, flags, items, param_option: str):
     from fpemu.scalers.profiles import PROFILES
     if name not in PROFILES:
         raise FpemuInputError(f"{option} {name}: unknown profile; profiles: {', '.join(PROFILES)}")
-    params = parse_params(items)
+    params = parse_params(items, option=param_option)
     try:
         return simulate_scaler(flags, name, **params), PROFILES[name], params
     except (TypeError, ValueError) as error:
@@ -154,8 +184,9 @@ def _cmd_simulate(args) -> int:
     import numpy as np
     overflow_steps = _parse_steps(args.overflow_steps or "")
     steps = args.steps if args.steps is not None else (overflow_steps[-1] + 1 if overflow_steps else 1)
-    if steps < 1:
-        raise FpemuInputError(f"--steps {steps}: expected at least 1")
+    if not 1 <= steps <= _steps_bound():
+        raise FpemuInputError(f"--steps {steps}: expected 1..{_steps_bound():,} (a scaler spec's steps bound: "
+                              "each step is run and stored)")
     late = [s for s in overflow_steps if s >= steps]
     if late:
         raise FpemuInputError(f"--overflow-steps: step {late[0]} is past the last step ({steps - 1}; --steps {steps})")
@@ -212,7 +243,8 @@ def _cmd_recipe(args) -> int:
     amaxes = [_number(text, "--amax") for text in args.amax]
     if any(a < 0 for a in amaxes):
         raise FpemuInputError("--amax: an amax is |x| at its largest: expected numbers >= 0, inf or nan")
-    params = parse_params(args.param, words=("fp8_format", "amax_compute_algo", "granularity"))
+    params = parse_params(args.param, words=("fp8_format", "amax_compute_algo", "granularity"),
+                          bounds="recipe.params")
     try:
         runs = [simulate_recipe(amaxes, name, **params) for name in names]
     except ValueError as error:
@@ -395,8 +427,9 @@ def add_commands(registry) -> None:
     simulate.add_argument("--profile", default="torch", help="the profile (default torch); `python -c \"import "
                           "fpemu; print(sorted(fpemu.PROFILES))\"` lists them, reports/profiles.md compares them")
     simulate.add_argument("--overflow-steps", default="", metavar="STEPS",
-                          help="the steps whose gradients overflow: 3,7,8 or 10-12 (0-based)")
-    simulate.add_argument("--steps", type=int, help="steps to run (default: one past the last overflow step)")
+                          help="the steps whose gradients overflow: 3,7,8 or 10-12 (0-based, each below the steps bound)")
+    simulate.add_argument("--steps", type=int, help="steps to run (default: one past the last overflow step; at "
+                          "most a scaler spec's steps bound, docs/bounds.md)")
     simulate.add_argument("--param", action="append", metavar="NAME=VALUE",
                           help="a parameter of the profile, as the implementation names it (init_scale=1024, "
                                "growth_interval=4, 2**16 allowed); repeat for several")

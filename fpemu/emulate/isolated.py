@@ -5,7 +5,10 @@ KeyboardInterrupt or end the process (``sys.exit``, ``os._exit``).  :func:`emula
 :func:`fpemu.emulate.run.emulate_file` in a spawned child that reports each phase (``import``, ``build``,
 step ``i``) as it starts; the parent waits for each report at most ``step_timeout`` seconds (and the whole
 run at most ``timeout``), so every such file ends in an FpemuInputError naming the file and the phase
-(exit 2), and the child is killed.  The trace comes back pickled (its dicts in their order: the report
+(exit 2), and the child is killed.  The child runs in a session (and process group) of its own, and when the run
+ends, however it ends, the whole group is killed: a process the file started (``os.fork``, ``subprocess``) does not
+outlive fpemu holding its stdout and stderr.  Whatever the file raises, ``BaseException`` included, is one line naming
+the phase, never a traceback.  The trace comes back pickled (its dicts in their order: the report
 page lists the metadata as built), so the outputs are byte for byte those of an in-process run.
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import signal
 import time
 import traceback
 from typing import Optional
@@ -40,12 +45,22 @@ def _phase_name(phase) -> str:
 
 def _child(sender, path: str, threads: Optional[int], options: dict) -> None:
     """The child's whole run: phases, then the trace, an input error's message or fpemu's traceback."""
+    try:
+        os.setsid()  # a session of its own: the parent kills it and whatever the file starts as one group
+    except (OSError, AttributeError):  # (already a group leader: not under multiprocessing's spawn)
+        pass
     phase = "start"
+
+    def send(message) -> None:
+        try:
+            sender.send(message)
+        except OSError:  # the parent stopped reading (a limit passed, it was interrupted): nothing to report to
+            os._exit(1)
 
     def report(next_phase) -> None:
         nonlocal phase
         phase = next_phase
-        sender.send(("phase", next_phase))
+        send(("phase", next_phase))
 
     try:
         if threads is not None:
@@ -53,14 +68,14 @@ def _child(sender, path: str, threads: Optional[int], options: dict) -> None:
             torch.set_num_threads(threads)
         from fpemu.emulate.run import emulate_file  # fpemu's start-up, before the file's time starts
         report("import")
-        sender.send(("trace", emulate_file(path, on_step=report, **options)))
+        send(("trace", emulate_file(path, on_step=report, **options)))
     except FpemuInputError as error:
-        sender.send(("input_error", str(error)))
-    except (KeyboardInterrupt, SystemExit, GeneratorExit) as error:  # raised by the file: no reason to stop fpemu
-        sender.send(("input_error", f"{path}: {_phase_name(phase)} raised {type(error).__name__}"
-                                    f"{': ' + str(error) if str(error) else ''}"))
+        send(("input_error", str(error)))
     except Exception:  # noqa: BLE001 -- fpemu's own failure: the parent reports it as internal
-        sender.send(("internal", traceback.format_exc()))
+        send(("internal", traceback.format_exc()))
+    except BaseException as error:  # raised by the file (KeyboardInterrupt, SystemExit, BaseException itself)
+        send(("input_error", f"{path}: {_phase_name(phase)} raised {type(error).__name__}"
+                             f"{': ' + str(error) if str(error) else ''}"))
     finally:
         sender.close()
 
@@ -94,16 +109,26 @@ def emulate_isolated(path, *, step_timeout: float = DEFAULT_STEP_TIMEOUT, timeou
     child = context.Process(target=_child, args=(sender, str(path), threads, options), daemon=True)
     child.start()
     sender.close()
+    grace = 0.0  # a child past its limit (or the parent interrupted) is killed at once
     try:
         steps = options.get("steps", 0)
-        trace = _results(receiver, child, str(path), step_timeout, timeout,
-                         lambda index: progress and progress(index, steps, f"step {index}"))
+        try:
+            trace = _results(receiver, child, str(path), step_timeout, timeout,
+                             lambda index: progress and progress(index, steps, f"step {index}"))
+        except FpemuInputError as error:  # the child's own report of its end, or a limit it ran past
+            grace = 0.0 if isinstance(error, _TimedOut) else 1.0
+            raise
+        grace = 1.0  # the child reported its end: it may exit by itself
         if progress:
             progress(steps, steps, "done")  # ends the bar's line
         return trace
     finally:
+        _stop(child, grace)  # before the pipe closes: the child never writes to a closed pipe
         receiver.close()
-        _stop(child)
+
+
+class _TimedOut(FpemuInputError):
+    """A phase (or the whole run) ran past its limit."""
 
 
 def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[float], on_step):
@@ -114,14 +139,13 @@ def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[
         if wait <= 0 or not receiver.poll(wait):
             limit = (f"the --timeout of {timeout:g} s" if time.monotonic() >= deadline
                      else f"the per-step limit of {step_timeout:g} s (--step-timeout)")
-            raise FpemuInputError(f"{path}: {_phase_name(phase)} timed out: it ran past {limit}")
+            raise _TimedOut(f"{path}: {_phase_name(phase)} timed out: it ran past {limit}")
         try:
             kind, value = receiver.recv()
         except EOFError:
-            child.join(5)
-            raise FpemuInputError(f"{path}: the model file ended its process (exit code {child.exitcode}) during "
-                                  f"{_phase_name(phase)}: a model file returns from build() and step(), it does not "
-                                  "exit (sys.exit, os._exit)") from None
+            raise FpemuInputError(f"{path}: the model file ended its process (exit code {_exit_code(child, 5)}) "
+                                  f"during {_phase_name(phase)}: a model file returns from build() and step(), it "
+                                  "does not exit (sys.exit, os._exit)") from None
         if kind == "phase":
             phase = value
             if isinstance(phase, int):
@@ -134,12 +158,36 @@ def _results(receiver, child, path: str, step_timeout: float, timeout: Optional[
             raise ModelFileCrash(f"fpemu failed while running {path} ({_phase_name(phase)}):\n{value}")
 
 
-def _stop(child) -> None:
-    """The child ended: joined when it has, terminated (then killed) when it has not."""
-    child.join(1)
-    if child.is_alive():
-        child.terminate()
-        child.join(5)
+def _exit_code(child, wait: float) -> Optional[int]:
+    """The child's exit code as multiprocessing gives it (-N: killed by signal N), waiting at most ``wait`` s;
+    None while it runs.  The child is not reaped: its process group stays its own until :func:`_stop` kills it."""
+    if not hasattr(os, "waitid"):  # (not POSIX: no process groups either)
+        child.join(wait)
+        return child.exitcode
+    deadline = time.monotonic() + wait
+    while True:
+        if child.exitcode is not None:
+            return child.exitcode
+        try:
+            info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere
+            return child.exitcode
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _stop(child, grace: float) -> None:
+    """The child and every process it started ended: after at most ``grace`` s for the child to end by itself,
+    its process group (its session, made by :func:`_child`) is killed, the child itself where it had not made
+    one yet; then the child is joined."""
+    _exit_code(child, grace)
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # the child's pid is its group's (unreaped: not yet reused)
+    except (ProcessLookupError, PermissionError, AttributeError):  # no group yet (or no longer): the child alone
+        pass
     if child.is_alive():
         child.kill()
-        child.join()
+    child.join()

@@ -121,7 +121,8 @@ def _run_vectorized(rules: ScalerRules, flags: np.ndarray, profile: str, params:
     counters = np.arange(n, dtype=np.int64)
     counters -= np.repeat(np.concatenate(([-1], overflow_steps)), np.diff(np.append(run_starts, n)))
     period = rules.growth_interval + (1 if rules.growth_timing == "N+1" else 0)
-    np.remainder(counters, period, out=counters)
+    if period <= n:  # (a longer period never wraps a counter: and it may be past int64)
+        np.remainder(counters, period, out=counters)
     counters[overflow_steps] = 0                     # an overflow resets the counter
     events = np.flatnonzero(counters == 0).tolist()  # growths and overflows
     event_overflows = overflow[events].tolist()
