@@ -108,6 +108,13 @@ def test_steps_past_the_model_bound_are_refused_before_a_child_starts(tmp_path, 
     assert code == 2 and "--steps 100000000000000000000" in err and f"{bound_for('steps').limit('model'):,}" in err, err
 
 
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "100000000000000000000"])
+def test_a_seed_past_32_bits_is_refused_before_a_child_starts(tmp_path, capsys, seed):
+    code, _ = _run(tmp_path, "x = 1\n", "--seed", seed)
+    err = capsys.readouterr().err
+    assert code == 2 and f"--seed {seed}: expected 0..4,294,967,295 (a 32-bit seed)" in err, err
+
+
 def test_a_scaler_param_past_its_bound_is_refused_naming_it(tmp_path, capsys):
     from fpemu.kinds.bounds import bound_for
     code, _ = _run(tmp_path, "x = 1\n", "--param", "growth_interval=1" + "0" * 30)

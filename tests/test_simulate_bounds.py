@@ -6,7 +6,7 @@ import time
 import pytest
 
 from fpemu.cli import main
-from fpemu.kinds.bounds import bound_for
+from fpemu.kinds.bounds import MAX_SEED, bound_for
 from fpemu.scalers import simulate_scaler
 from fpemu.scalers.model import ScalerRules
 from fpemu.scalers.simulate import run_rules
@@ -74,6 +74,7 @@ def test_docs_bounds_lists_the_option_bounds_it_imports():
         "`fpemu simulate --param`, `--vs-param` (an integer)": (-MAX_PARAM, MAX_PARAM),
         "`fpemu emulate --steps`": (1, bound_for("steps").limit("model")),
         "`fpemu emulate --param` (an integer)": (-MAX_PARAM, MAX_PARAM),
+        "`fpemu emulate --seed`": (0, MAX_SEED),
         "`fpemu recipe --param amax_history_len=`": (1, bound_for("recipe.params.amax_history_len").maximum),
         "`fpemu recipe --param` (another integer)": (bound_for("recipe.params.margin").minimum,
                                                      bound_for("recipe.params.margin").maximum),

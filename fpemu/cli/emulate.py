@@ -23,7 +23,7 @@ def _threads(args):
 def _cmd_emulate(args) -> int:
     from fpemu.emulate.isolated import emulate_isolated
     from fpemu.emulate.run import write_outputs
-    from fpemu.kinds.bounds import bound_for
+    from fpemu.kinds.bounds import MAX_SEED, bound_for
     overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
                                                ("accumulation", args.accumulation)) if value is not None}
     if args.flush_subnormals:
@@ -32,6 +32,8 @@ def _cmd_emulate(args) -> int:
     if not 1 <= args.steps <= most:
         raise FpemuInputError(f"--steps {args.steps}: expected 1..{most:,} steps (a model spec's steps bound: each "
                               "step is run and stored)")
+    if not 0 <= args.seed <= MAX_SEED:  # the file's build(seed) seeds torch, numpy or JAX: 32-bit seeds
+        raise FpemuInputError(f"--seed {args.seed}: expected 0..{MAX_SEED:,} (a 32-bit seed)")
     params = parse_params(args.param)  # (checked before the child starts)
     # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the
     # emulator; the file runs in a child process, so a hang or an exit in it is a named error
