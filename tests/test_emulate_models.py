@@ -233,9 +233,19 @@ def test_emulated_scaler_reports_the_scale_as_grad_scaler_does():
 
 EXAMPLES = pytest.mark.skipif(os.environ.get("FPEMU_TEST_EXAMPLES") != "1",
                               reason="transformers models (seconds each): set FPEMU_TEST_EXAMPLES=1")
-# the least share of step-0 gradient elements equal bit for bit (measured: bf16 0.999-1.0; fp16, whose
-# matrix products ATen accumulates in another order than the float32 kernel, 0.22-0.85)
+# the least share of step-0 gradient elements equal bit for bit (measured: bf16 0.999-1.0 where oneDNN computes
+# bf16; fp16, whose matrix products ATen accumulates in another order than the float32 kernel, 0.22-0.85)
 BITWISE = {"bf16": 0.99, "fp16": 0.2}
+# Where oneDNN does not compute bf16 (an AVX2 CPU: no avx512_bf16; measured on an AMD EPYC with avx2, fma, f16c,
+# torch 2.13.0): the trajectories still agree (overflow verdicts and scales), step-0 gradients agree bit for bit
+# on 98.1-98.2% of elements for GPT-2 with SDPA and BERT but 18.2% for T5 (as low as fp16's: torch's bf16 matrix
+# products there accumulate otherwise than the float32 kernel, as its fp16 ones do everywhere), and T5's loss
+# departs 4.5e-4 relative; which kernel it is, is not pinned down yet.  The bounds below are under those figures.
+BITWISE_WITHOUT_ONEDNN_BF16, LOSS_WITHOUT_ONEDNN_BF16 = 0.15, 1e-3
+
+
+def _onednn_computes_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @EXAMPLES
@@ -245,11 +255,18 @@ def test_model_family_trains_as_real_cpu_autocast(family, fmt):
     pytest.importorskip("transformers")
     if family == "lstm" and fmt == "fp16":
         pytest.skip("oneDNN has no float16 LSTM: test_cpu_fp16_lstm_fails_as_real_cpu_autocast_does")
+    onednn_bf16 = _onednn_computes_bf16()
+    if family == "lstm" and not onednn_bf16:
+        # measured on an AVX2 host: real CPU autocast raises "could not create a primitive descriptor for the LSTM
+        # forward propagation primitive" in bf16 too
+        pytest.skip("oneDNN has no bf16 LSTM on a CPU without avx512_bf16: real CPU autocast raises")
     (losses, verdicts, scales, first), emulated, _, _ = _both(family, fmt, 4, {"init_scale": 2.0 ** 16})
     assert emulated[1] == verdicts and emulated[2] == scales
-    assert max(abs(a - b) / abs(a) for a, b in zip(losses, emulated[0])) <= 1e-4
+    loss_bound, bitwise = ((1e-4, BITWISE[fmt]) if fmt != "bf16" or onednn_bf16 else
+                           (LOSS_WITHOUT_ONEDNN_BF16, BITWISE_WITHOUT_ONEDNN_BF16))
+    assert max(abs(a - b) / abs(a) for a, b in zip(losses, emulated[0])) <= loss_bound
     equal = sum(int((_bits(g) == _bits(emulated[3][n])).sum()) for n, g in first.items())
-    assert equal / sum(g.numel() for g in first.values()) >= BITWISE[fmt]
+    assert equal / sum(g.numel() for g in first.values()) >= bitwise
 
 
 @EXAMPLES
