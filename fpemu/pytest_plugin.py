@@ -395,8 +395,25 @@ def _orphans(config) -> list:
                   if not p.name.endswith(".obtained.json") and p.resolve() not in used)
 
 
+def pytest_sessionfinish(session):
+    """An xdist worker hands the goldens its tests used to the controller, which alone names the orphans."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fpemu_used_goldens"] = sorted(str(path) for path in session.config.stash.get(_USED, set()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(xdist, in the controller) A worker's used goldens join the run's: a golden one worker used is no
+    orphan because the other workers did not."""
+    used = getattr(node, "workeroutput", {}).get("fpemu_used_goldens", [])
+    node.config.stash.setdefault(_USED, set()).update(pathlib.Path(path) for path in used)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Name the golden files no test used (syrupy's unused snapshots), and delete them where asked."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker saw a share of the tests: the controller reports
     if not config.stash.get(_USED, set()) and not config.getoption("--fpemu-delete-orphans"):
         return  # a run that checked no golden says nothing of them
     orphans = _orphans(config)

@@ -10,6 +10,20 @@ os.environ.setdefault("FPEMU_JOBS", "1")
 
 import hypothesis_budget  # noqa: E402,F401  (registers and loads the hypothesis profiles)
 
+STAGE2 = os.environ.get("FPEMU_TEST_ENVS") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default suite stays within minutes on 2 cores: a test marked ``stage2("what covers it")`` runs
+    only in CI stage 2 (FPEMU_TEST_ENVS=1), and its skip line names the default test covering its path."""
+    if STAGE2:
+        return
+    for item in items:
+        marker = item.get_closest_marker("stage2")
+        if marker is not None:
+            covered_by = marker.args[0] if marker.args else marker.kwargs["covered_by"]
+            item.add_marker(pytest.mark.skip(reason=f"CI stage 2 (FPEMU_TEST_ENVS=1); by default: {covered_by}"))
+
 
 @pytest.fixture
 def torch_one_thread():

@@ -58,17 +58,28 @@ def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()                       # a golden: nothing of the host
     assert main(["compare", str(first), str(second)]) == 0
-    assert main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**10", "--no-plot",
-                 "--out", str(tmp_path / "c")]) == 0
-    assert main(["compare", str(first), str(next((tmp_path / "c").glob("*.json")))]) == 1
 
 
+@pytest.mark.stage2("test_emulate_writes_a_trace_and_a_report_that_compare_reads (compare reads an emulated trace); "
+                    "test_compare's divergences")
+def test_emulations_at_another_scale_compare_as_a_divergence(tmp_path):
+    path = _model(tmp_path)
+    for scale, out in (("2**24", "a"), ("2**10", "c")):
+        assert main(["emulate", str(path), "--steps", "3", "--param", f"init_scale={scale}", "--no-plot",
+                     "--out", str(tmp_path / out)]) == 0
+    first, other = (next((tmp_path / d).glob("*.json")) for d in "ac")
+    assert main(["compare", str(first), str(other)]) == 1
+
+
+# Each case that runs the file starts a child importing torch (3 s): "no step" takes the import-error path
+# and "unplaceable op" the step-error path of the cases kept by default (test_emulate_torch places the op).
 @pytest.mark.parametrize("case, expected", [
     ("missing", "cannot read: No such file"),
     ("not python", "a model file is a Python file"),
-    ("no step", "defines no function step()"),
+    pytest.param("no step", "defines no function step()", marks=pytest.mark.stage2("the 'import error' case")),
     ("import error", "importing it raised ZeroDivisionError"),
-    ("unplaceable op", "cannot place aten::binary_cross_entropy"),
+    pytest.param("unplaceable op", "cannot place aten::binary_cross_entropy",
+                 marks=pytest.mark.stage2("the 'raises in a module' case; test_emulate_torch's unplaceable ops")),
     ("raises in a module", "step 0 raised RuntimeError"),
     ("unknown scaler", "scaler nope: profile: unknown profile 'nope'"),
 ])

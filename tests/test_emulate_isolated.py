@@ -27,7 +27,8 @@ STAGE2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="an
 # The outside fuzzer's model files (issue 24): each hung, escaped as a traceback, or ended fpemu with its own code.
 @pytest.mark.parametrize("text, words", [
     ("while True:\n    pass\n", "importing it timed out: it ran past the per-step limit of 3 s (--step-timeout)"),
-    ("import os\nos._exit(7)\n", "the model file ended its process (exit code 7) during importing it"),
+    pytest.param("import os\nos._exit(7)\n", "the model file ended its process (exit code 7) during importing it",
+                 marks=pytest.mark.stage2("os._exit(3) during a step, in test_a_step_that_hangs_or_exits_is_a_named_error")),
     pytest.param("import sys\nsys.exit(5)\n", "importing it raised SystemExit: 5", marks=STAGE2),
     pytest.param("raise KeyboardInterrupt\n", "importing it raised KeyboardInterrupt", marks=STAGE2),
     pytest.param("FRAMEWORK = ['jax']\n", "FRAMEWORK = ['jax']; fpemu emulate runs 'torch', 'jax'", marks=STAGE2),
@@ -69,7 +70,8 @@ def step(model, optimizer, scaler, index):
     pytest.param("import time; time.sleep(600)", "30", "step 1 timed out: it ran past the per-step limit of 30 s",
                  marks=STAGE2),
     ("import os; os._exit(3)", "600", "ended its process (exit code 3) during step 1"),
-    ("raise KeyboardInterrupt", "600", "step 1 raised KeyboardInterrupt"),
+    pytest.param("raise KeyboardInterrupt", "600", "step 1 raised KeyboardInterrupt",
+                 marks=pytest.mark.stage2("test_a_file_raising_base_exception_is_one_line_without_a_traceback")),
 ])
 def test_a_step_that_hangs_or_exits_is_a_named_error(tmp_path, capsys, hang, limit, words):
     pytest.importorskip("torch")

@@ -70,20 +70,24 @@ def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
     assert main(["compare", str(first), str(second)]) == 0
 
 
-def test_bad_jax_files_exit_2_naming_what_is_wrong(tmp_path, capsys):
-    unknown = _model(tmp_path, text="FRAMEWORK = 'mxnet'\ndef build(seed): pass\n", name="other.py")
-    assert _emulate(unknown, tmp_path / "o") == 2
-    assert "FRAMEWORK = 'mxnet'" in capsys.readouterr().err
-    no_update = _model(tmp_path, text=MODEL.replace("def update", "def apply"), name="no_update.py")
-    assert _emulate(no_update, tmp_path / "o") == 2
-    assert "no_update.py: defines no function update()" in capsys.readouterr().err
-    torch_policy = _model(tmp_path)
-    assert _emulate(torch_policy, tmp_path / "o", "--policy", "cuda_autocast_fp16") == 2
-    assert "placement autocast is not one jax emulates" in capsys.readouterr().err
-    mystery = _model(tmp_path, loss='jnp.linalg.det(h[:4, :4].astype(jnp.float32))', name="mystery.py")
-    assert _emulate(mystery, tmp_path / "o") == 2
+# Each case starts a child importing JAX and the file (about 5 s): two by default, the import-time check of
+# the file's functions and the policy's framework in stage 2.
+BAD_JAX_FILES = [
+    ("other.py", "FRAMEWORK = 'mxnet'\ndef build(seed): pass\n", (), ["FRAMEWORK = 'mxnet'"]),
+    pytest.param("no_update.py", MODEL.replace("def update", "def apply"), (),
+                 ["no_update.py: defines no function update()"], marks=pytest.mark.stage2("the 'other.py' case")),
+    pytest.param("tiny_jax.py", None, ("--policy", "cuda_autocast_fp16"), ["placement autocast is not one jax emulates"],
+                 marks=pytest.mark.stage2("the 'other.py' case; test_emulate_jax's policy refusals")),
+    ("mystery.py", MODEL.replace("{loss}", 'jnp.linalg.det(h[:4, :4].astype(jnp.float32))'), (),
+     ["mystery.py: step 0", "cannot place primitive"]),
+]
+
+
+@pytest.mark.parametrize("name, text, options, words", BAD_JAX_FILES)
+def test_bad_jax_files_exit_2_naming_what_is_wrong(tmp_path, capsys, name, text, options, words):
+    assert _emulate(_model(tmp_path, text=text, name=name), tmp_path / "o", *options) == 2
     err = capsys.readouterr().err
-    assert "mystery.py: step 0" in err and "cannot place primitive" in err
+    assert all(word in err for word in words), err
 
 
 @pytest.mark.skipif(os.environ.get("FPEMU_TEST_EXAMPLES") != "1", reason="minutes: set FPEMU_TEST_EXAMPLES=1")

@@ -59,7 +59,19 @@ def _quantize(x, fmt, rounding, overflow, subnormals, seed=SEED):
                     seed=seed if rounding == "stochastic" else None)
 
 
-@pytest.mark.parametrize("name", [name for name, fmt in FORMATS.items() if supported(fmt)])
+def _by_default(names, covered_by):
+    """Each format compiles a program per setting (about 2 s a format): ``names`` run by default, the
+    rest in stage 2; the default ones span IEEE inf/NaN, fn, fnuz and sub-byte encodings."""
+    def param(name):
+        return pytest.param(name, id=name, marks=() if name in names else pytest.mark.stage2(covered_by))
+    return param
+
+
+DEFAULT_NAMED = ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2fnuz", "fp4_e2m1fn")
+named = _by_default(DEFAULT_NAMED, "named formats " + ", ".join(DEFAULT_NAMED))
+
+
+@pytest.mark.parametrize("name", [named(name) for name, fmt in FORMATS.items() if supported(fmt)])
 def test_named_formats_round_as_the_numpy_kernel(name):
     fmt = FORMATS[name]
     for rounding, overflow, subnormals in SETTINGS:
@@ -70,14 +82,15 @@ def test_named_formats_round_as_the_numpy_kernel(name):
                             [hex(b) for b in EDGES[~same][:4].view(np.uint32)])
 
 
-def test_remaining_settings_on_the_formats_jax_programs_hold():
+@pytest.mark.parametrize("name", [_by_default(("bf16", "fp8_e4m3fnuz"), "bf16 and fp8_e4m3fnuz")(name)
+                                  for name in ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz")])
+def test_remaining_settings_on_the_formats_jax_programs_hold(name):
     """Saturation with subnormals and IEEE overflow with flushing, for the dtypes a jaxpr carries."""
-    for name in ("bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz"):
-        for rounding in ROUNDING_MODES:
-            for overflow, subnormals in (("saturate", True), ("inf", False)):
-                same = _same(_jax_round(EDGES, FORMATS[name], rounding, overflow, subnormals),
-                             _quantize(EDGES, FORMATS[name], rounding, overflow, subnormals))
-                assert same.all(), (name, rounding, overflow, subnormals)
+    for rounding in ROUNDING_MODES:
+        for overflow, subnormals in (("saturate", True), ("inf", False)):
+            same = _same(_jax_round(EDGES, FORMATS[name], rounding, overflow, subnormals),
+                         _quantize(EDGES, FORMATS[name], rounding, overflow, subnormals))
+            assert same.all(), (name, rounding, overflow, subnormals)
 
 
 CUSTOM = [make_format(exponent_bits=3, mantissa_bits=2), make_format(exponent_bits=6, mantissa_bits=9),
@@ -87,7 +100,12 @@ CUSTOM = [make_format(exponent_bits=3, mantissa_bits=2), make_format(exponent_bi
           make_format(exponent_bits=5, mantissa_bits=1, special="fnu")]
 
 
-@pytest.mark.parametrize("fmt", CUSTOM, ids=lambda f: f.name)
+DEFAULT_CUSTOM = ("e3m2", "e5m6fn", "e2m5fnuz")
+
+
+@pytest.mark.parametrize("fmt", [pytest.param(fmt, id=fmt.name, marks=() if fmt.name in DEFAULT_CUSTOM else
+                                              pytest.mark.stage2("custom formats " + ", ".join(DEFAULT_CUSTOM)))
+                                 for fmt in CUSTOM])
 def test_custom_formats_match_the_rational_oracle(fmt):
     """Against the exact oracle, independent of both kernels: a sample of the edges (the oracle is
     Python per element), every deterministic mode; stochastic with the draws made explicit."""

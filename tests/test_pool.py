@@ -122,23 +122,27 @@ def _run_files(tmp_path, jobs: str, *more) -> tuple:
     return done.returncode, done.stdout, files
 
 
-def assert_runs_write_the_same(tmp_path, monkeypatch, first: tuple, second: tuple) -> None:
-    """`fpemu run` of RUN_SPECS with the options ``first`` and with ``second`` print, exit and write the same."""
+def assert_runs_write_the_same(tmp_path, monkeypatch, first: tuple, second: tuple, specs=RUN_SPECS) -> None:
+    """`fpemu run` of ``specs`` with the options ``first`` and with ``second`` print, exit and write the same."""
     import pathlib
     import shutil
     root = pathlib.Path(__file__).resolve().parent.parent
     (tmp_path / "specs").mkdir()
-    for name in RUN_SPECS:
+    for name in specs:
         shutil.copy(root / "specs" / name, tmp_path / "specs" / name)
     monkeypatch.chdir(root)
     one, two = _run_files(tmp_path, *first), _run_files(tmp_path, *second)
     assert one[0] == two[0] and one[1] == two[1]
-    assert sorted(one[2]) == sorted(two[2]) and len(one[2]) > len(RUN_SPECS)
+    assert sorted(one[2]) == sorted(two[2]) and len(one[2]) > len(specs)
     assert [name for name in one[2] if one[2][name] != two[2][name]] == []
 
 
-def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(tmp_path, monkeypatch):
-    assert_runs_write_the_same(tmp_path, monkeypatch, ("1",), ("2",))
+@pytest.mark.parametrize("specs", [
+    pytest.param(["floor_jmp.toml", "bernoulli_jmp.toml", "optax_consecutive.toml"], id="jmp-and-optax"),
+    pytest.param(RUN_SPECS, id="five-scalers-and-paddle", marks=pytest.mark.stage2(
+        "the same run of jmp and optax jobs (torch, Keras, flax and Paddle add 15 s of imports)"))])
+def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(specs, tmp_path, monkeypatch):
+    assert_runs_write_the_same(tmp_path, monkeypatch, ("1",), ("2",), specs)
 
 
 @pytest.mark.parametrize("value, expected", [("local", None), (None, None), ("dask:tcp://10.0.0.5:8786", "tcp://10.0.0.5:8786")])

@@ -249,6 +249,32 @@ def test_other():
     assert not orphan.exists() and golden.exists()
 
 
+@pytest.mark.stage2("test_corrupted_golden_and_orphans in one process (this runs three 2-worker sessions, 25 s)")
+def test_orphans_under_xdist_are_the_goldens_no_worker_used(runs, pytester, monkeypatch):
+    """With tests spread over xdist workers, a golden one worker used is no orphan because another did not
+    use it: the controller names (and deletes) exactly the goldens no test of any worker used."""
+    pytest.importorskip("xdist")
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    pytester.makepyfile(test_two='''
+import os
+import pytest
+from fpemu.traces import read_trace
+@pytest.mark.parametrize("name", ["run_a", "run_b", "run_c", "run_d"])
+def test_recorded(assert_trace_matches, name):
+    assert_trace_matches(read_trace(os.environ["FPEMU_INNER_RUN"]), name, recorded=True)
+''')
+    monkeypatch.setenv("FPEMU_INNER_RUN", str(runs / "run4.json"))
+    assert outcomes(pytester.runpytest_subprocess("--fpemu-update-golden", "-n", "2")) == {"passed": 4}
+    golden = pytester.path / "golden"
+    assert sorted(p.name for p in golden.iterdir()) == ["run_a.json", "run_b.json", "run_c.json", "run_d.json"]
+    (golden / "old_run.json").write_text((golden / "run_a.json").read_text())
+    result = pytester.runpytest_subprocess("-n", "2")
+    result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json (--fpemu-delete-orphans*"])
+    result = pytester.runpytest_subprocess("-n", "2", "--fpemu-delete-orphans")
+    result.stdout.fnmatch_lines(["fpemu: deleted 1 golden files no test used: golden/old_run.json"])
+    assert sorted(p.name for p in golden.iterdir()) == ["run_a.json", "run_b.json", "run_c.json", "run_d.json"]
+
+
 DATA_TESTS = '''
 import os
 

@@ -334,6 +334,8 @@ period = 1000
 
 
 @needs_torch
+@pytest.mark.stage2("test_case_timeout_scales_with_steps_and_ranks_unless_the_spec_or_the_command_line_sets_it "
+                    "(the limit); test_pool's and test_bounds' jobs past their timeout (the result line)")
 @pytest.mark.parametrize("in_spec,on_command_line", [("timeout_s = 0.5", []),
                                                      pytest.param("timeout_s = 600", ["--rank-timeout", "0.5"],
                                                                   marks=more_real_ranks)])
@@ -411,6 +413,7 @@ def test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler():
 
 @needs_torch
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+@pytest.mark.stage2("megatron-core is a stage-2 framework; test_chained_sub_scalers_are_megatrons_own_dynamic_grad_scaler")
 def test_megatron_chained_optimizer_on_real_ranks_keeps_a_scaler_per_sub_optimizer_that_drifts():
     # megatron-core 0.16.1's own ChainedOptimizer of two Float16OptimizerWithFloat16Params (the probe, the rest)
     # on 2 gloo ranks: rank 1's inf after the all-reduce lands in the probe's sub-optimizer only
@@ -561,6 +564,8 @@ def _same_bytes(torchrun, builtin, world_size):
 
 
 @needs_torch
+@pytest.mark.stage2("the built-in launcher's 2 real ranks in test_fpemu_run_fails_an_undeclared_cross_rank_divergence_"
+                    "naming_step_and_ranks; torchrun's world in test_env_world_reads_torchruns_variables...")
 def test_torchrun_at_2_ranks_writes_the_built_in_launchers_traces_byte_for_byte_and_a_divergence_exits_1(tmp_path):
     spec = tmp_path / "d.toml"
     spec.write_text(TORCHRUN_SPEC.replace("SIZES", "[2]"))

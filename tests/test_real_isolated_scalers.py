@@ -20,6 +20,11 @@ F32_MAX = float(np.finfo(np.float32).max)
 TINY = 2.0**-126
 
 
+# Paddle's and tf-keras's environments are built in CI stage 2, where these run; by default the profiles
+# are pinned by their worked trajectories (test_scalers.py) and the flushed-unscale edges below.
+isolated = pytest.mark.stage2("a stage-2 framework's environment; its profile's trajectories in test_scalers.py")
+
+
 def call(environment, entry, *args):
     if environment_python(environment) is None:
         pytest.skip(f"environment {environment!r} is not built: run `fpemu env build {environment}`")
@@ -74,6 +79,7 @@ def record_paddle(seq, **params):
     return call("paddle", f"{PADDLE}:record_paddle", seq, params, "cpu")
 
 
+@isolated
 @settings(max_examples=profile_examples(1), deadline=None)
 @given(seq=sequences, init=init_scales, growth=growths, backoff=backoffs, incr=st.integers(1, 4),
        decr=st.integers(1, 3))
@@ -83,6 +89,7 @@ def test_paddle_cpu_matches_profile(seq, init, growth, backoff, incr, decr):
     assert_same_trace(record_paddle(seq, **params), fpemu.simulate_scaler(seq, "paddle_cpu", **params))
 
 
+@isolated
 def test_paddle_backs_off_after_decr_every_n_consecutive_overflows():
     seq = [True, False, True, True, True, True, False, False]
     params = dict(init_loss_scaling=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
@@ -91,6 +98,7 @@ def test_paddle_backs_off_after_decr_every_n_consecutive_overflows():
     assert_same_trace(real, fpemu.simulate_scaler(seq, "paddle_cpu", **params))
 
 
+@isolated
 def test_paddle_cpu_keeps_stepping_at_a_zero_scale():
     # 2^-148 -> 2^-149 -> 0: the scale is not flushed, and at 0 the CPU kernel checks the
     # scaled gradients (finite), so finite steps still run; the GPU profile skips them.
@@ -123,6 +131,7 @@ def _unscale_cases():
         yield scale, np.concatenate([normal, subnormal, _near_tiny(scale, rng), np.float32([0.0, -0.0])])
 
 
+@isolated
 @pytest.mark.parametrize("scale,grads", list(_unscale_cases()), ids=[str(s) for s in UNSCALE_SCALES])
 def test_paddle_cpu_unscale_matches_real_kernel(scale, grads):
     real, found_inf = call("paddle", f"{PADDLE}:unscale_paddle", grads, scale)
@@ -130,6 +139,7 @@ def test_paddle_cpu_unscale_matches_real_kernel(scale, grads):
     assert bits32(real) == bits32(fpemu.unscale(grads, scale, "paddle_cpu"))
 
 
+@isolated
 def test_paddle_cpu_checks_the_scaled_gradients():
     scaled = np.float32([1e38])  # finite, but 1e41 once unscaled at a scale of 1e-3
     real, found_inf = call("paddle", f"{PADDLE}:unscale_paddle", scaled, 1e-3)
@@ -146,6 +156,7 @@ def test_paddle_cpu_checks_the_scaled_gradients():
 TF_KERAS = "fpemu.adapters.tf_keras_scaler"
 
 
+@isolated
 @pytest.mark.parametrize("entry,examples", [("record_tf_keras", profile_examples(2)),
                                             ("record_tf_keras_legacy", profile_examples(5))])
 def test_tf_keras_matches_profile(entry, examples):
@@ -159,6 +170,7 @@ def test_tf_keras_matches_profile(entry, examples):
     check()
 
 
+@isolated
 def test_tf_keras_growth_and_floor():
     seq = [False] * 3 + [True] * 4
     real = call("tf_keras", f"{TF_KERAS}:record_tf_keras", seq, dict(initial_scale=3e38, dynamic_growth_steps=1),
@@ -169,12 +181,14 @@ def test_tf_keras_growth_and_floor():
     assert low.scales == [2.0, 1.0, 1.0] and low.final_scale == 1.0  # max(scale / 2, 1)
 
 
+@isolated
 @pytest.mark.parametrize("scale,grads", list(_unscale_cases()), ids=[str(s) for s in UNSCALE_SCALES])
 def test_tf_keras_unscale_matches_real(scale, grads):
     real = call("tf_keras", f"{TF_KERAS}:unscale_tf_keras", grads, scale)
     assert bits32(real) == bits32(fpemu.unscale(grads, scale, "tf_keras"))
 
 
+@isolated
 def test_framework_objects_do_not_cross_back():
     for environment, entry, arg in (("paddle", "paddle:to_tensor", [1.0]), ("tf_keras", "tensorflow:constant", 1.0)):
         with pytest.raises(EnvironmentCallError, match=f"environment '{environment}', {entry}: its result cannot be "

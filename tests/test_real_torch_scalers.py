@@ -21,14 +21,26 @@ SPECS = pathlib.Path(__file__).resolve().parent.parent / "specs"
 
 pytestmark = pytest.mark.filterwarnings("ignore:Transformer Engine and Apex are not installed:UserWarning")
 
+
+
+# DeepSpeed and megatron-core are installed in CI stage 2 and their tests run there (where a developer installed
+# them, the default suite would grow by a minute); by default their profiles are pinned by worked trajectories.
+STAGE2 = pytest.mark.stage2("a stage-2 framework; its profile's trajectories in test_scalers.py")
+
+
+def _stage2_framework(skip_unless_installed):
+    return lambda test: STAGE2(skip_unless_installed(test))
+
+
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
-installed = pytest.mark.skipif(NO_DEEPSPEED, reason="deepspeed not installed "
+INSTALLED = pytest.mark.skipif(NO_DEEPSPEED, reason="deepspeed not installed "
                                "(DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8)")
-tree = pytest.mark.skipif(deepspeed_scaler.tree_0_17_unavailable() is not None,
+TREE = pytest.mark.skipif(deepspeed_scaler.tree_0_17_unavailable() is not None,
                           reason=f"DeepSpeed 0.17.0: {deepspeed_scaler.tree_0_17_unavailable()}")
-megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None
-                              or importlib.util.find_spec("megatron.core") is None,
-                              reason="megatron-core not installed (pip install megatron-core==0.16.1)")
+installed, tree = _stage2_framework(INSTALLED), _stage2_framework(TREE)
+megatron = _stage2_framework(pytest.mark.skipif(importlib.util.find_spec("megatron") is None
+                             or importlib.util.find_spec("megatron.core") is None,
+                             reason="megatron-core not installed (pip install megatron-core==0.16.1)"))
 
 
 
@@ -255,8 +267,8 @@ ENGINE_FLAGS = [False] * 4 + [True, True] + [False] * 4  # hysteresis 1: two bac
 
 
 def _versions():
-    return [pytest.param(None, marks=installed, id="installed"),
-            pytest.param(deepspeed_scaler.tree_0_17(), marks=tree, id="0.17.0")]
+    return [pytest.param(None, marks=(STAGE2, INSTALLED), id="installed"),
+            pytest.param(deepspeed_scaler.tree_0_17(), marks=(STAGE2, TREE), id="0.17.0")]
 
 
 def _facts(run):

@@ -22,6 +22,7 @@ def _threads(args):
 
 def _cmd_emulate(args) -> int:
     from fpemu.emulate.isolated import emulate_isolated
+    from fpemu.emulate.policy import scaler_rules
     from fpemu.emulate.run import write_outputs
     from fpemu.kinds.bounds import MAX_SEED, bound_for
     overrides = {key: value for key, value in (("compute", args.format), ("rounding", args.rounding),
@@ -35,6 +36,8 @@ def _cmd_emulate(args) -> int:
     if not 0 <= args.seed <= MAX_SEED:  # the file's build(seed) seeds torch, numpy or JAX: 32-bit seeds
         raise FpemuInputError(f"--seed {args.seed}: expected 0..{MAX_SEED:,} (a 32-bit seed)")
     params = parse_params(args.param)  # (checked before the child starts)
+    if args.scaler is not None:  # a named scaler and its parameters too; the default is the file's framework's
+        scaler_rules(args.scaler, params)
     # the trace and page are named after what ran (pure_fp16-fp8_e4m3fn-up); the file's FRAMEWORK picks the
     # emulator; the file runs in a child process, so a hang or an exit in it is a named error
     trace = emulate_isolated(args.model, step_timeout=args.step_timeout, timeout=args.timeout, threads=_threads(args),

@@ -16,18 +16,11 @@ import jax
 import numpy as np
 
 from fpemu.emulate._jax_compiled import emulate_jax
+from fpemu.emulate.policy import scaler_rules
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.emulate.trace import StepRecord
 from fpemu.errors import FpemuInputError
-from fpemu.scalers import get_profile, step_overflowed, unscale
-
-
-def _scaler(profile, params):
-    try:
-        chosen = get_profile(profile)
-        return chosen, chosen.rules(**(params or {}))
-    except (ValueError, TypeError) as error:  # an unknown profile or parameter: the user's input
-        raise FpemuInputError(f"scaler {profile}: {error}") from None
+from fpemu.scalers import step_overflowed, unscale
 
 
 def _flat_float32(tree) -> list:
@@ -62,7 +55,7 @@ def run_jax_steps(grads, update, state, *, steps: int, policy="program", semanti
 
         records, telemetry, state = run_jax_steps(grads, update, state, steps=20, profile="flax")
     """
-    chosen, rules = _scaler(profile, params)
+    chosen, rules = scaler_rules(profile, params)
     scaler = rules.init()
     telemetry, whole = Telemetry(), Telemetry()
     emulated_grads = emulate_jax(grads, policy, semantics=semantics, telemetry=telemetry, compiled=compiled)

@@ -12,10 +12,11 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from fpemu.emulate.policy import scaler_rules
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.emulate.trace import StepRecord
 from fpemu.errors import FpemuInputError
-from fpemu.scalers import get_profile, step_overflowed, unscale
+from fpemu.scalers import step_overflowed, unscale
 
 
 class EmulatedScaler:
@@ -32,11 +33,7 @@ class EmulatedScaler:
     """
 
     def __init__(self, profile="torch", params=None):
-        try:
-            self.profile = get_profile(profile)
-            self.rules = self.profile.rules(**(params or {}))
-        except (ValueError, TypeError) as error:  # an unknown profile or parameter: the user's input
-            raise FpemuInputError(f"scaler {profile}: {error}") from None
+        self.profile, self.rules = scaler_rules(profile, params)
         self.state = self.rules.init()
         self._unscaled, self._overflow, self.updates = False, None, 0
         # torch's GradScaler.get_scale() returns init_scale as given (a Python float) until the first

@@ -29,6 +29,7 @@ from typing import Optional
 
 from fpemu.errors import FpemuInputError
 from fpemu.formats import OVERFLOW_MODES, ROUNDING_MODES, Format, get_format
+from fpemu.scalers import get_profile
 
 # The emulators that place ops each way: torch's mode decides dtypes itself; a jaxpr states its own.
 PLACEMENT_FRAMEWORKS = {"autocast": ("torch",), "pure": ("torch",), "fp8": ("torch",), "program": ("jax",)}
@@ -221,3 +222,20 @@ def get_policy(policy="cuda_autocast_fp16", **overrides) -> Policy:
     if policy not in POLICIES:
         raise FpemuInputError(f"unknown policy {policy!r}; known policies: {', '.join(POLICIES)}")
     return Policy(**{"name": policy, **POLICIES[policy], **overrides})
+
+
+def scaler_rules(profile: str, params: Optional[dict] = None) -> tuple:
+    """The scaler an emulated loop runs: (the profile named ``profile``, its rules under ``params``).
+
+    Args:
+      profile: a scaler profile name (``torch``, ``flax``, ``deepspeed``, ...).
+      params: that implementation's own parameters (``init_scale``, ``growth_interval``, ...).
+
+    Returns:
+      (Profile, ScalerRules); an unknown profile or parameter raises FpemuInputError naming the scaler.
+    """
+    try:
+        chosen = get_profile(profile)
+        return chosen, chosen.rules(**(params or {}))
+    except (ValueError, TypeError) as error:  # an unknown profile or parameter: the user's input
+        raise FpemuInputError(f"scaler {profile}: {error}") from None

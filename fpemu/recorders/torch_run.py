@@ -49,7 +49,7 @@ import functools
 import math
 import pathlib
 import weakref
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from fpemu.host import installed_versions
 from fpemu.audits.torch_loop import TorchLoopAudit, import_torch
@@ -237,6 +237,14 @@ def _shadow_histograms(torch, grads, groups: int):
                                                                device=bits.device))
         counts += torch.bincount(codes, minlength=groups * CODES).to(counts.device)  # a model on several devices
     return counts.view(groups, CODES)
+
+
+class _PieceOf(NamedTuple):
+    """Whose piece of a gradient is measured: its group, the gradient's index, whether it was computed in
+    the compute format (pieces of one batch share that, so they share the format's bounds)."""
+    group: str
+    index: int
+    in_format: bool
 
 
 @dataclasses.dataclass
@@ -519,13 +527,14 @@ class TorchRecorder:
         gradient's classes are those of the format it was computed in: a float32 one (a norm's weight, an
         embedding) is never beyond the compute format's range, nor subnormal in it, whatever its values."""
         torch = import_torch()
-        pieces = [((group, index, in_format), piece) for index, (group, grad, in_format) in enumerate(grads)
+        pieces = [(_PieceOf(group, index, in_format), piece) for index, (group, grad, in_format) in enumerate(grads)
                   for piece in _pieces(grad) if piece.numel()]
         by_group = {group: [] for group, _ in self._groups}
         largest_of = [0.0] * len(grads)
-        for batch in _batches(pieces, kind=lambda item: item[0][2]):
+        for batch in _batches(pieces, kind=lambda item: item[0].in_format):
             tensors = [piece for _, piece in batch]
-            counts, extremes = _batch_measures(torch, tensors, self._bounds(tensors[0].device, batch[0][0][2]))
+            bounds = self._bounds(tensors[0].device, batch[0][0].in_format)
+            counts, extremes = _batch_measures(torch, tensors, bounds)
             for ((group, index, _), piece), piece_counts, (smallest, largest) in zip(batch, counts.tolist(),
                                                                                      extremes.tolist()):
                 nan = 0

@@ -158,12 +158,12 @@ def _is_png(path: pathlib.Path) -> bool:
         return handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def _is_results_file(path: pathlib.Path) -> bool:
+def _results_or_none(path: pathlib.Path) -> dict | None:
+    """The results file at ``path``, read once; None where the JSON file there is not one."""
     try:
-        read_results(path)
-        return True
+        return read_results(path)
     except FpemuInputError:
-        return False
+        return None
 
 
 def _owned_write(path: pathlib.Path, text: str) -> pathlib.Path | None:
@@ -181,8 +181,8 @@ def write_report(reports) -> pathlib.Path | None:
     reports = pathlib.Path(reports)
     lines = _HEAD.splitlines() + [""]
     for path in sorted((reports / RESULTS_FOLDER).glob("*.json")):
-        if _is_results_file(path):
-            results = read_results(path)
+        results = _results_or_none(path)
+        if results is not None:
             lines += section(results, _grid(results, reports))
     return _owned_write(reports / REPORT, "\n".join(lines).rstrip() + "\n")
 
@@ -196,7 +196,7 @@ def write_results(reports, results: dict) -> tuple:
     target = reports / RESULTS_FOLDER / f"{results['name']}.json"
     plot = reports / "plots" / f"upgrades_{results['name']}.png"
     path = None
-    if not target.exists() or _is_results_file(target):
+    if not target.exists() or _results_or_none(target) is not None:
         path = atomic_write(target, json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     plot_ours = not plot.exists() or _is_png(plot)
     report = write_report(reports)
