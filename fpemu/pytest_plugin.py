@@ -18,12 +18,16 @@ Modes (as pytest-regressions' ``--force-regen`` and ``--regen-all``), for the go
   ``--fpemu-update-golden`` (also spelled ``--fpemu-regen-all``): write the golden and pass.
   ``--fpemu-force-regen``: compare; where the golden is missing, corrupted or differs, rewrite it and
   fail, so the run shows what was regenerated and the next run checks it.
-  ``--fpemu-delete-orphans``: delete the golden files no test used (reported at the end of a run that
-  ran every test; never after a run that selected, deselected or skipped tests).
+Golden files no test used (orphans, syrupy's unused snapshots) fail a run of every test, named at its end;
+after a run with skipped tests they are named without failing it (a skipped test may use them), after a
+run that selected tests (-k, -m, deselection, named files) nothing is said.
+  ``--fpemu-warn-orphans``: name them without failing (as syrupy's ``--snapshot-warn-unused``).
+  ``--fpemu-delete-orphans``: delete them (only after a run of every test, none skipped).
 
 Ini options (relative to the rootdir): ``fpemu_golden_dir`` (default ``tests/golden``),
-``fpemu_golden_level`` (default ``bits``; ``--fpemu-golden-level`` overrides it for a run) and
-``fpemu_golden_ulps`` (default 0: the ulps ``numerics`` allows).
+``fpemu_golden_level`` (default ``bits``; ``--fpemu-golden-level`` overrides it for a run),
+``fpemu_golden_ulps`` (default 0: the ulps ``numerics`` allows) and ``fpemu_orphans`` (``fail``, the
+default, or ``warn``).
 
 Markers: ``fpemu_NAME`` for every adapter NAME in ``fpemu.adapters.ADAPTERS`` (``fpemu_torch``,
 ``fpemu_flax``, ``fpemu_jax_step``, ...): the test drives that real implementation and is
@@ -38,6 +42,8 @@ import pytest
 
 _SHOWN_LINES = 12  # lines of a failure's details (the obtained file has everything)
 _USED = pytest.StashKey[set]()
+_ORPHAN_LINE = pytest.StashKey[str]()
+_SKIPPED = "tests were skipped: they may use them"
 
 
 def _unhex(exact):
@@ -136,11 +142,15 @@ def pytest_addoption(parser):
                          "fpemu_golden_level, else bits)")
     group.addoption("--fpemu-delete-orphans", action="store_true", default=False,
                     help="delete golden files no test used (only after a run of every test, none skipped)")
+    group.addoption("--fpemu-warn-orphans", action="store_true", default=False,
+                    help="report golden files no test used without failing the run (ini: fpemu_orphans = warn)")
     parser.addini("fpemu_golden_dir", "folder of golden files for assert_trace_matches and assert_data_matches",
                   default="tests/golden")
     parser.addini("fpemu_golden_level", f"golden level of assert_trace_matches: {', '.join(LEVELS)}",
                   default="bits")
     parser.addini("fpemu_golden_ulps", "float32 ulps the numerics level allows", default="0")
+    parser.addini("fpemu_orphans", "golden files no test used, after a run of every test: fail (the default) or warn",
+                  default="fail")
 
 
 def _marker_names():
@@ -149,6 +159,8 @@ def _marker_names():
 
 
 def pytest_configure(config):
+    if config.getini("fpemu_orphans") not in ("fail", "warn"):
+        raise pytest.UsageError(f"ini option fpemu_orphans: expected fail or warn, got {config.getini('fpemu_orphans')!r}")
     config.stash[_USED] = set()
     for marker, name in _marker_names().items():
         config.addinivalue_line("markers", f"{marker}: drives the real {name} implementation; skipped without it")
@@ -381,8 +393,10 @@ def _complete_run(config, stats: dict) -> str:
         return "tests were selected with -k, -m or deselected"
     if any("::" in arg or pathlib.Path(arg).is_file() for arg in config.args):
         return "the run named test files or tests"
-    if stats.get("skipped") or stats.get("error"):
-        return "tests were skipped or errored"
+    if stats.get("error"):
+        return "tests errored"
+    if stats.get("skipped"):
+        return _SKIPPED
     return ""
 
 
@@ -396,10 +410,18 @@ def _orphans(config) -> list:
 
 
 def pytest_sessionfinish(session):
-    """An xdist worker hands the goldens its tests used to the controller, which alone names the orphans."""
-    workeroutput = getattr(session.config, "workeroutput", None)
+    """An xdist worker hands the goldens its tests used to the controller, which alone names the orphans;
+    there (or in a run without workers) the orphans fail a run of every test, as syrupy's unused snapshots do."""
+    config = session.config
+    workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput["fpemu_used_goldens"] = sorted(str(path) for path in session.config.stash.get(_USED, set()))
+        workeroutput["fpemu_used_goldens"] = sorted(str(path) for path in config.stash.get(_USED, set()))
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    line, fails = _orphan_verdict(config, getattr(reporter, "stats", {}))
+    config.stash[_ORPHAN_LINE] = line
+    if fails and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -410,24 +432,36 @@ def pytest_testnodedown(node, error):
     node.config.stash.setdefault(_USED, set()).update(pathlib.Path(path) for path in used)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Name the golden files no test used (syrupy's unused snapshots), and delete them where asked."""
-    if hasattr(config, "workerinput"):
-        return  # an xdist worker saw a share of the tests: the controller reports
-    if not config.stash.get(_USED, set()) and not config.getoption("--fpemu-delete-orphans"):
-        return  # a run that checked no golden says nothing of them
+def _orphan_verdict(config, stats: dict) -> tuple:
+    """(the line that names the golden files no test used, or '', and whether they fail the run); the
+    orphans are deleted here where --fpemu-delete-orphans asks it of a run of every test."""
+    delete = config.getoption("--fpemu-delete-orphans")
+    if not config.stash.get(_USED, set()) and not delete:
+        return "", False  # a run that checked no golden says nothing of them
     orphans = _orphans(config)
     if not orphans:
-        return
-    incomplete = _complete_run(config, terminalreporter.stats)
-    if incomplete and not config.getoption("--fpemu-delete-orphans"):
-        return  # a partial run leaves goldens unused without their being orphans
+        return "", False
+    incomplete = _complete_run(config, stats)
+    skipped_only = incomplete == _SKIPPED
+    if incomplete and not skipped_only and not delete:
+        return "", False  # a partial run leaves goldens unused without their being orphans
     names = ", ".join(str(p.relative_to(config.rootpath)) for p in orphans)
-    if config.getoption("--fpemu-delete-orphans") and not incomplete:
+    if delete and not incomplete:
         for path in orphans:
             path.unlink()
-        terminalreporter.write_line(f"fpemu: deleted {len(orphans)} golden files no test used: {names}")
-        return
-    note = (f" (not deleted: {incomplete}; --fpemu-delete-orphans deletes them after a run of every test)"
-            if incomplete else " (--fpemu-delete-orphans deletes them)")
-    terminalreporter.write_line(f"fpemu: {len(orphans)} golden files no test used: {names}{note}")
+        return f"fpemu: deleted {len(orphans)} golden files no test used: {names}", False
+    if incomplete:  # a skipped test's goldens are unused without being orphans: named, never failed
+        why = (f"not deleted: {incomplete}; --fpemu-delete-orphans deletes them after a run of every test" if delete
+               else f"not failed: {incomplete}")
+        return f"fpemu: {len(orphans)} golden files no test used: {names} ({why})", False
+    if config.getoption("--fpemu-warn-orphans") or config.getini("fpemu_orphans") == "warn":
+        return f"fpemu: {len(orphans)} golden files no test used: {names} (--fpemu-delete-orphans deletes them)", False
+    return (f"fpemu: {len(orphans)} golden files no test used: {names}: the run fails "
+            f"(--fpemu-delete-orphans deletes them; --fpemu-warn-orphans only reports them)"), True
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Name the golden files no test used (syrupy's unused snapshots), as the controller found them."""
+    line = config.stash.get(_ORPHAN_LINE, "")
+    if line:
+        terminalreporter.write_line(line)

@@ -99,9 +99,10 @@ def test_a_corrupted_golden_and_an_orphan(project):
         assert message[0].endswith("; rerun with --fpemu-force-regen to rewrite the golden") and "torch_loop.json" in message[0]
         golden.write_text(text)
         orphan.write_text(text)
-        done = _pytest(repo, python)
-        assert done.returncode == 0
-        assert "fpemu: 1 golden files no test used: tests/golden/retired_loop.json" in done.stdout
+        done = _pytest(repo, python)  # every test passes; the orphan fails the run, as syrupy's unused snapshots
+        assert done.returncode == 1 and " failed" not in done.stdout
+        assert "fpemu: 1 golden files no test used: tests/golden/retired_loop.json: the run fails" in done.stdout
+        assert _pytest(repo, python, "--fpemu-warn-orphans").returncode == 0
     finally:
         golden.write_text(text)
         orphan.unlink(missing_ok=True)

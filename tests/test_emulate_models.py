@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fpemu  # noqa: E402
+from fpemu.emulate import op_table  # noqa: E402
 from fpemu.emulate._torch_kernels import CPU_LOW_KERNELS, NO_FLOAT32_CALL  # noqa: E402
 from fpemu.emulate._torch_loop import EmulatedScaler, run_steps  # noqa: E402
 from fpemu.errors import FpemuInputError  # noqa: E402
@@ -210,6 +211,12 @@ def test_cpu_fp16_lstm_fails_as_real_cpu_autocast_does():
 
 
 def test_cuda_table_runs_cudnn_rnns_in_float16_as_cuda_builds_register():
+    """The rule comes from torch's source (a CPU build registers no cuDNN autocast kernel): the op table a
+    trace records names it apart from what the dispatcher showed, and where it came from."""
+    table = op_table("cuda_autocast_fp16")
+    assert table["read_on"] == ("CPU" if torch.version.cuda is None else f"CUDA {torch.version.cuda}")
+    assert table["from_source"]["ops"]["aten::lstm.input"] == "float16" and "aten::lstm.input" not in table["ops"]
+    assert "AutocastRNN.cpp" in table["from_source"]["where"] and "from_source" not in op_table("cpu_autocast_fp16")
     model = torch.nn.LSTM(8, 8)
     with fpemu.emulate_torch("cuda_autocast_fp16") as telemetry:
         out, _ = model(torch.randn(3, 1, 8))

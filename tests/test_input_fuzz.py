@@ -167,3 +167,37 @@ def test_well_typed_meaningless_traces_are_refused_naming_the_field(case):
     with pytest.raises(TraceError, match=r"not a valid trace: (steps\[\d+\]\.\w+|summary\.\w+|metadata\.spec"
                                          r"\.sha256): "):
         loads(text, f"{name}.json")
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(trace_mutations(), st.sampled_from(("ours", "theirs", "base")))
+@example(("bernoulli_flax", "deep_object", None), "theirs")
+@example(("bernoulli_flax", ("metadata", "params", "seed"), -(1 << 63)), "base")
+def test_mutated_traces_merge_or_are_refused_naming_the_file(tmp_path_factory, case, side):
+    """git's merge driver (`fpemu merge-traces`) on a mutated base, ours or theirs: merged (0), a conflict (1)
+    or a named error (2), never exit 3 or a hang."""
+    name, how, value = case
+    folder = tmp_path_factory.mktemp("merge")
+    paths = {which: folder / f"{which}.json" for which in ("base", "ours", "theirs")}
+    for which, path in paths.items():
+        path.write_text(_mutated_trace(name, how, value) if which == side else _golden(name).read_text())
+    code, err = _cli(["merge-traces", paths["base"], paths["ours"], paths["theirs"], "--quiet"])
+    assert code in (0, 1, 2), err
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(trace_mutations())
+@example(("bernoulli_flax", ("metadata", "spec", "name"), "../../evil"))
+def test_mutated_goldens_are_reported_or_refused_naming_the_file(tmp_path_factory, case):
+    """`fpemu report` over a golden folder holding one mutated trace: written (0) or a named error (2) naming the
+    file, never exit 3, a hang or a file outside --reports."""
+    name, how, value = case
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "golden").mkdir()
+    mutated = folder / "golden" / f"{name}.json"
+    mutated.write_text(_mutated_trace(name, how, value))
+    code, err = _cli(["report", "--golden", folder / "golden", "--reports", folder / "out" / "reports", "--quiet"])
+    assert code in (0, 2), err
+    if code == 2:
+        assert str(mutated) in err, err
+    assert {p.parent.name for p in folder.rglob("*") if p.is_file()} <= {"golden", "reports", "plots", "out"}

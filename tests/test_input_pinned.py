@@ -1,6 +1,7 @@
 """Inputs an outside fuzzer (issue 24, second round) still turned into exit 3, a hang or a write outside the
 reports folder, each pinned: every one now ends in exit 0 or a named error (exit 2), or a clean result."""
 
+import hashlib
 import json
 import os
 import pathlib
@@ -122,3 +123,29 @@ def test_a_resealed_trace_missing_or_contradicting_a_float_form_is_refused(chang
     change(body)
     with pytest.raises(TraceError, match=says):
         loads(resealed(body), "t.json")
+
+
+@pytest.mark.parametrize("value", [-(1 << 63), 1 << 40, {"nested": 1}, "x" * 300, [1, 2]])
+def test_a_resealed_golden_whose_parameters_are_no_parameters_is_refused(tmp_path, capsys, value):
+    """metadata.params was typed only as an object: a resealed golden with amax_history_len = -2^63 read, and
+    `fpemu diff` named it as a parameter change instead of refusing the file."""
+    body = json.loads((ROOT / "reports" / "golden" / "recipe_te_delayed_unfused_events.json").read_text())
+    assert body["metadata"]["params"]["amax_history_len"] == 16
+    text = resealed(replaced(body, ["metadata", "params", "amax_history_len"], value))
+    with pytest.raises(TraceError, match=r"metadata.params: expected an object of numbers \(integers within 2\^32"):
+        loads(text, "t.json")
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "recipe_te_delayed_unfused_events.json").write_text(text)
+    code = main(["report", "--golden", str(golden), "--reports", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2 and "recipe_te_delayed_unfused_events.json" in err and "metadata.params" in err, err
+
+
+def test_a_resealed_golden_whose_spec_text_is_no_toml_is_refused():
+    """A golden's spec text replaced by other text, its sha256 and the checksum recomputed, read as before."""
+    body = json.loads((ROOT / "reports" / "golden" / "bernoulli_flax.json").read_text())
+    text = "name = [unclosed"
+    spec = {**body["metadata"]["spec"], "text": text, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    with pytest.raises(TraceError, match=r"metadata.spec.text: expected the TOML of the spec the trace was made from"):
+        loads(resealed(replaced(body, ["metadata", "spec"], spec)), "t.json")

@@ -239,8 +239,27 @@ def test_other():
     orphan = pytester.path / "golden" / "old_run.json"
     orphan.write_text(golden.read_text())
     result = pytester.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED and outcomes(result) == {"passed": 2}
+    result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json: the run fails "
+                                 "(--fpemu-delete-orphans deletes them; --fpemu-warn-orphans only reports them)"])
+    result = pytester.runpytest_inprocess("--fpemu-warn-orphans")
+    assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json (--fpemu-delete-orphans*"])
-    assert "golden files no test used" not in pytester.runpytest_inprocess("-k", "recorded").stdout.str()  # partial
+    skipping = pytester.path / "test_skipped.py"
+    skipping.write_text("import pytest\n@pytest.mark.skip(reason='elsewhere')\ndef test_later():\n    pass\n")
+    result = pytester.runpytest_inprocess()  # a skipped test may use the golden: named, not failed
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*golden/old_run.json (not failed: tests were skipped: they may use them)"])
+    skipping.unlink()
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\nfpemu_orphans = warn\n")
+    assert pytester.runpytest_inprocess().ret == pytest.ExitCode.OK
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\nfpemu_orphans = wran\n")
+    result = pytester.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini option fpemu_orphans: expected fail or warn, got 'wran'*"])
+    pytester.makeini("[pytest]\nfpemu_golden_dir = golden\n")
+    result = pytester.runpytest_inprocess("-k", "recorded")
+    assert result.ret == pytest.ExitCode.OK and "golden files no test used" not in result.stdout.str()  # partial
     result = pytester.runpytest_inprocess("-k", "recorded", "--fpemu-delete-orphans")
     result.stdout.fnmatch_lines(["*golden/old_run.json (not deleted: tests were selected with -k*"])
     assert orphan.exists()
@@ -269,7 +288,8 @@ def test_recorded(assert_trace_matches, name):
     assert sorted(p.name for p in golden.iterdir()) == ["run_a.json", "run_b.json", "run_c.json", "run_d.json"]
     (golden / "old_run.json").write_text((golden / "run_a.json").read_text())
     result = pytester.runpytest_subprocess("-n", "2")
-    result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json (--fpemu-delete-orphans*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["fpemu: 1 golden files no test used: golden/old_run.json: the run fails*"])
     result = pytester.runpytest_subprocess("-n", "2", "--fpemu-delete-orphans")
     result.stdout.fnmatch_lines(["fpemu: deleted 1 golden files no test used: golden/old_run.json"])
     assert sorted(p.name for p in golden.iterdir()) == ["run_a.json", "run_b.json", "run_c.json", "run_d.json"]

@@ -40,6 +40,8 @@ CATEGORIES = ("low", "fp32", "promote", "banned")
 # arithmetic is not modelled).  Category ``float16``: low under a float16 policy, refused under bf16.
 CUDA_ONLY_RULES = {"aten::lstm.input": "float16", "aten::gru.input": "float16", "aten::rnn_tanh.input": "float16",
                    "aten::rnn_relu.input": "float16"}
+CUDA_ONLY_SOURCE = ("aten/src/ATen/cudnn/AutocastRNN.cpp, registered only in builds with cuDNN: cuDNN's RNNs "
+                    "run in float16 whatever autocast's dtype")
 _LOW_DTYPES = ("float16", "bfloat16")
 _AUTOCAST_KEYS = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 # The key the dispatcher calls after autocast's wrapper, on a dense tensor of the device.
@@ -169,8 +171,10 @@ def _classify(op, device_type: str, low) -> str | None:
 
 def observe(device_type: str, low_dtype: str) -> dict:
     """``{"torch": version, "key": "AutocastCUDA", "ops": {"aten::mm": "low", ...},
-    "unclassified": [...]}``: the installed torch's autocast placement for ``device_type`` and
-    ``low_dtype`` (``"float16"`` or ``"bfloat16"``)."""
+    "unclassified": [...], "read_on": "CPU"}``: the installed torch's autocast placement for
+    ``device_type`` and ``low_dtype`` (``"float16"`` or ``"bfloat16"``), as its dispatcher shows it on
+    this build (``read_on``: ``CPU``, or ``CUDA`` and its version); the CUDA table adds ``from_source``:
+    :data:`CUDA_ONLY_RULES` and where in torch's source they are, which a CPU build does not register."""
     return _observe_cached(device_type, low_dtype)
 
 
@@ -197,8 +201,11 @@ def _observe_cached(device_type: str, low_dtype: str) -> dict:
                     table[name] = category
     finally:
         fake_log.setLevel(level)
-    return {"torch": torch.__version__, "key": _AUTOCAST_KEYS[device_type], "low": low_dtype, "ops": table,
-            "unclassified": unclassified}
+    observed = {"torch": torch.__version__, "key": _AUTOCAST_KEYS[device_type], "low": low_dtype, "ops": table,
+                "unclassified": unclassified, "read_on": f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"}
+    if device_type == "cuda":  # what no dispatcher shows this table: rules from torch's source, named as such
+        observed["from_source"] = {"ops": dict(CUDA_ONLY_RULES), "where": CUDA_ONLY_SOURCE}
+    return observed
 
 
 def registered(device_type: str) -> list:

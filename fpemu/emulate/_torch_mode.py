@@ -491,13 +491,13 @@ def _cast_kernel(op, name: str, category: str, low, policy_name: str, cache: dic
 
 def _table_kernels(policy: Policy, cache: dict):
     """(op name, kernel) for AutocastCPU: the policy's table for every op it classifies (the CUDA table
-    with the rules only CUDA builds register, ``_autocast_table.CUDA_ONLY_RULES``); for the CUDA
-    table, a refusal for the ops it could not classify and a fallthrough for the ops only CPU
-    registers.  Ops of the CPU table it could not classify keep torch's own CPU kernel."""
+    with the rules only CUDA builds register, its ``from_source``); for the CUDA table, a refusal for
+    the ops it could not classify and a fallthrough for the ops only CPU registers.  Ops of the CPU
+    table it could not classify keep torch's own CPU kernel."""
     low = carrier(policy.compute)
     table = op_table(policy)
     cuda = policy.table_device == "cuda"
-    ops = {**table["ops"], **(_autocast_table.CUDA_ONLY_RULES if cuda else {})}
+    ops = {**table["ops"], **table.get("from_source", {}).get("ops", {})}
     names = set(ops) | (set(table["unclassified"]) | set(_autocast_table.registered("cpu")) if cuda else set())
     for name in sorted(names):
         op = _autocast_table.resolve(name)

@@ -44,9 +44,14 @@ def report_markdown(trace, images=()) -> str:
         counts = {}
         for category in table["ops"].values():
             counts[category] = counts.get(category, 0) + 1
-        lines += [f"Op table: torch {table['torch']}'s {table['key']} registrations, "
+        added = table.get("from_source", {})
+        lines += [f"Op table: torch {table['torch']}'s {table['key']} registrations"
+                  + (f" read on a {table['read_on']} build" if "read_on" in table else "") + ", "
                   + ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
-                  + f", {len(table['unclassified'])} unreadable (refused if reached).", ""]
+                  + f", {len(table['unclassified'])} unreadable (refused if reached)"
+                  + (f"; added from torch's source: "
+                     f"{', '.join(f'{op} {c}' for op, c in sorted(added['ops'].items()))} ({added['where']})"
+                     if added else "") + ".", ""]
     first = meta["telemetry"]["first_nonfinite"]
     for direction in ("forward", "backward"):
         event = first.get(direction)

@@ -92,6 +92,31 @@ def strings_table(value):
     return None
 
 
+PARAM_INTEGER_LIMIT = 1 << 32  # past every integer a spec may give (a 32-bit seed; counts stop at 10^9)
+PARAM_TEXT_LIMIT = 256  # a parameter's name or text value (a profile's mode, a model's one-line description)
+
+
+def _param_value(value) -> bool:
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, int):
+        return -PARAM_INTEGER_LIMIT <= value <= PARAM_INTEGER_LIMIT
+    if isinstance(value, float):
+        return True  # JSON holds no NaN or inf: the reader refused them
+    if isinstance(value, str):
+        return len(value) <= PARAM_TEXT_LIMIT
+    return isinstance(value, list) and all(isinstance(v, str) and len(v) <= PARAM_TEXT_LIMIT for v in value)
+
+
+def params(value):
+    """A scaler's or recipe's parameters: name -> a number (an integer within 2^32 of 0), true/false, null,
+    a short string or a list of them (the traces fpemu writes hold nothing else)."""
+    fits = (isinstance(value, dict) and all(len(k) <= PARAM_TEXT_LIMIT for k in value)
+            and all(_param_value(v) for v in value.values()))
+    return None if fits else (f"an object of numbers (integers within 2^32 of 0), true/false, null, strings of "
+                              f"at most {PARAM_TEXT_LIMIT} characters or lists of them")
+
+
 def file_name(value):
     """A name that becomes part of a file name (a spec's, an implementation's): no folder in it, none above."""
     fits = isinstance(value, str) and value and not value.startswith(".") and not any(c in value for c in "/\\\0")

@@ -22,6 +22,11 @@ import hashlib
 import json
 import re
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 import numpy as np
 
 from fpemu.traces import checks
@@ -87,7 +92,7 @@ def bounded_json(data: bytes, path: str, error: type, what: str = "a trace file"
 # write: key -> (required, check).
 METADATA = {
     "fpemu_version": (True, checks.string), "spec": (True, checks.spec), "implementation": (True, checks.file_name),
-    "profile": (False, checks.string), "params": (False, checks.table), "packages": (False, checks.strings_table),
+    "profile": (False, checks.string), "params": (False, checks.params), "packages": (False, checks.strings_table),
     "device": (False, checks.string), "host": (False, checks.table), "verified": (False, checks.string),
     "replayed": (False, checks.strings_table), "tensors_from": (False, checks.string),
     "same_tensors_model": (False, checks.table), "ranks": (False, checks.table), "source": (False, checks.string),
@@ -224,11 +229,20 @@ def _summary_problem(summary: dict, steps: list) -> str | None:
     return None
 
 
-def _spec_problem(spec: dict) -> str | None:
+def _spec_problem(metadata: dict) -> str | None:
+    """The spec's sha256 is its text's; a trace made from a spec file (not a recorded run, which holds a
+    description, nor an emulation, which holds the model file) holds that file's TOML."""
+    spec = metadata["spec"]
     digest = hashlib.sha256(spec["text"].encode("utf-8", "surrogatepass")).hexdigest()
-    return None if spec["sha256"] == digest else _wrong("metadata.spec.sha256", f"{digest} (the sha256 of "
-                                                                                       "metadata.spec.text)",
-                                                            spec["sha256"])
+    if spec["sha256"] != digest:
+        return _wrong("metadata.spec.sha256", f"{digest} (the sha256 of metadata.spec.text)", spec["sha256"])
+    if metadata.get("source") == RECORDED_SOURCE or "policy" in metadata:
+        return None
+    try:
+        tomllib.loads(spec["text"])
+    except tomllib.TOMLDecodeError as problem:
+        return f"metadata.spec.text: expected the TOML of the spec the trace was made from, got text that is not TOML ({problem})"
+    return None
 
 
 def trace_problem(body: dict) -> str | None:
@@ -242,7 +256,7 @@ def trace_problem(body: dict) -> str | None:
             or _pairs_problem(body["summary"], "summary", ("final_scale",))
             or _kinds_problem(body["steps"], body["metadata"].get("source") == RECORDED_SOURCE)
             or _summary_problem(body["summary"], body["steps"])
-            or _spec_problem(body["metadata"]["spec"]))
+            or _spec_problem(body["metadata"]))
 
 
 def read_limits_table() -> str:
