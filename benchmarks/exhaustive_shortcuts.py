@@ -119,7 +119,7 @@ def merge(shards: int, compiled: bool = False) -> dict:
                  "same bits." if compiled else
                  "fp32 in the default mode only: its path's other settings and rounding modes are the same "
                  "code (a float32 input loses nothing in any mode), and the format digests "
-                 "(tests/golden/format_digests.json) check them all, stochastic rounding included, on 2**16 "
+                 "(tests/data/format_digests.json) check them all, stochastic rounding included, on 2**16 "
                  "patterns.")
     title = "Exhaustive float32 sweep of quantize's " + ("compiled loops" if compiled else "short paths")
     write_report(f"exhaustive_{_stem(compiled)}", title, result, rows, columns, notes)

@@ -1,9 +1,9 @@
 """Digests of every named format's results over all its codes and a large input sweep.
 
-``tests/golden/format_digests.json`` holds these digests as the format code computed them before
+``tests/data/format_digests.json`` holds these digests as the format code computed them before
 ``Format`` was rebuilt on orthogonal fields (signed, has_inf, NaN codes, zero codes); the test
 that compares them proves the rebuild changed no result of any existing format.  Regenerate only
-when a change of results is intended: ``python tests/format_digests.py > tests/golden/format_digests.json``.
+when a change of results is intended: ``python tests/format_digests.py > tests/data/format_digests.json``.
 """
 
 import hashlib

@@ -32,7 +32,7 @@ SWEEP = (np.arange(1 << 20, dtype=np.uint64) * np.uint64(4093) + np.uint64(7)).a
 def test_the_rebuild_changed_no_result_of_any_existing_format():
     """Digests of every named format's decode/encode/quantize/round_to_format results (all codes,
     2**16 float32 patterns and float64 inputs, every mode), recorded before the rebuild."""
-    golden = json.loads((pathlib.Path(__file__).parent / "golden" / "format_digests.json").read_text())
+    golden = json.loads((pathlib.Path(__file__).parent / "data" / "format_digests.json").read_text())
     assert digests() == golden
 
 
