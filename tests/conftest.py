@@ -7,6 +7,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 # fpemu commands run in-process and in subprocesses here run their jobs one after another (tests of
 # --jobs set it themselves): on 2 cores, worker processes beside pytest's would only contend.
 os.environ.setdefault("FPEMU_JOBS", "1")
+# Some machines run Python with PYTHONDONTWRITEBYTECODE=1 (this project's do): then each of the suite's
+# processes (both xdist workers, ~150 `fpemu` subprocesses) compiles fpemu from source (0.3-0.5 s a process idle,
+# seconds under load) and pytest rewrites every test module's asserts afresh.  The suite writes bytecode, as Python does by default.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import hypothesis_budget  # noqa: E402,F401  (registers and loads the hypothesis profiles)
 
