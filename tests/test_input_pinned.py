@@ -140,3 +140,17 @@ def test_a_resealed_golden_whose_parameters_are_no_parameters_is_refused(tmp_pat
     err = capsys.readouterr().err
     assert code == 2 and "recipe_te_delayed_unfused_events.json" in err and "metadata.params" in err, err
 
+
+
+@pytest.mark.parametrize("donor", ["bernoulli_torch", "recipe_te_delayed_fused_events", "step_bf16_torch"])
+def test_report_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path, capsys, donor):
+    """A blocks golden given another kind's metadata, resealed (found by an outside fuzzer, round 3): `fpemu report`
+    drew it as its spec's kind and failed in the plot with exit 3 (float(None) of a scale the steps do not hold)."""
+    body = json.loads((ROOT / "reports" / "golden" / "blocks_torchao_nvfp4.json").read_text())
+    body["metadata"] = json.loads((ROOT / "reports" / "golden" / f"{donor}.json").read_text())["metadata"]
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "blocks_torchao_nvfp4.json").write_text(resealed(body))
+    code = main(["report", "--golden", str(golden), "--reports", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2 and "blocks_torchao_nvfp4.json: not a valid trace: steps[0].block_count: a " in err, err

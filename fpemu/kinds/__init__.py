@@ -15,7 +15,7 @@ from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
 from fpemu.kinds.schema import SpecError, parse_toml
 from fpemu.traces import Trace
-from fpemu.traces.fields import fields_recorded_by
+from fpemu.traces.fields import FIELDS, fields_recorded_by
 
 # In the order a spec's tables are read: the first kind whose table a spec has is its kind; a spec
 # with none of them is a scaler spec (the kind without a table, last).
@@ -43,6 +43,26 @@ def kind_of_trace(trace: Trace) -> Optional[ScenarioKind]:
         return kind_of_spec(parse_toml(spec.get("text", ""), spec.get("path") or "the trace's spec"))
     except SpecError:
         return None
+
+
+def trace_kind_problem(trace: Trace) -> Optional[str]:
+    """Where a trace's steps hold a field its spec's kind never records (metadata and steps of two traces,
+    sealed again): what is wrong, naming the field; None where they agree or the trace has no spec.
+
+    Example:
+      >>> from fpemu.traces.layout import trace_metadata
+      >>> import types
+      >>> spec = types.SimpleNamespace(name="s", path="", sha256="0", text="[recipe]")
+      >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "te", {}, {}, "cpu"), ({"loss": 1.0},), {}))
+      'steps[0].loss: a recipe spec never records it (metadata.spec.text is a recipe spec)'
+    """
+    kind = kind_of_trace(trace)
+    if kind is None or not trace.steps:
+        return None
+    records = set(kind.recorded_fields)
+    stray = next((key for key in trace.steps[0] if key in FIELDS and not records & set(FIELDS[key].recorded_by)), None)
+    return (None if stray is None else
+            f"steps[0].{stray}: a {kind.name} spec never records it (metadata.spec.text is a {kind.name} spec)")
 
 
 def spec_tables() -> set:
@@ -78,4 +98,4 @@ def explain(field: str, step: int, golden: Trace, observed: Trace):
 
 
 __all__ = ["KINDS", "ScenarioKind", "ExpectedDivergence", "Implementation", "ScenarioBase", "kind_of",
-           "kind_of_spec", "kind_of_trace", "spec_tables", "reference_trace", "record_trace", "explain"]
+           "kind_of_spec", "kind_of_trace", "trace_kind_problem", "spec_tables", "reference_trace", "record_trace", "explain"]

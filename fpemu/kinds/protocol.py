@@ -37,6 +37,9 @@ class ScenarioKind:
       scale_label: what the report (reports/harness.md) calls the ``scale`` its steps record, the y axis
         of the scenario's plot (``loss scale``, an fp8 recipe's ``fp8 scale``); None for a kind whose
         steps record no scale, so its section has no scale plot.
+      records: the ``recorded_by`` names of :data:`fpemu.traces.fields.FIELDS` its traces' fields are of, where
+        not its own name alone (a scaler spec's model overflow source records the ``model`` fields; a ranks
+        spec's traces hold a scaler's).
     """
 
     name: str
@@ -49,3 +52,9 @@ class ScenarioKind:
     explain: Optional[Callable] = None
     runs_by_default: str = "profile"
     scale_label: Optional[str] = "loss scale"
+    records: tuple = ()
+
+    @property
+    def recorded_fields(self) -> tuple:
+        """The ``recorded_by`` names its traces' step fields are of."""
+        return self.records or (self.name,)

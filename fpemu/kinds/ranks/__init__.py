@@ -7,6 +7,6 @@ package holds what the loader calls.
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.ranks.spec import RanksDivergence, RanksScenario, parse_ranks_spec
 
-KIND = ScenarioKind("ranks", "ranks", RanksScenario, parse_ranks_spec, runs_by_default="own")
+KIND = ScenarioKind("ranks", "ranks", RanksScenario, parse_ranks_spec, runs_by_default="own", records=("scaler",))
 
 __all__ = ["KIND", "RanksDivergence", "RanksScenario"]

@@ -5,6 +5,6 @@ from fpemu.kinds.scaler.spec import OverflowSource, ScalerScenario, parse_scaler
 from fpemu.kinds.scaler.trace import recorded_scaler_trace, reference_scaler_trace
 
 KIND = ScenarioKind("scaler", None, ScalerScenario, parse_scaler_spec, other_tables=("scaler", "overflow"),
-                    reference=reference_scaler_trace, record=recorded_scaler_trace)
+                    reference=reference_scaler_trace, record=recorded_scaler_trace, records=("scaler", "model"))
 
 __all__ = ["KIND", "OverflowSource", "ScalerScenario"]
