@@ -154,3 +154,16 @@ def test_report_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path, 
     code = main(["report", "--golden", str(golden), "--reports", str(tmp_path / "reports")])
     err = capsys.readouterr().err
     assert code == 2 and "blocks_torchao_nvfp4.json: not a valid trace: steps[0].block_count: a " in err, err
+
+
+def test_compare_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path, capsys):
+    """An mlp model golden given a recipe spec's metadata, resealed: `fpemu compare` called it identical to the
+    original (round 3 of the outside fuzzer)."""
+    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
+    body = json.loads(original.read_text())
+    body["metadata"] = json.loads((ROOT / "reports" / "golden" / "recipe_te_delayed_fused_events.json").read_text())["metadata"]
+    mutated = tmp_path / "model_fp16_mlp_torch.json"
+    mutated.write_text(resealed(body))
+    code = main(["compare", str(mutated), str(original), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{mutated}: not a valid trace: steps[0]." in err and "a recipe spec never records it" in err, err

@@ -114,9 +114,8 @@ def _cmd_audit(args) -> int:
 
 def _cmd_compare(args) -> int:
     from fpemu.compare import trace_changes
-    from fpemu.kinds import explain
-    from fpemu.traces import read_trace
-    before, after = read_trace(args.before), read_trace(args.after)
+    from fpemu.kinds import explain, read_trace_checked
+    before, after = read_trace_checked(args.before), read_trace_checked(args.after)
     try:
         changes = trace_changes(before, after, explain)
     except FpemuInputError as error:

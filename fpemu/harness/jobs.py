@@ -20,7 +20,7 @@ from fpemu.errors import FpemuInputError, RefusedCall
 from fpemu.harness.limits import JOB_TIMEOUT, JobTimedOut, time_limit
 from fpemu.harness.pool import in_order
 from fpemu.adapters import adapter_versions, package_versions, unavailable_reason
-from fpemu.kinds import explain, kind_of, record_trace, reference_trace
+from fpemu.kinds import explain, kind_of, read_trace_checked, record_trace, reference_trace
 from fpemu.kinds.scenario import Implementation, ScenarioBase
 from fpemu.specs import load_specs, parse_spec
 from fpemu.traces import Trace, read_trace, trace_filename, write_golden_trace, write_trace
@@ -209,7 +209,7 @@ def _golden_for(scenario: ScenarioBase, golden_dir) -> Trace:
     path = pathlib.Path(golden_dir) / trace_filename(scenario.name, REFERENCE)
     if not path.exists():
         raise FpemuInputError(f"{path}: no golden trace for spec {scenario.name!r}; run `fpemu golden` first")
-    golden = read_trace(path)
+    golden = read_trace_checked(path)
     if golden.metadata["spec"]["sha256"] != scenario.sha256:
         raise FpemuInputError(f"{path}: golden trace was made from another version of {scenario.path} "
                               "(spec sha256 differs); regenerate it with `fpemu golden`")

@@ -14,7 +14,8 @@ from fpemu.kinds import blocks, fp8_training, ranks, recipe, scaler, step
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.scenario import ExpectedDivergence, Implementation, ScenarioBase
 from fpemu.kinds.schema import SpecError, parse_toml
-from fpemu.traces import Trace
+from fpemu.traces import Trace, read_trace
+from fpemu.traces.format import TraceError
 from fpemu.traces.fields import FIELDS, fields_recorded_by
 
 # In the order a spec's tables are read: the first kind whose table a spec has is its kind; a spec
@@ -65,6 +66,16 @@ def trace_kind_problem(trace: Trace) -> Optional[str]:
             f"steps[0].{stray}: a {kind.name} spec never records it (metadata.spec.text is a {kind.name} spec)")
 
 
+def read_trace_checked(path) -> Trace:
+    """:func:`fpemu.traces.read_trace`, then :func:`trace_kind_problem`: a trace whose steps are not of its spec's
+    kind is refused (TraceError naming the file and the field), as the reader refuses any other wrong trace."""
+    trace = read_trace(path)
+    problem = trace_kind_problem(trace)
+    if problem:
+        raise TraceError(f"{path}: not a valid trace: {problem}")
+    return trace
+
+
 def spec_tables() -> set:
     """Every top-level table some kind's specs may have."""
     return {table for kind in KINDS for table in (kind.table, *kind.other_tables) if table}
@@ -98,4 +109,4 @@ def explain(field: str, step: int, golden: Trace, observed: Trace):
 
 
 __all__ = ["KINDS", "ScenarioKind", "ExpectedDivergence", "Implementation", "ScenarioBase", "kind_of",
-           "kind_of_spec", "kind_of_trace", "trace_kind_problem", "spec_tables", "reference_trace", "record_trace", "explain"]
+           "kind_of_spec", "kind_of_trace", "trace_kind_problem", "read_trace_checked", "spec_tables", "reference_trace", "record_trace", "explain"]

@@ -12,10 +12,9 @@ from fpemu.compare.diff import JOB_FAILURES, SKIPPED, STATUSES
 from fpemu.errors import FpemuInputError
 from fpemu.fileio import atomic_write, read_bounded
 from fpemu.formats import FORMATS, range_stats
-from fpemu.kinds import kind_of_trace, trace_kind_problem
+from fpemu.kinds import kind_of_trace, read_trace_checked
 from fpemu.scalers import PROFILES, simulate_scaler
 from fpemu.scalers.profiles import REQUIRED
-from fpemu.traces.format import TraceError
 from fpemu.traces.schema import READ_LIMITS, bounded_json
 
 
@@ -192,17 +191,9 @@ def profiles_plot(folder: pathlib.Path) -> pathlib.Path:
 def _load_traces(folder) -> list:
     """The traces in ``folder``, each refused (TraceError naming the file) where its steps are not of its
     spec's kind: the report draws a trace by its spec's kind."""
-    from fpemu.traces import read_trace
     if folder is None or not pathlib.Path(folder).is_dir():
         return []
-    traces = []
-    for path in sorted(pathlib.Path(folder).glob("*.json")):
-        trace = read_trace(path)
-        problem = trace_kind_problem(trace)
-        if problem:
-            raise TraceError(f"{path}: not a valid trace: {problem}")
-        traces.append(trace)
-    return traces
+    return [read_trace_checked(path) for path in sorted(pathlib.Path(folder).glob("*.json"))]
 
 
 _STATUS_ORDER = tuple(STATUSES)  # failures first, then known divergences, skips and matches
