@@ -84,8 +84,8 @@ def main(argv=None):
     import model_families
     torch.set_num_threads(1)
     rows = [_family_row(name, build, args.repeats, torch) for name, build in model_families.FAMILIES.items()]
-    from fpemu.host import NUMERIC_CPU_FEATURES, cpu_flags
-    features = sorted(set(NUMERIC_CPU_FEATURES) & cpu_flags())
+    from fpemu.host import host_provenance
+    features = host_provenance(packages=())["cpu_features"]
     result = {"torch": torch.__version__, "threads": 1, "repeats": args.repeats, "cpu_features": features,
               "rows": rows}
     refusals = [f"{row['family']}: {key} raised ({why})" for row in rows for key, why in row["refused"].items()]

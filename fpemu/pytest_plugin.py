@@ -442,8 +442,7 @@ def _orphan_verdict(config, stats: dict) -> tuple:
     if not orphans:
         return "", False
     incomplete = _complete_run(config, stats)
-    skipped_only = incomplete == _SKIPPED
-    if incomplete and not skipped_only and not delete:
+    if incomplete and incomplete != _SKIPPED and not delete:
         return "", False  # a partial run leaves goldens unused without their being orphans
     names = ", ".join(str(p.relative_to(config.rootpath)) for p in orphans)
     if delete and not incomplete:

@@ -305,12 +305,17 @@ _ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE
                 "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 
 
+def _onednn_cap() -> str:
+    """oneDNN's ISA cap as _ONEDNN_ISAS names it (ONEDNN_MAX_CPU_ISA, else DNNL_MAX_CPU_ISA), or ALL."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    return {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}.get(cap, cap)
+
+
 def _onednn_runs_fp16_isa() -> bool:
     """Whether oneDNN runs its AVX512_CORE_FP16 kernels or newer: the CPU has AVX512-FP16 and
     ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) does not cap it below."""
     from fpemu.host import cpu_flags
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    cap = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}.get(cap, cap)
+    cap = _onednn_cap()
     allowed = cap == "ALL" or (cap in _ONEDNN_ISAS and _ONEDNN_ISAS.index(cap) >= _ONEDNN_ISAS.index("AVX512_CORE_FP16"))
     return "avx512_fp16" in cpu_flags() and allowed
 
@@ -323,7 +328,7 @@ def _onednn_computes_bf16() -> bool:
 def _onednn_tier(fmt: str) -> str:
     """The oneDNN tier the zoo's ``fmt`` kernels run on, as NORMWISE_BOUNDS names it ('' where none was measured)."""
     from fpemu.host import cpu_flags
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    cap = _onednn_cap()
     capped_to_avx2 = cap in _ONEDNN_ISAS and _ONEDNN_ISAS.index(cap) <= _ONEDNN_ISAS.index("AVX2")
     if fmt == "bf16" and _onednn_computes_bf16() and not capped_to_avx2:
         return "AVX512_BF16"

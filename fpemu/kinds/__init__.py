@@ -109,4 +109,5 @@ def explain(field: str, step: int, golden: Trace, observed: Trace):
 
 
 __all__ = ["KINDS", "ScenarioKind", "ExpectedDivergence", "Implementation", "ScenarioBase", "kind_of",
-           "kind_of_spec", "kind_of_trace", "trace_kind_problem", "read_trace_checked", "spec_tables", "reference_trace", "record_trace", "explain"]
+           "kind_of_spec", "kind_of_trace", "trace_kind_problem", "read_trace_checked", "spec_tables",
+           "reference_trace", "record_trace", "explain"]
