@@ -167,3 +167,27 @@ def test_compare_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path,
     code = main(["compare", str(mutated), str(original), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and f"{mutated}: not a valid trace: steps[0]." in err and "a recipe spec never records it" in err, err
+
+
+@pytest.mark.parametrize("golden, profile", [("model_fp16_mlp_torch", "nope"), ("bernoulli_torch", "te_delayed"),
+                                             ("blocks_torchao_nvfp4", "torch"), (None, "nope")])
+def test_a_trace_naming_a_profile_its_kind_never_writes_is_refused(tmp_path, capsys, golden, profile):
+    """metadata.profile was any string (outside fuzzer, round 3: a golden resealed with profile "nope" compared as
+    a parameter change); a spec-made trace names one of its kind's profiles, a recorded run (no spec) any kind's."""
+    original = ROOT / "reports" / "golden" / f"{golden}.json" if golden else RECORDED
+    mutated = tmp_path / original.name
+    mutated.write_text(resealed(replaced(json.loads(original.read_text()), ["metadata", "profile"], profile)))
+    code = main(["compare", str(mutated), str(original), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{mutated}: not a valid trace: metadata.profile: expected " in err, err
+    assert f"got {profile!r}" in err, err
+
+
+def test_a_spec_name_too_long_for_a_trace_file_name_is_refused_naming_the_key(tmp_path, capsys):
+    """A 240-character spec name failed as "cannot write ...: File name too long", naming the output file
+    (outside fuzzer, round 3); the name is bounded where the spec is read."""
+    text = (ROOT / "specs" / "bernoulli_torch.toml").read_text()
+    code, err, spec = _golden(tmp_path, "s", f'name = "{"n" * 129}"\n' + text, capsys)
+    assert code == 2 and f"{spec}: name: expected at most 128 characters" in err, err
+    code, err, _ = _golden(tmp_path, "s", f'name = "{"n" * 128}"\n' + text, capsys)
+    assert code == 0, err

@@ -47,17 +47,25 @@ def kind_of_trace(trace: Trace) -> Optional[ScenarioKind]:
 
 
 def trace_kind_problem(trace: Trace) -> Optional[str]:
-    """Where a trace's steps hold a field its spec's kind never records (metadata and steps of two traces,
-    sealed again): what is wrong, naming the field; None where they agree or the trace has no spec.
+    """Where a trace's profile is none its spec's kind writes (any kind's, for a trace made from no spec) or its
+    steps hold a field the kind never records (metadata and steps of two traces, sealed again): what is
+    wrong, naming the field; None where they agree.
 
     Example:
       >>> from fpemu.traces.layout import trace_metadata
       >>> import types
       >>> spec = types.SimpleNamespace(name="s", path="", sha256="0", text="[recipe]")
-      >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "te", {}, {}, "cpu"), ({"loss": 1.0},), {}))
+      >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "te_delayed", {}, {}, "cpu"), ({"loss": 1.0},), {}))
       'steps[0].loss: a recipe spec never records it (metadata.spec.text is a recipe spec)'
+      >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "torch", {}, {}, "cpu"), (), {}))[:60]
+      "metadata.profile: expected a recipe trace's profile (te_curr"
     """
     kind = kind_of_trace(trace)
+    profile = trace.metadata.get("profile")
+    known = kind.profiles if kind else frozenset().union(*(k.profiles for k in KINDS))
+    if profile is not None and profile not in known:
+        whose = f"a {kind.name} trace's" if kind else "an fpemu"
+        return f"metadata.profile: expected {whose} profile ({', '.join(sorted(known))}), got {profile!r}"
     if kind is None or not trace.steps:
         return None
     records = set(kind.recorded_fields)

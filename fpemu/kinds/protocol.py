@@ -40,6 +40,8 @@ class ScenarioKind:
       records: the ``recorded_by`` names of :data:`fpemu.traces.fields.FIELDS` its traces' fields are of, where
         not its own name alone (a scaler spec's model overflow source records the ``model`` fields; a ranks
         spec's traces hold a scaler's).
+      profiles: every ``metadata.profile`` its traces may hold (its models' and its adapters'); a trace
+        naming another is refused (:func:`fpemu.kinds.trace_kind_problem`).
     """
 
     name: str
@@ -53,6 +55,7 @@ class ScenarioKind:
     runs_by_default: str = "profile"
     scale_label: Optional[str] = "loss scale"
     records: tuple = ()
+    profiles: frozenset = frozenset()
 
     @property
     def recorded_fields(self) -> tuple:

@@ -188,12 +188,16 @@ def record_fields(check: Checker, raw: dict, kind: str) -> tuple:
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+MAX_NAME_CHARS = 128  # "<name>.<implementation>.obtained.json" stays within a file name's 255 bytes
 
 
 def build_scenario(check: Checker, kind, raw: dict, text: str, path: str, **fields):
     name = check.string(raw.get("name", pathlib.Path(path).stem), "name")
     if not _NAME.fullmatch(name) or ".." in name:
         check.fail("name", f"expected letters, digits, '_', '.' and '-' (it names the trace files), got {name!r}")
+    if len(name) > MAX_NAME_CHARS:
+        check.fail("name", f"expected at most {MAX_NAME_CHARS} characters (it names the trace files, and a file "
+                           f"name holds 255 bytes with the implementation's name beside it), got {len(name)}")
     return kind(name=name,
                     description=check.string(raw.get("description", ""), "description"),
                     path=str(path), sha256=hashlib.sha256(text.encode()).hexdigest(), text=text, **fields)

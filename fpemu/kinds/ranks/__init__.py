@@ -6,7 +6,9 @@ package holds what the loader calls.
 
 from fpemu.kinds.protocol import ScenarioKind
 from fpemu.kinds.ranks.spec import RanksDivergence, RanksScenario, parse_ranks_spec
+from fpemu.scalers.profiles import PROFILES
 
-KIND = ScenarioKind("ranks", "ranks", RanksScenario, parse_ranks_spec, runs_by_default="own", records=("scaler",))
+KIND = ScenarioKind("ranks", "ranks", RanksScenario, parse_ranks_spec, runs_by_default="own", records=("scaler",),
+                    profiles=frozenset(PROFILES))
 
 __all__ = ["KIND", "RanksDivergence", "RanksScenario"]
