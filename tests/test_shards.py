@@ -255,10 +255,11 @@ def test_a_matrix_in_two_shards_merges_into_the_report_of_one_matrix(here, tmp_p
     _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--shard", "1/2"], "--merge merges every shard")
     assert main(["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)]) == 0
     assert tree(whole) == tree(split) and "upgrades/sharded.json" in tree(whole)
-    shutil.rmtree(tmp_path / "t2" / "shards" / "2-of-2")
+    second = tmp_path / "t2" / "shards" / "2-of-2"
+    shutil.move(second, tmp_path / "kept")
     _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)],
              "shard 2/2 of matrix 'sharded' missing")
-    assert main(["matrix", *args, str(tmp_path / "t2"), "--shard", "2/2"]) == 0
+    shutil.move(tmp_path / "kept", second)  # back, not rerun: each cell is a process importing JAX
     _plan(tmp_path, ("set a", "set d"))
     _refused(capsys, ["matrix", *args, str(tmp_path / "t2"), "--merge", "--reports", str(split)],
              "ran another plan than 'sharded' is now (its sets differ)")
