@@ -1,5 +1,6 @@
-"""Inputs an outside fuzzer (issue 24, second round) still turned into exit 3, a hang or a write outside the
-reports folder, each pinned: every one now ends in exit 0 or a named error (exit 2), or a clean result."""
+"""Inputs an outside fuzzer (issue 24, rounds two to four) still turned into exit 3, a hang, a write outside the
+reports folder or an accepted nonsense, each pinned: every one now ends in exit 0 or a named error (exit 2), or a
+clean result."""
 
 import json
 import os
@@ -191,3 +192,117 @@ def test_a_spec_name_too_long_for_a_trace_file_name_is_refused_naming_the_key(tm
     assert code == 2 and f"{spec}: name: expected at most 128 characters" in err, err
     code, err, _ = _golden(tmp_path, "s", f'name = "{"n" * 128}"\n' + text, capsys)
     assert code == 0, err
+
+
+# --- round 4 (recipes, ranks, tensor files, model files) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("margin, refused", [(-1024, True), (128, True), (-128, True), (127, False), (-127, False)])
+def test_a_margin_past_float32s_range_is_refused_naming_the_key(tmp_path, capsys, margin, refused):
+    """margin = -1024 (inside the documented -1024..1024) was 'unexpected OverflowError' (exit 3) in the fused
+    update's 2^-margin; margins past +-127 gave every scale 0 or inf: the bound is where 2^margin stays a finite,
+    nonzero float32 factor, in a spec and on the command line."""
+    text = (ROOT / "specs" / "recipe_te_delayed_fused_events.toml").read_text()
+    code, err, spec = _golden(tmp_path, "margin", text.replace("margin = 2 }", f"margin = {margin} }}"), capsys)
+    assert (code, f"{spec}: recipe.params.margin: expected an integer in -127..127" in err) == \
+        ((2, True) if refused else (0, False)), err
+    code = main(["recipe", "te_delayed", "--amax", "1", "2", "--param", f"margin={margin}"])
+    assert code == (2 if refused else 0) and ("--param margin=" in capsys.readouterr().err) == refused
+
+
+@pytest.mark.parametrize("value", ['"false"', "0", "1.5", "nan", "inf"])
+def test_a_recipes_flag_is_true_or_false(tmp_path, capsys, value):
+    """power_of_2 = "false" turned the option ON (a truthy string); nan and inf reached the trace writer
+    ('Out of range float values are not JSON compliant', exit 3)."""
+    text = (ROOT / "specs" / "recipe_torchao_pow2_edges.toml").read_text()
+    code, err, spec = _golden(tmp_path, "pow2", text.replace("power_of_2 = true", f"power_of_2 = {value}"), capsys)
+    assert code == 2 and f"{spec}: recipe.params.power_of_2: expected true or false" in err, err
+
+
+def test_a_float_hex_past_float64_is_refused_naming_the_field(tmp_path, capsys):
+    """'0x1p+99999' in a resealed trace's _hex field was 'unexpected OverflowError' in the schema check (exit 3)."""
+    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
+    body = json.loads(original.read_text())
+    mutated = tmp_path / original.name
+    mutated.write_text(resealed(replaced(body, ["steps", 0, "scale_hex"], "0x1p+99999")))
+    code = main(["compare", str(mutated), str(original), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "steps[0].scale_hex: expected a float.hex() string, got '0x1p+99999'" in err, err
+
+
+def test_a_trace_with_an_unknown_top_level_key_is_refused(tmp_path, capsys):
+    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
+    body = {**json.loads(original.read_text()), "zz_unknown": 1}
+    mutated = tmp_path / original.name
+    mutated.write_text(resealed(body))
+    code = main(["compare", str(mutated), str(original), "--quiet"])
+    assert code == 2 and "zz_unknown: unknown key; a trace holds format, version" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("huge.npy", None, "mmap length is greater than file size"),  # a header alone: was MemoryError (373 GiB)
+    ("cut.npz", b"PK\x03\x04" + b"\x00" * 46, "File is not a zip file"),  # was BadZipFile: exit 3
+    ("garbage.npy", bytes(range(200)), "not a .npy file"),  # numpy named it pickled data
+])
+def test_a_tensor_file_that_is_no_array_is_refused_naming_it(tmp_path, capsys, name, content, says):
+    path = tmp_path / name
+    if content is None:
+        import numpy as np
+        with open(path, "wb") as file:
+            np.lib.format.write_array_header_1_0(file, {"descr": "<f4", "fortran_order": False, "shape": (10**11,)})
+    else:
+        path.write_bytes(content)
+    code = main(["underflow", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{path}: cannot read as {path.suffix}: " in err and says in err, err
+
+
+def test_ranks_errors_name_the_ranks_table_and_a_divergence_step_past_the_run(tmp_path):
+    """`[ranks.overflow.1] seed = ...` was named 'overflow.seed' (neither ranks. nor the rank); a declared
+    divergence at step 100,000 of a 12-step run was accepted and then reported as an undeclared one (exit 1)."""
+    from fpemu.specs import SpecError, parse_spec
+    text = (ROOT / "specs" / "ranks_megatron_model_parallel.toml").read_text()
+    with pytest.raises(SpecError, match=r"ranks.overflow.1.seed: unknown key; allowed keys: sequence, source"):
+        parse_spec(text.replace('source = "explicit"\n', 'source = "explicit"\nseed = 4294967296\n'), "r.toml")
+    with pytest.raises(SpecError, match=r"ranks.expect_divergence.grad_after_reduce.step: expected a step of the "
+                                        r"run \(0..11: steps = 12\), got 100000"):
+        parse_spec(text.replace("step = 2\n", "step = 100000\n"), "r.toml")
+
+
+def test_recipe_amaxes_are_bounded_and_a_huge_number_is_named_short(capsys):
+    assert main(["recipe", "te_delayed", "--amax", *["1"] * 100_001]) == 2
+    assert "--amax: expected at most 100,000 amaxes (a recipe spec's steps bound), got 100,001" in capsys.readouterr().err
+    assert main(["recipe", "te_delayed", "--amax", "1", "--param", "margin=" + "9" * 5000]) == 2
+    err = capsys.readouterr().err  # was "margin: expected an integer, got inf", the option 5,000 digits long
+    assert "expected a number within float64's range" in err and "(5000 characters)" in err and len(err) < 400, err
+
+
+def test_a_users_exception_or_value_that_cannot_be_shown_is_named_by_its_type():
+    """A model file's exception whose __str__ raises, and a FRAMEWORK whose __repr__ raises, ended `fpemu emulate`
+    with exit 3 while the error line was being written."""
+    from fpemu.errors import raised, shown
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("str fails")
+
+    class Unshowable:
+        def __repr__(self):
+            raise RuntimeError("repr fails")
+
+    assert raised(Unprintable()) == "Unprintable: (no message: its __str__ raised)"
+    assert raised(KeyboardInterrupt()) == "KeyboardInterrupt" and raised(ValueError("x")) == "ValueError: x"
+    assert shown(Unshowable()) == "a Unshowable (its __repr__ raised)"
+
+
+def test_a_jax_gradient_that_is_no_float_array_is_refused():
+    """A JAX model file whose grads() returned int32 gradients was emulated as if they were gradients."""
+    jax = pytest.importorskip("jax")
+    from fpemu.emulate._jax_loop import run_jax_steps
+    state = {"w": jax.numpy.ones(3), "b": jax.numpy.ones(3)}
+
+    def grads(params, scale, index):
+        return (params["w"] * scale).sum(), {"w": params["w"], "b": params["b"].astype("int32")}
+
+    with pytest.raises(ValueError, match=r"step 0: grads\(\) returned a gradient\['b'\] of int32"):
+        run_jax_steps(grads, lambda params, g, index: params, state, steps=1)

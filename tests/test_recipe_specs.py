@@ -52,7 +52,7 @@ def test_generated_amaxes_are_seeded_with_events():
     (("amax_history_len = 2", "amax_history_len = 0"), "recipe.params.amax_history_len: expected an integer in 1..65,536"),
     (("amax_history_len = 2", "amax_history_len = 9223372036854775807"),
      "recipe.params.amax_history_len: expected an integer in 1..65,536"),
-    (("amax_history_len = 2", "path = 'unfused'"), "recipe.params: path: set by the recipe itself"),
+    (("amax_history_len = 2", "path = 'unfused'"), "recipe.params.path: set by the recipe itself"),
     (("[1.0, nan, inf]", "[1.0, -2.0, 3.0]"), "amax.sequence: expected a non-empty list of amaxes"),
     (("[1.0, nan, inf]", "[1.0]"), "amax.sequence: expected steps=3 amaxes, got 1"),
     (('source = "explicit"', 'source = "random"'), "amax.source: expected one of explicit, generated"),

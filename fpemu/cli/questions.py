@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pathlib
 import typing
+import zipfile
 
 from fpemu.cli import output
 from fpemu.errors import FpemuInputError
@@ -16,11 +17,18 @@ def _number(text: str, where: str) -> float:
     cleaned = text.strip().replace("^", "**")
     base, sep, exponent = cleaned.partition("**")
     try:
-        if sep:
-            return float(base) ** int(exponent)
-        return float(cleaned)
+        value = float(base) ** int(exponent) if sep else float(cleaned)
     except (ValueError, OverflowError):
-        raise FpemuInputError(f"{where}: expected a number (1024, 1e-4, 2**16), got {text!r}") from None
+        value = None
+    if value is None or (math.isinf(value) and "inf" not in cleaned.lower()):  # 1e999 reads as inf
+        raise FpemuInputError(f"{where}: expected a number within float64's range (1024, 1e-4, 2**16, inf), "
+                              f"got {_shortened(text)!r}") from None
+    return value
+
+
+def _shortened(text: str) -> str:
+    """A typed value as an error line shows it: at most 40 characters."""
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _param_value(text: str, where: str):
@@ -63,7 +71,7 @@ def parse_params(items, words=(), option: str = "--param", bounds: str = "scaler
             raise FpemuInputError(f"{option} {item}: expected NAME=VALUE (e.g. {option} init_scale=1024)")
         key = key.strip()
         params[key] = (value.strip() if key in words else
-                       _bounded_param(key, _param_value(value, f"{option} {item}"), item, option, bounds))
+                       _bounded_param(key, _param_value(value, f"{option} {_shortened(item)}"), item, option, bounds))
     return params
 
 
@@ -235,11 +243,16 @@ def _profile_payload(run) -> dict:
 
 
 def _cmd_recipe(args) -> int:
+    from fpemu.kinds.bounds import bound_for
     from fpemu.scalers.fp8_recipes import RECIPES, simulate_recipe
     names = [args.recipe] + ([args.vs] if args.vs else [])
     for name, option in zip(names, ("recipe", "--vs")):
         if name not in RECIPES:
             raise FpemuInputError(f"{option} {name}: unknown recipe; recipes: {', '.join(RECIPES)}")
+    most = bound_for("steps").limit("recipe")
+    if len(args.amax) > most:
+        raise FpemuInputError(f"--amax: expected at most {most:,} amaxes (a recipe spec's steps bound), "
+                              f"got {len(args.amax):,}")
     amaxes = [_number(text, "--amax") for text in args.amax]
     if any(a < 0 for a in amaxes):
         raise FpemuInputError("--amax: an amax is |x| at its largest: expected numbers >= 0, inf or nan")
@@ -291,12 +304,19 @@ def _load_tensors(path: pathlib.Path) -> list:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            return [(path.name, np.load(path, allow_pickle=False))]
+            with open(path, "rb") as file:
+                if file.read(6) != b"\x93NUMPY":  # else numpy reads it as a pickle and names that
+                    raise ValueError("not a .npy file (it does not start with numpy's magic string)")
+            # mapped, not read: a header declaring more than the file holds is refused before any allocation
+            return [(path.name, np.load(path, mmap_mode="r", allow_pickle=False))]
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as archive:
                 return [(f"{path.name}:{key}", archive[key]) for key in archive.files]
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise FpemuInputError(f"{path}: cannot read as {suffix}: {error}") from None
+    except MemoryError:  # an .npz member's header declaring more than memory holds
+        raise FpemuInputError(f"{path}: cannot read as {suffix}: an array's header declares more elements than "
+                              "memory holds") from None
     if suffix in (".pt", ".pth"):
         import importlib.util
         if importlib.util.find_spec("torch") is None:

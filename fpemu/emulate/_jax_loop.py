@@ -13,13 +13,14 @@ loop's ``EmulatedScaler`` does for ``GradScaler``'s interface.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fpemu.emulate._jax_compiled import emulate_jax
 from fpemu.emulate.policy import scaler_rules
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.emulate.trace import StepRecord
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, raised
 from fpemu.scalers import step_overflowed, unscale
 
 
@@ -93,13 +94,18 @@ def _call(emulated, args, where: str, index: int, telemetry: Telemetry):
         module = f" (in module {telemetry.location})" if telemetry.location else ""
         if isinstance(error, FpemuInputError):  # a primitive the interpreter cannot place
             raise FpemuInputError(f"{where}: step {index}{module}: {error}") from error
-        raise FpemuInputError(f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
+        raise FpemuInputError(f"{where}: step {index} raised {raised(error)}{module}") from error
 
 
 def _pair(out, where: str, index: int) -> tuple:
     """What ``grads`` returned, checked: ``(loss, grads)``."""
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise FpemuInputError(f"{where}: step {index}: grads() returned {type(out).__name__}; it returns (loss, grads)")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(out[1]):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):  # an int gradient is no gradient
+            raise FpemuInputError(f"{where}: step {index}: grads() returned a gradient{jax.tree_util.keystr(path)} "
+                                  f"of {dtype or type(leaf).__name__}; gradients are floating-point arrays")
     return tuple(out)
 
 

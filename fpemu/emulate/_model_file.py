@@ -25,7 +25,7 @@ import hashlib
 import importlib.util
 import pathlib
 
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, raised, shown
 from fpemu.fileio import read_text
 
 # framework -> (the functions a model file of it defines, the contract in words)
@@ -57,7 +57,7 @@ def load_model_file(path) -> tuple:
     try:
         spec.loader.exec_module(module)
     except Exception as error:  # the user's file: whatever it raises is bad input, named
-        raise FpemuInputError(f"{path}: importing it raised {type(error).__name__}: {error}") from error
+        raise FpemuInputError(f"{path}: importing it raised {raised(error)}") from error
     functions, contract = CONTRACTS[framework_of(module, path)]
     for function in functions:
         if not callable(getattr(module, function, None)):
@@ -70,7 +70,7 @@ def framework_of(module, path) -> str:
     framework = getattr(module, "FRAMEWORK", "torch")
     if not isinstance(framework, str) or framework not in CONTRACTS:
         known = ", ".join(map(repr, CONTRACTS))
-        raise FpemuInputError(f"{path}: FRAMEWORK = {framework!r}; fpemu emulate runs {known}")
+        raise FpemuInputError(f"{path}: FRAMEWORK = {shown(framework)}; fpemu emulate runs {known}")
     return framework
 
 
@@ -80,7 +80,7 @@ def build_model(module, path, seed: int) -> tuple:
     try:
         built = module.build(seed)
     except Exception as error:
-        raise FpemuInputError(f"{path}: build({seed}) raised {type(error).__name__}: {error}") from error
+        raise FpemuInputError(f"{path}: build({seed}) raised {raised(error)}") from error
     if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)
             and isinstance(built[1], torch.optim.Optimizer)):
         raise FpemuInputError(f"{path}: build() returned {type(built).__name__}; it returns (model, optimizer): "

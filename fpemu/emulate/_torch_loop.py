@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from fpemu.emulate.policy import scaler_rules
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.emulate.trace import StepRecord
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, raised
 from fpemu.scalers import step_overflowed, unscale
 
 
@@ -111,7 +111,7 @@ def run_steps(step, model, optimizer, *, steps: int, policy, profile="torch", pa
                 if isinstance(error, FpemuInputError):  # an op the policy cannot place, or scaler misuse
                     raise FpemuInputError(f"{where}: step {index}{module}: {error}") from error
                 raise FpemuInputError(
-                    f"{where}: step {index} raised {type(error).__name__}: {error}{module}") from error
+                    f"{where}: step {index} raised {raised(error)}{module}") from error
             if scaler.updates != before + 1:
                 raise FpemuInputError(f"{where}: step {index} called scaler.update() {scaler.updates - before} "
                                       "times; a step calls it once (after scaler.step(optimizer))")

@@ -23,7 +23,7 @@ import traceback
 from typing import Optional
 
 from fpemu.emulate._model_file import model_file_text
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, raised
 
 DEFAULT_STEP_TIMEOUT = 600.0  # seconds: the import, build() and each step (a large model's first step compiles)
 STARTUP_TIMEOUT = 120.0  # seconds the child may take to start (Python and fpemu's imports) before the file runs
@@ -74,8 +74,7 @@ def _child(sender, path: str, threads: Optional[int], options: dict) -> None:
     except Exception:  # noqa: BLE001 -- fpemu's own failure: the parent reports it as internal
         send(("internal", traceback.format_exc()))
     except BaseException as error:  # raised by the file (KeyboardInterrupt, SystemExit, BaseException itself)
-        send(("input_error", f"{path}: {_phase_name(phase)} raised {type(error).__name__}"
-                             f"{': ' + str(error) if str(error) else ''}"))
+        send(("input_error", f"{path}: {_phase_name(phase)} raised {raised(error)}"))
     finally:
         sender.close()
 

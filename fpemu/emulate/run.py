@@ -6,7 +6,7 @@ import pathlib
 
 from fpemu.host import installed_versions
 from fpemu.emulate.trace import emulation_trace
-from fpemu.errors import FpemuInputError
+from fpemu.errors import FpemuInputError, raised
 from fpemu.fileio import atomic_write
 from fpemu.traces import Trace, trace_filename, write_trace
 
@@ -76,7 +76,7 @@ def _jax_file(module, text, path, *, policy, steps, profile, params, seed, seman
     try:
         state = module.build(seed)
     except Exception as error:
-        raise FpemuInputError(f"{path}: build({seed}) raised {type(error).__name__}: {error}") from error
+        raise FpemuInputError(f"{path}: build({seed}) raised {raised(error)}") from error
     records, telemetry, _ = run_jax_steps(module.grads, module.update, state, steps=steps, policy=policy,
                                           semantics=semantics, profile=profile, params=params, where=str(path),
                                           on_step=on_step)

@@ -22,6 +22,7 @@ arithmetic step is float32 (numpy scalars), in the source's order of operations.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -66,6 +67,22 @@ def _f32(value) -> np.float32:
 def _check_choice(value, name: str, options) -> None:
     if value not in options:
         raise ValueError(f"{name}: expected one of {', '.join(map(str, options))}, got {value!r}")
+
+
+def _check_flag(value, name: str) -> None:
+    # a truthy string ("false") would turn the option on
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def _check_number(value, name: str, low: float, high: float = math.inf) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not low <= value <= high:
+        raise ValueError(f"{name}: expected a number in [{low}, {high}], got {value!r}")
+
+
+# 2^margin and 2^-margin stay finite, nonzero float32 factors; past them TE's scale is 0 or inf for every amax
+MAX_MARGIN = 127
 
 
 def fp8_max(fmt: str) -> np.float32:
@@ -135,7 +152,7 @@ def cast_to_fp8(x, scale, fmt: str, cast: str = "satfinite") -> tuple:
 
 def _reciprocal(scale) -> np.ndarray:
     """__frcp_rn / torch.reciprocal: 1/scale rounded once to float32."""
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # 1/0 and 1/subnormal are inf, as on the GPU
         return F32(1.0) / np.asarray(scale, dtype=np.float32)
 
 
@@ -230,8 +247,9 @@ class DelayedScaling:
         _check_choice(self.fp8_format, "fp8_format", FP8_FORMATS)
         _check_choice(self.amax_compute_algo, "amax_compute_algo", AMAX_ALGOS)
         _check_choice(self.path, "path", PATHS)
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int):
-            raise ValueError(f"margin: expected an integer, got {self.margin!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or abs(self.margin) > MAX_MARGIN:
+            raise ValueError(f"margin: expected an integer in -{MAX_MARGIN}..{MAX_MARGIN} (2^margin a finite float32 "
+                             f"factor), got {self.margin!r}")
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
                 or self.amax_history_len < 1:
             raise ValueError(f"amax_history_len: expected an integer >= 1, got {self.amax_history_len!r}")
@@ -294,8 +312,8 @@ def _fused_update(recipe: DelayedScaling, history: np.ndarray, old_scale: np.flo
     amax = F32(np.fmax.reduce(window, initial=F32(0.0))) if rolls else F32(0.0)
     if recipe.amax_compute_algo == "most_recent":
         amax = last
-    scaled_max = fp8_max(recipe.fp8_format) * F32(2.0 ** -recipe.margin)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # a margin of -127 overflows, as TE's does
+        scaled_max = fp8_max(recipe.fp8_format) * F32(2.0 ** -recipe.margin)
         scale = scaled_max / amax
     return (_rolled(history, last) if rolls else history), amax, _keep_or_flt_max(scale, old_scale, amax)
 
@@ -350,6 +368,9 @@ class CurrentScaling:
     def __post_init__(self):
         _check_choice(self.fp8_format, "fp8_format", FP8_FORMATS)
         _check_choice(self.implementation, "implementation", CURRENT_IMPLEMENTATIONS)
+        _check_flag(self.power_2_scales, "power_2_scales")
+        _check_number(self.amax_epsilon, "amax_epsilon", 0.0, float(FLT_MAX))
+        _check_number(self.input_max, "input_max", 0.0, float(FLT_MAX))
 
     def amax(self, x) -> np.float32:
         """The tensor's amax as this implementation computes it."""
@@ -500,6 +521,9 @@ class TorchaoScaling:
     def __post_init__(self):
         _check_choice(self.fp8_format, "fp8_format", FP8_FORMATS)
         _check_choice(self.granularity, "granularity", GRANULARITIES)
+        _check_flag(self.power_of_2, "power_of_2")
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise ValueError(f"axis: expected an integer (a dim of the tensors scaled), got {self.axis!r}")
 
     def amax(self, x) -> np.ndarray:
         return torch_amax(x, None if self.granularity == "tensorwise" else self.axis)

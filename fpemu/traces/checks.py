@@ -69,7 +69,7 @@ def float_hex(value):
         try:
             float.fromhex(value)
             return None
-        except ValueError:
+        except (ValueError, OverflowError):  # '0x1p+99999' is past float64
             pass
     return "a float.hex() string"
 

@@ -231,10 +231,16 @@ def _spec_problem(spec: dict) -> str | None:
                                                             spec["sha256"])
 
 
+TOP_LEVEL = ("format", "version", "metadata", "steps", "summary")
+
+
 def trace_problem(body: dict) -> str | None:
     """The first field of ``body`` (a parsed trace, its checksum already checked) that does not fit the
     schema, and what it should be; None where all fit.  Types and ranges first, then what they mean
     together: the fields of one scenario kind, the summary's counts, the spec's sha256."""
+    unknown = sorted(set(body) - set(TOP_LEVEL), key=str)
+    if unknown:
+        return f"{unknown[0]}: unknown key; a trace holds {', '.join(TOP_LEVEL)} (and its checksum)"
     return (_table_problem(body.get("metadata"), "metadata", {k: c for k, (_, c) in METADATA.items()},
                            [k for k, (required, _) in METADATA.items() if required])
             or _steps_problem(body.get("steps"))

@@ -123,7 +123,7 @@ def _rank_overflows(check: Checker, raw, steps: Optional[int], smallest_world: i
         where = f"ranks.overflow.{key}"
         if not key.isdigit() or int(key) >= smallest_world:
             check.fail(where, f"expected a rank 0..{smallest_world - 1} (below the smallest world size), got {key!r}")
-        source = overflow_source(check, body)
+        source = overflow_source(check, body, where)
         if source.kind == "model":
             check.fail(f"{where}.source", "a multi-rank spec takes explicit, bernoulli, bursts or periodic")
         if source.kind == "explicit" and steps is not None and len(source.sequence) != steps:
@@ -134,7 +134,7 @@ def _rank_overflows(check: Checker, raw, steps: Optional[int], smallest_world: i
     return out
 
 
-def _expected(check: Checker, raw, injections: tuple) -> dict:
+def _expected(check: Checker, raw, injections: tuple, steps: Optional[int]) -> dict:
     table = check.table(raw, "ranks.expect_divergence", set(injections))
     out = {}
     for inject, body in table.items():
@@ -144,7 +144,10 @@ def _expected(check: Checker, raw, injections: tuple) -> dict:
             if required not in body:
                 check.fail(f"{where}.{required}", "missing required key (a declared divergence names the first "
                                                   "step at which ranks part, and why)")
-        out[inject] = RanksDivergence(check.integer(body["step"], f"{where}.step", 0),
+        step = check.integer(body["step"], f"{where}.step", 0)
+        if steps is not None and step >= steps:
+            check.fail(f"{where}.step", f"expected a step of the run (0..{steps - 1}: steps = {steps}), got {step}")
+        out[inject] = RanksDivergence(step,
                                       check.string(body["reason"], f"{where}.reason"),
                                       check.choice(body.get("ends", "completes"), f"{where}.ends", ENDINGS))
     return out
@@ -234,7 +237,7 @@ def parse_ranks_spec(check: Checker, raw: dict, text: str, path: str) -> RanksSc
     injections = check.attempt(_checked_injections, check, ranks["inject"], layout) if "inject" in ranks else None
     overflow = (check.attempt(_rank_overflows, check, ranks["overflow"], steps, min(sizes))
                 if "overflow" in ranks and sizes else None)
-    expected = check.attempt(_expected, check, ranks.get("expect_divergence", {}), injections) if injections else None
+    expected = check.attempt(_expected, check, ranks.get("expect_divergence", {}), injections, steps) if injections else None
     model_parallel = (check.attempt(_model_parallel, check, ranks["model_parallel"], layout, sizes)
                       if "model_parallel" in ranks else 1)
     reduce_over = (check.attempt(_reduce_over, check, ranks["reduce_over"], scaler, layout)

@@ -130,6 +130,9 @@ def _recipe_params(check, recipe: str, params, key: str) -> dict:
     try:
         make_recipe(recipe, **params)
     except ValueError as error:
+        name, _, message = str(error).partition(": ")  # the model's errors start with the parameter's name
+        if name in params:
+            check.fail(f"{key}.{name}", message)
         check.fail(key, str(error))
     return dict(params)
 

@@ -125,52 +125,54 @@ class ScalerScenario(ScenarioBase):
         return self.declared(name) or Implementation(name, dict(self.params) if own else {})
 
 
-def overflow_source(check: Checker, raw) -> OverflowSource:
-    kind = check.source(raw, "overflow", OVERFLOW_SOURCES, _SOURCE_KEYS)
+def overflow_source(check: Checker, raw, table: str = "overflow") -> OverflowSource:
+    """The overflow source of the table at ``table`` (``overflow``, a rank's ``ranks.overflow.1``), errors naming
+    its keys there."""
+    kind = check.source(raw, table, OVERFLOW_SOURCES, _SOURCE_KEYS)
     fields = {"kind": kind}
     if kind == "explicit":
         sequence = raw.get("sequence")
         if not isinstance(sequence, list) or not all(isinstance(v, bool) for v in sequence):
-            check.fail("overflow.sequence", "expected a list of true/false")
+            check.fail(f"{table}.sequence", "expected a list of true/false")
         fields["sequence"] = tuple(sequence)
     if "rate" in raw or kind in ("bernoulli", "bursts"):
-        fields["rate"] = check.number(raw.get("rate"), "overflow.rate", 0.0, 1.0)
+        fields["rate"] = check.number(raw.get("rate"), f"{table}.rate", 0.0, 1.0)
     if "seed" in raw:
-        fields["seed"] = check.integer(raw["seed"], "overflow.seed", 0)
+        fields["seed"] = check.integer(raw["seed"], f"{table}.seed", 0)
     if "length" in raw:
-        fields["length"] = check.integer(raw["length"], "overflow.length", 1)
+        fields["length"] = check.integer(raw["length"], f"{table}.length", 1)
     if kind == "periodic":
-        fields["period"] = check.integer(raw.get("period"), "overflow.period", 1)
-        fields["offset"] = check.integer(raw.get("offset", 0), "overflow.offset", 0)
+        fields["period"] = check.integer(raw.get("period"), f"{table}.period", 1)
+        fields["offset"] = check.integer(raw.get("offset", 0), f"{table}.offset", 0)
     if kind == "model":
-        fields["model"] = check.choice(raw.get("model", "linear"), "overflow.model", MODELS)
-        fields["compute"] = check.choice(raw.get("compute", "fp16"), "overflow.compute", MODEL_COMPUTE)
-        fields["lr"] = check.number(raw.get("lr", 0.05), "overflow.lr", 1e-12, 1e6)
-        fields["target_scale"] = check.number(raw.get("target_scale", 1e-3), "overflow.target_scale", 1e-30, 1e30)
+        fields["model"] = check.choice(raw.get("model", "linear"), f"{table}.model", MODELS)
+        fields["compute"] = check.choice(raw.get("compute", "fp16"), f"{table}.compute", MODEL_COMPUTE)
+        fields["lr"] = check.number(raw.get("lr", 0.05), f"{table}.lr", 1e-12, 1e6)
+        fields["target_scale"] = check.number(raw.get("target_scale", 1e-3), f"{table}.target_scale", 1e-30, 1e30)
     if kind == "recorded":
-        fields.update(_recorded_source(check, raw))
+        fields.update(_recorded_source(check, raw, table))
     return OverflowSource(**fields)
 
 
-def _recorded_source(check: Checker, raw) -> dict:
+def _recorded_source(check: Checker, raw, table: str) -> dict:
     """The trace file (relative to the spec's folder), its sha256 (checked against ``sha256`` where
     the spec pins one) and the replay's format (default: the run's)."""
     from fpemu.traces.replay import file_sha256, pinned_sha256_problem
     from fpemu.traces import read_trace
     from fpemu.traces.recorded import recorded_steps, recorder_settings
-    trace_path = pathlib.Path(check.path).parent / check.string(raw.get("trace"), "overflow.trace")
+    trace_path = pathlib.Path(check.path).parent / check.string(raw.get("trace"), f"{table}.trace")
     try:
         trace = read_trace(trace_path)
         verdicts = tuple(step.overflow for step in recorded_steps(trace, str(trace_path)))
         recorded_format = recorder_settings(trace, str(trace_path)).compute_format
     except FpemuInputError as error:
-        check.fail("overflow.trace", str(error))
+        check.fail(f"{table}.trace", str(error))
     sha256 = file_sha256(trace_path)
     if "sha256" in raw:
-        problem = pinned_sha256_problem(trace_path, sha256, check.string(raw["sha256"], "overflow.sha256"))
+        problem = pinned_sha256_problem(trace_path, sha256, check.string(raw["sha256"], f"{table}.sha256"))
         if problem:
-            check.fail("overflow.sha256", problem)
-    compute = check.choice(raw.get("compute", recorded_format), "overflow.compute", MODEL_COMPUTE)
+            check.fail(f"{table}.sha256", problem)
+    compute = check.choice(raw.get("compute", recorded_format), f"{table}.compute", MODEL_COMPUTE)
     return {"trace": str(trace_path), "compute": compute, "sequence": verdicts, "trace_sha256": sha256}
 
 
