@@ -262,7 +262,7 @@ def test_gradients_measured_together_count_as_each_alone():
     counts, extremes = torch_run._batch_measures(torch, pieces, edges)
     for piece, piece_counts, (smallest, largest) in zip(pieces, counts.tolist(), extremes.tolist()):
         magnitude = piece.abs().float()
-        expected = torch.bincount(torch.bucketize(magnitude, edges.values), minlength=4).tolist()
+        expected = torch.bincount(torch.bucketize(magnitude, edges), minlength=4).tolist()
         nonzero = magnitude[magnitude > 0]
         assert piece_counts == expected
         assert smallest == (float(nonzero.amin()) if nonzero.numel() else math.inf)
@@ -275,25 +275,3 @@ def test_docstring_examples():
     from fpemu.recorders import torch_run
     result = doctest.testmod(torch_run, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
-
-
-@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32", "fp8_e4m3fn", "fp8_e5m2", "fp4_e2m1fn"])
-def test_class_counts_from_bit_patterns_are_bucketizes_at_every_edge(fmt):
-    """The batch histogram counts classes on float32 bit patterns, splitting a binade where an edge lies inside
-    one: every pattern within 3 of an edge, each binade's start, inf, NaN and a sweep of 2^31 patterns, shuffled
-    into pieces, count as bucketize counts them, with bucketize's min_nonzero and max_abs."""
-    from fpemu.recorders import torch_run
-    edges = torch_run._class_bounds(torch, fmt, "cpu")
-    near = [b + d for b in edges.bits for d in range(-3, 4)] + [(b + 1) & ~0x7FFFFF for b in edges.bits]
-    patterns = torch.cat([torch.arange(0, 2**31 - 1, 2**31 // 20_000 + 1),
-                          torch.tensor(near + [0x7F800000, 0x7FC00000, 0x7F800001])])
-    values = patterns.to(torch.int32).view(torch.float32)
-    values = values[torch.randperm(values.numel(), generator=torch.Generator().manual_seed(1))]
-    pieces = list(values.split(300))
-    counts, extremes = torch_run._batch_measures(torch, pieces, edges)
-    for piece, piece_counts, (smallest, largest) in zip(pieces, counts.tolist(), extremes.tolist()):
-        magnitude = piece.abs()
-        assert piece_counts == torch.bincount(torch.bucketize(magnitude, edges.values), minlength=4).tolist()
-        nonzero = magnitude[magnitude > 0]
-        assert smallest == (float(nonzero.amin()) if nonzero.numel() else math.inf)
-        assert largest == float(magnitude.amax()) or (math.isnan(largest) and bool(magnitude.isnan().any()))
