@@ -75,9 +75,12 @@ def test_docs_bounds_lists_the_option_bounds_it_imports():
         "`fpemu emulate --steps`": (1, bound_for("steps").limit("model")),
         "`fpemu emulate --param` (an integer)": (-MAX_PARAM, MAX_PARAM),
         "`fpemu emulate --seed`": (0, MAX_SEED),
+        "`fpemu recipe --amax` (how many)": (1, bound_for("steps").limit("recipe")),
         "`fpemu recipe --param amax_history_len=`": (1, bound_for("recipe.params.amax_history_len").maximum),
-        "`fpemu recipe --param` (another integer)": (bound_for("recipe.params.margin").minimum,
-                                                     bound_for("recipe.params.margin").maximum),
+        "`fpemu recipe --param margin=`": (bound_for("recipe.params.margin").minimum,
+                                           bound_for("recipe.params.margin").maximum),
+        "`fpemu recipe --param` (another integer)": (bound_for("recipe.params.axis").minimum,
+                                                     bound_for("recipe.params.axis").maximum),
     }
     found = {key: tuple(int(cell.replace(",", "")) for cell in rows.get(key, ("0", "0"))) for key in expected}
     assert found == expected
