@@ -41,6 +41,32 @@ def _setup(config, batch: int):
     return model, optimizer, schedule, state, flax_loop.batches(config, 1, batch)[0]
 
 
+_RECORD_CALLS = 200
+
+
+def _record_split(steps, state, tokens, repeats: int) -> dict:
+    """The host's record() alone, per call, with the module and the parameter groupings, and the line through
+    the two: its fixed cost per step and its cost per group."""
+    per_call, groups = [], []
+    for group_by in ("module", "parameter"):
+        name = f"grad_stats per {group_by}"
+        params, opt_state, dynamic_scale = state
+        params, opt_state, new_scale, aux = steps[name](params, opt_state, dynamic_scale, tokens)
+        jax.block_until_ready(aux)
+        best = float("inf")
+        for _ in range(repeats):
+            recorder = fpemu.record_jax("fp16", name="bench", scaler="flax", group_by=group_by)
+            start = time.perf_counter()
+            for _ in range(_RECORD_CALLS):
+                recorder.record(aux["stats"], scale_state=dynamic_scale, next_scale_state=new_scale, loss=aux["loss"],
+                                grad_norm=aux["grad_norm"], lr=aux["lr"], applied=True)
+            best = min(best, (time.perf_counter() - start) / _RECORD_CALLS)
+        per_call.append(best * 1e3)
+        groups.append(len(aux["stats"]))
+    slope = (per_call[1] - per_call[0]) / (groups[1] - groups[0])
+    return {"groups": groups, "per_call_ms": per_call, "per_group_ms": slope, "fixed_ms": per_call[0] - slope * groups[0]}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="steps per timed call")
@@ -67,7 +93,8 @@ def main(argv=None) -> dict:
                 params, opt_state, new_scale, aux = steps[name](params, opt_state, dynamic_scale, tokens)
                 if record:
                     variants[name].record(aux["stats"], scale_state=dynamic_scale, next_scale_state=new_scale,
-                                          loss=aux["loss"], grad_norm=aux["grad_norm"], lr=aux["lr"])
+                                          loss=aux["loss"], grad_norm=aux["grad_norm"], lr=aux["lr"],
+                                          applied=True)  # scale 2^10: no step overflows
                 jax.block_until_ready(params)
         return loop
 
@@ -83,8 +110,9 @@ def main(argv=None) -> dict:
                      "step_ms": per_step * 1e3, "overhead": per_step / base - 1,
                      "compile_s": compile_s[name]})
     params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(state[0]))
+    split = _record_split(steps, state, tokens, args.repeats)
     result = {"config": vars(config) | {"batch": args.batch, "parameters": int(params)},
-              "steps": args.steps, "repeats": args.repeats, "rows": rows,
+              "steps": args.steps, "repeats": args.repeats, "rows": rows, "record_split": split,
               "versions": {"jax": jax.__version__, "fpemu": fpemu.__version__}}
     write_report("bench_record_jax", "Recording a jitted JAX step (examples/flax_loop.py's transformer)", result,
                  rows, [("variant", "variant"), ("groups", "groups"), ("step_ms", "ms / step"),
@@ -93,6 +121,10 @@ def main(argv=None) -> dict:
                   "tokens, fp16 compute, float32 parameters, on the CPU.",
                   f"Best of {args.repeats} interleaved runs of {args.steps} steps each; the statistics stay on "
                   "the device inside the step, record() copies them (a few numbers per group) to the host.",
+                  f"record() alone, on one step's outputs (best of {args.repeats} x {_RECORD_CALLS} calls on a "
+                  f"fresh recorder): {split['per_call_ms'][0]:.3f} ms with {split['groups'][0]} groups, "
+                  f"{split['per_call_ms'][1]:.3f} ms with {split['groups'][1]}: {split['fixed_ms']:.3f} ms a step "
+                  f"fixed and {split['per_group_ms'] * 1e3:.1f} us a group (the line through the two).",
                   TIMING_NOTE])
     return result
 
