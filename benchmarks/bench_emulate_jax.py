@@ -1,7 +1,7 @@
 """Cost of an emulated JAX step (fpemu.emulate_jax) vs the same step under jax.jit, side by side in one
-run: the compiled emulator (the default path: one jitted program, rounding as jax integer ops, telemetry
-counted in the program) and the interpreter (one XLA call per equation, numpy between them: the path
-before the compiled one, and its reference).
+run: the compiled emulator (opt-in, compiled=True: one jitted program, rounding as jax integer ops, telemetry
+counted in the program) and the interpreter (one XLA call per equation, numpy between them: the default
+path, and the compiled one's reference).
 
 The steps are examples/flax_emulate.py's (grads: forward and backward of the fp16 flax transformer,
 2 layers; update: Adam) and the same model with 12 layers (``--layers``), from the same state at scale
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
                   ("bit_identical", "outputs bit-identical")],
                  [f"jax {jax.__version__}, XLA:CPU; best of {args.repeats} steps after a warm-up step, the three "
                   "paths taking turns.", TIMING_NOTE,
-                  "compiled: emulate_jax's default path, one jitted program per signature in which every fp16 result "
+                  "compiled: emulate_jax's opt-in path (compiled=True; the interpreter is the default), one jitted program per signature in which every fp16 result "
                   "is computed in float32 and rounded by fpemu's kernel as jax integer ops, and the telemetry is "
                   "counted (its rows copied to the host after each call).  interpreter: one XLA call per equation "
                   "(nested ones included) with numpy between them, the reference the compiled path is tested "
