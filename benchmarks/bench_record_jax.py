@@ -65,7 +65,8 @@ def _record_split(steps, state, tokens, repeats: int) -> dict:
         per_call.append(best * 1e3)
         groups.append(len(aux["stats"]))
     slope = (per_call[1] - per_call[0]) / (groups[1] - groups[0])
-    return {"groups": groups, "per_call_ms": per_call, "per_group_ms": slope, "fixed_ms": per_call[0] - slope * groups[0]}
+    return {"groups": groups, "per_call_ms": per_call, "per_group_ms": slope,
+            "fixed_ms": per_call[0] - slope * groups[0]}
 
 
 def main(argv=None) -> dict:
@@ -123,7 +124,8 @@ def main(argv=None) -> dict:
                   f"Best of {args.repeats} interleaved runs of {args.steps} steps each; the statistics stay on "
                   "the device inside the step, record() copies them (a few numbers per group) to the host.",
                   f"record() alone, on copies of one step's outputs (best of {args.repeats} x {_RECORD_CALLS} "
-                  f"calls on a fresh recorder, each on its own device copy): {split['per_call_ms'][0]:.3f} ms with {split['groups'][0]} groups, "
+                  f"calls on a fresh recorder, each on its own device copy): {split['per_call_ms'][0]:.3f} ms with "
+                  f"{split['groups'][0]} groups, "
                   f"{split['per_call_ms'][1]:.3f} ms with {split['groups'][1]}: {split['fixed_ms']:.3f} ms a step "
                   f"fixed and {split['per_group_ms'] * 1e3:.1f} us a group (the line through the two).",
                   TIMING_NOTE])

@@ -14,8 +14,9 @@ class RefusedCall(Exception):
 
 
 def raised(error: BaseException) -> str:
-    """``TypeName: message`` (``TypeName`` without a message) of an exception a user's code raised, for an error line; its message is read
-    guardedly (a user's exception whose ``__str__`` raises must not turn a named error into a crash)."""
+    """``TypeName: message`` (``TypeName`` without a message) of an exception a user's code raised, for an error
+    line; its message is read guardedly (a user's exception whose ``__str__`` raises must not turn a named error
+    into a crash)."""
     try:
         message = str(error)
     except Exception:  # the user's __str__: whatever it raises

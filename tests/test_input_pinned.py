@@ -271,7 +271,8 @@ def test_ranks_errors_name_the_ranks_table_and_a_divergence_step_past_the_run(tm
 
 def test_recipe_amaxes_are_bounded_and_a_huge_number_is_named_short(capsys):
     assert main(["recipe", "te_delayed", "--amax", *["1"] * 100_001]) == 2
-    assert "--amax: expected at most 100,000 amaxes (a recipe spec's steps bound), got 100,001" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--amax: expected at most 100,000 amaxes (a recipe spec's steps bound), got 100,001" in err, err
     assert main(["recipe", "te_delayed", "--amax", "1", "--param", "margin=" + "9" * 5000]) == 2
     err = capsys.readouterr().err  # was "margin: expected an integer, got inf", the option 5,000 digits long
     assert "expected a number within float64's range" in err and "(5000 characters)" in err and len(err) < 400, err

@@ -55,7 +55,8 @@ def trace_kind_problem(trace: Trace) -> Optional[str]:
       >>> from fpemu.traces.layout import trace_metadata
       >>> import types
       >>> spec = types.SimpleNamespace(name="s", path="", sha256="0", text="[recipe]")
-      >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "te_delayed", {}, {}, "cpu"), ({"loss": 1.0},), {}))
+      >>> meta = trace_metadata(spec, "reference", "te_delayed", {}, {}, "cpu")
+      >>> trace_kind_problem(Trace(meta, ({"loss": 1.0},), {}))
       'steps[0].loss: a recipe spec never records it (metadata.spec.text is a recipe spec)'
       >>> trace_kind_problem(Trace(trace_metadata(spec, "reference", "torch", {}, {}, "cpu"), (), {}))[:60]
       "metadata.profile: expected a recipe trace's profile (te_curr"

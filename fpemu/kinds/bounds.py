@@ -84,7 +84,8 @@ BOUNDS = (
           "(TE's default is 1024)"),
     Bound("implementations.*.params.amax_history_len", 1, 1 << 16, "the history is an array of this many float32 "
           "amaxes (TE's default is 1024)"),
-    Bound("recipe.params.margin", -MAX_MARGIN, MAX_MARGIN, "2^margin and 2^-margin stay finite, nonzero float32 factors"),
+    Bound("recipe.params.margin", -MAX_MARGIN, MAX_MARGIN,
+          "2^margin and 2^-margin stay finite, nonzero float32 factors"),
     Bound("recipe.params.*", -1024, 1024, "an axis or a count: a tensor has fewer dims"),
     Bound("amax.seed", 0, MAX_SEED, "a 32-bit seed"),
     Bound("step.batch", 1, 4, "the fitted step orders (fpemu.steps) cover up to 4 rows"),

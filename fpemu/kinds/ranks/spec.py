@@ -237,7 +237,8 @@ def parse_ranks_spec(check: Checker, raw: dict, text: str, path: str) -> RanksSc
     injections = check.attempt(_checked_injections, check, ranks["inject"], layout) if "inject" in ranks else None
     overflow = (check.attempt(_rank_overflows, check, ranks["overflow"], steps, min(sizes))
                 if "overflow" in ranks and sizes else None)
-    expected = check.attempt(_expected, check, ranks.get("expect_divergence", {}), injections, steps) if injections else None
+    expected = (check.attempt(_expected, check, ranks.get("expect_divergence", {}), injections, steps)
+                if injections else None)
     model_parallel = (check.attempt(_model_parallel, check, ranks["model_parallel"], layout, sizes)
                       if "model_parallel" in ranks else 1)
     reduce_over = (check.attempt(_reduce_over, check, ranks["reduce_over"], scaler, layout)
