@@ -119,7 +119,8 @@ def main(argv=None) -> dict:
                  [f"jax {jax.__version__}, XLA:CPU; best of {args.repeats} steps after a warm-up step, the three "
                   "paths taking turns.", TIMING_NOTE,
                   "compiled: emulate_jax's opt-in path (compiled=True; the interpreter is the default), one "
-                  "jitted program per signature in which every fp16 result is computed in float32 and rounded by fpemu's kernel as jax integer ops, and the telemetry is "
+                  "jitted program per signature in which every fp16 result is computed in float32 and rounded by "
+                  "fpemu's kernel as jax integer ops, and the telemetry is "
                   "counted (its rows copied to the host after each call).  interpreter: one XLA call per equation "
                   "(nested ones included) with numpy between them, the reference the compiled path is tested "
                   "against; its first call traces and compiles each primitive's program per shape.",

@@ -24,6 +24,15 @@ def _golden(tmp_path, name, text, capsys):
     return code, capsys.readouterr().err, spec
 
 
+def _compare_mutated(tmp_path, capsys, original, edit):
+    """`fpemu compare` of ``original`` edited by ``edit`` (parsed body -> body) and resealed, against itself:
+    (exit code, stderr, the mutated file)."""
+    mutated = tmp_path / original.name
+    mutated.write_text(resealed(edit(json.loads(original.read_text()))))
+    code = main(["compare", str(mutated), str(original), "--quiet"])
+    return code, capsys.readouterr().err, mutated
+
+
 def test_a_negative_zero_spread_is_zero(tmp_path, capsys):
     """`spread = -0.0` passed the bound [0, 120] and reached numpy's uniform(0.0, -0.0): 'high - low < 0', exit 3."""
     text = (ROOT / "specs" / "recipe_te_delayed_most_recent_e5m2.toml").read_text()
@@ -160,13 +169,9 @@ def test_report_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path, 
 def test_compare_refuses_a_trace_whose_steps_are_not_of_its_specs_kind(tmp_path, capsys):
     """An mlp model golden given a recipe spec's metadata, resealed: `fpemu compare` called it identical to the
     original (round 3 of the outside fuzzer)."""
-    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
-    body = json.loads(original.read_text())
-    body["metadata"] = json.loads((ROOT / "reports" / "golden" / "recipe_te_delayed_fused_events.json").read_text())["metadata"]
-    mutated = tmp_path / "model_fp16_mlp_torch.json"
-    mutated.write_text(resealed(body))
-    code = main(["compare", str(mutated), str(original), "--quiet"])
-    err = capsys.readouterr().err
+    donor = json.loads((ROOT / "reports" / "golden" / "recipe_te_delayed_fused_events.json").read_text())
+    code, err, mutated = _compare_mutated(tmp_path, capsys, ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json",
+                                          lambda body: {**body, "metadata": donor["metadata"]})
     assert code == 2 and f"{mutated}: not a valid trace: steps[0]." in err and "a recipe spec never records it" in err, err
 
 
@@ -176,10 +181,8 @@ def test_a_trace_naming_a_profile_its_kind_never_writes_is_refused(tmp_path, cap
     """metadata.profile was any string (outside fuzzer, round 3: a golden resealed with profile "nope" compared as
     a parameter change); a spec-made trace names one of its kind's profiles, a recorded run (no spec) any kind's."""
     original = ROOT / "reports" / "golden" / f"{golden}.json" if golden else RECORDED
-    mutated = tmp_path / original.name
-    mutated.write_text(resealed(replaced(json.loads(original.read_text()), ["metadata", "profile"], profile)))
-    code = main(["compare", str(mutated), str(original), "--quiet"])
-    err = capsys.readouterr().err
+    code, err, mutated = _compare_mutated(tmp_path, capsys, original,
+                                          lambda body: replaced(body, ["metadata", "profile"], profile))
     assert code == 2 and f"{mutated}: not a valid trace: metadata.profile: expected " in err, err
     assert f"got {profile!r}" in err, err
 
@@ -221,22 +224,15 @@ def test_a_recipes_flag_is_true_or_false(tmp_path, capsys, value):
 
 def test_a_float_hex_past_float64_is_refused_naming_the_field(tmp_path, capsys):
     """'0x1p+99999' in a resealed trace's _hex field was 'unexpected OverflowError' in the schema check (exit 3)."""
-    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
-    body = json.loads(original.read_text())
-    mutated = tmp_path / original.name
-    mutated.write_text(resealed(replaced(body, ["steps", 0, "scale_hex"], "0x1p+99999")))
-    code = main(["compare", str(mutated), str(original), "--quiet"])
-    err = capsys.readouterr().err
+    code, err, _ = _compare_mutated(tmp_path, capsys, ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json",
+                                    lambda body: replaced(body, ["steps", 0, "scale_hex"], "0x1p+99999"))
     assert code == 2 and "steps[0].scale_hex: expected a float.hex() string, got '0x1p+99999'" in err, err
 
 
 def test_a_trace_with_an_unknown_top_level_key_is_refused(tmp_path, capsys):
-    original = ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json"
-    body = {**json.loads(original.read_text()), "zz_unknown": 1}
-    mutated = tmp_path / original.name
-    mutated.write_text(resealed(body))
-    code = main(["compare", str(mutated), str(original), "--quiet"])
-    assert code == 2 and "zz_unknown: unknown key; a trace holds format, version" in capsys.readouterr().err
+    code, err, _ = _compare_mutated(tmp_path, capsys, ROOT / "reports" / "golden" / "model_fp16_mlp_torch.json",
+                                    lambda body: {**body, "zz_unknown": 1})
+    assert code == 2 and "zz_unknown: unknown key; a trace holds format, version" in err, err
 
 
 @pytest.mark.parametrize("name, content, says", [

@@ -22,7 +22,6 @@ arithmetic step is float32 (numpy scalars), in the source's order of operations.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np
@@ -75,7 +74,7 @@ def _check_flag(value, name: str) -> None:
         raise ValueError(f"{name}: expected true or false, got {value!r}")
 
 
-def _check_number(value, name: str, low: float, high: float = math.inf) -> None:
+def _check_number(value, name: str, low: float, high: float) -> None:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not low <= value <= high:
         raise ValueError(f"{name}: expected a number in [{low}, {high}], got {value!r}")
