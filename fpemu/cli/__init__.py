@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 import traceback
 import typing
 
 from fpemu.cli import emulate, environments, harness, output, questions
 from fpemu.errors import FpemuInputError
+from fpemu.framework_logs import quiet_framework_logs
 
 # One module per command group, each adding its commands through the registry; help lists them in this order.
 COMMAND_GROUPS = (harness, questions, emulate, environments)
@@ -87,26 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cuda_extension_noise(record: logging.LogRecord) -> bool:
-    """False for torchao's warning that one of its CUDA extensions (``_C*.so``) does not load: on a CPU build
-    of torch it is logged for each of them on every import, and none of fpemu's paths uses them."""
-    message = record.getMessage()
-    return not (message.startswith("Failed to load ") and "/_C" in message and ".so" in message)
-
-
-def enum_registration_noise(record: logging.LogRecord) -> bool:
-    """False for torch 2.13's warning that a library (torchao, on import) registers an Enum as a pytree
-    constant, which torch.compile now supports natively: printed on every import, about no fpemu path."""
-    return "is an Enum subclass and is now natively supported by torch.compile" not in record.getMessage()
-
-
-# logger -> its filter: noise the installed frameworks log on import, dropped on every CLI call
-NOISE_FILTERS = {"torchao": cuda_extension_noise, "torch.utils._pytree": enum_registration_noise}
-
-
 def main(argv=None) -> int:
-    for logger, keep in NOISE_FILTERS.items():
-        logging.getLogger(logger).addFilter(keep)
+    quiet_framework_logs()
     parser = build_parser()
     args = parser.parse_args(argv)
     with output.stdout_for_results():

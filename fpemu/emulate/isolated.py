@@ -24,6 +24,7 @@ from typing import Optional
 
 from fpemu.emulate._model_file import model_file_text
 from fpemu.errors import FpemuInputError, raised
+from fpemu.framework_logs import quiet_framework_logs
 
 DEFAULT_STEP_TIMEOUT = 600.0  # seconds: the import, build() and each step (a large model's first step compiles)
 STARTUP_TIMEOUT = 120.0  # seconds the child may take to start (Python and fpemu's imports) before the file runs
@@ -49,6 +50,7 @@ def _child(sender, path: str, threads: Optional[int], options: dict) -> None:
         os.setsid()  # a session of its own: the parent kills it and whatever the file starts as one group
     except (OSError, AttributeError):  # (already a group leader: not under multiprocessing's spawn)
         pass
+    quiet_framework_logs()  # a spawned interpreter: the CLI's filters are not here
     phase = "start"
 
     def send(message) -> None:

@@ -31,6 +31,7 @@ import time
 from typing import Callable, Iterable, Iterator, Optional
 
 from fpemu.errors import FpemuInputError
+from fpemu.framework_logs import quiet_framework_logs
 from fpemu.harness.limits import JOB_TIMEOUT, job_timeout
 
 JOB_WORKERS = contextvars.ContextVar("fpemu_job_workers", default=1)  # processes; the CLI sets --jobs
@@ -152,6 +153,7 @@ def _run(work, job, timeout) -> tuple:
 def _serve(conn) -> None:
     """A worker process's loop: run each job it is sent and send back what :func:`_run` gives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    quiet_framework_logs()  # a spawned interpreter: the CLI's filters are not here
     while True:
         try:
             task = conn.recv()
