@@ -85,6 +85,6 @@ def emulation_trace(records, *, profile: str, params: dict, model_name: str, mod
                 "spec": {"name": model_name, "path": f"{model_name}.py",
                          "sha256": hashlib.sha256(model_text.encode()).hexdigest(), "text": model_text},
                 "implementation": implementation, "profile": chosen.name, "params": {**chosen.defaults, **params},
-                "packages": packages, "device": "cpu", "host": host_provenance(), "verified": chosen.verified,
+                "packages": packages, "device": "cpu", "host": host_provenance(packages), "verified": chosen.verified,
                 "policy": policy, "op_table": op_table, "telemetry": run_telemetry.as_dict()}
     return Trace(metadata, steps, trace_summary(simulated))
