@@ -271,6 +271,24 @@ def test_a_limit_the_job_swallowed_still_ends_it():
                 pass
 
 
+@pytest.mark.parametrize("where", ["main thread", "other thread"])
+def test_a_job_cut_off_by_its_limit_leaves_torchs_modes_as_they_were(where):
+    """A job stopped between a mode's switch and the block that switches it back (inside torch.no_grad()'s
+    __enter__, or a loop's own set_grad_enabled(False) stretch) left gradients off for the process's later jobs:
+    a suite run's later torch tests failed with "element 0 of tensors does not require grad"."""
+    torch = pytest.importorskip("torch")
+
+    def job():
+        with pytest.raises(JobTimedOut):
+            with time_limit(0.05):
+                torch.set_grad_enabled(False)
+                torch.set_autocast_enabled("cpu", True)
+                torch.set_autocast_dtype("cpu", torch.float16)
+                _busy(5)  # (not a sleep: another thread's limit is raised between bytecodes)
+        return torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    assert (job() if where == "main thread" else _in_a_thread(job)) == (True, False, torch.bfloat16)
+
+
 def _in_a_thread(fn):
     import threading
     outcome = []

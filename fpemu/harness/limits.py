@@ -72,7 +72,7 @@ def time_limit(seconds: Optional[float]):
     if seconds is None:
         yield
         return
-    raised = []
+    raised, modes = [], _framework_modes()
     arm, disarm = _alarm(seconds, raised) if _can_alarm() else _thread_timer(seconds, raised)
     arm()
     try:
@@ -90,6 +90,37 @@ def time_limit(seconds: Optional[float]):
             raise JobTimedOut(seconds)
     finally:
         disarm()
+        if raised:
+            _restore_framework_modes(modes)
+
+
+# torch's thread-local modes as a job finds them outside any context: grad on, autocast off on every device type
+_TORCH_DEFAULTS = {"grad": True, "autocast": {"cpu": (False, "bfloat16"), "cuda": (False, "float16")}}
+
+
+def _framework_modes() -> dict:
+    """torch's thread-local modes now (its defaults where torch is not imported, or half-imported): what a job
+    cut off by its limit restores."""
+    torch = sys.modules.get("torch")
+    if not hasattr(torch, "get_autocast_dtype"):
+        return _TORCH_DEFAULTS
+    return {"grad": torch.is_grad_enabled(),
+            "autocast": {device: (torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device)).split(".")[-1])
+                         for device in _TORCH_DEFAULTS["autocast"]}}
+
+
+def _restore_framework_modes(modes: dict) -> None:
+    """Put torch's thread-local modes back as ``modes`` holds them.  A limit cuts a job off between two bytecodes:
+    inside ``torch.no_grad().__enter__`` after its switch (before the ``with`` block that would switch back), or in
+    a loop's own ``torch.set_grad_enabled(False)`` stretch, it left gradients off for every later job of the process
+    (a suite's later torch tests failed so: "element 0 of tensors does not require grad")."""
+    torch = sys.modules.get("torch")
+    if not hasattr(torch, "set_autocast_dtype"):
+        return
+    torch.set_grad_enabled(modes["grad"])
+    for device, (enabled, dtype) in modes["autocast"].items():
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, getattr(torch, dtype))
 
 
 def _alarm(seconds: float, raised: list) -> tuple:
