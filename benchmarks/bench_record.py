@@ -86,7 +86,7 @@ def _statistics_growth_child(elements: int) -> None:
     import torch
     from fpemu.recorders.torch_run import _batch_measures, _class_bounds, _pieces
     grad = torch.empty(elements).normal_(std=1e-4)  # one allocation: no larger transient before
-    edges = _class_bounds(torch, "fp16", "cpu")
+    edges = _class_bounds(torch, "fp16")
     _batch_measures(torch, [grad[:1024]], edges)
     before = _max_rss_mib()
     for piece in _pieces(grad):  # as TorchRecorder._measure does: one piece at a time
@@ -104,7 +104,7 @@ def _shadow_counting(setup, tokens, repeats: int) -> dict:
     params = [p for p in model.parameters() if p.grad is not None]
     with torch.autocast("cpu", enabled=False):
         shadow = torch.autograd.grad(model(tokens, labels=tokens).loss, params)
-    edges = _class_bounds(torch, "fp16", "cpu")
+    edges = _class_bounds(torch, "fp16")
     parts = {"true_underflow": lambda: [_shadow_counts(torch, g, p.grad, 1.0, edges).tolist()
                                         for g, p in zip(shadow, params)],
              "histogram": lambda: _shadow_histograms(torch, list(enumerate(shadow)), len(shadow)).tolist()}

@@ -257,12 +257,14 @@ def test_gradients_measured_together_count_as_each_alone():
     sizes = ((7, 1e-6), (300, 1e-3), (1, 1e-9), (64, 1e5))
     pieces = [torch.randn(n, generator=generator) * scale for n, scale in sizes]
     pieces[1][[0, 5, 9]] = torch.tensor([math.nan, math.inf, 0.0])
-    pieces += [pieces[0].double() * 1e-3, pieces[3].bfloat16(), torch.zeros(5)]
-    edges = torch_run._class_bounds(torch, "fp16", "cpu")
+    edges = torch_run._class_bounds(torch, "fp16")
+    at_edges = torch.tensor(edges)  # each edge and its two float32 neighbours: the classes' boundaries
+    at_edges = torch.cat([at_edges, torch.nextafter(at_edges, torch.zeros(3)), torch.nextafter(at_edges, at_edges * 2)])
+    pieces += [pieces[0].double() * 1e-3, pieces[3].bfloat16(), torch.zeros(5), -at_edges]
     counts, extremes = torch_run._batch_measures(torch, pieces, edges)
     for piece, piece_counts, (smallest, largest) in zip(pieces, counts.tolist(), extremes.tolist()):
         magnitude = piece.abs().float()
-        expected = torch.bincount(torch.bucketize(magnitude, edges), minlength=4).tolist()
+        expected = torch.bincount(torch.bucketize(magnitude, torch.tensor(edges)), minlength=4).tolist()
         nonzero = magnitude[magnitude > 0]
         assert piece_counts == expected
         assert smallest == (float(nonzero.amin()) if nonzero.numel() else math.inf)
