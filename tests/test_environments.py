@@ -148,8 +148,9 @@ def test_cli_env_list_and_build(here, capsys):
 def test_cli_unknown_environment_exits_2(env_dir, capsys):
     assert main(["env", "build", "nope"]) == 2
     assert "unknown environment 'nope'" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "fpemu.cli", "env"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "required" in proc.stderr
+    with pytest.raises(SystemExit) as usage:  # argparse's exit (the process's code: test_cli's console script test)
+        main(["env"])
+    assert usage.value.code == 2 and "required" in capsys.readouterr().err
 
 
 # --- a real build -------------------------------------------------------------------------
