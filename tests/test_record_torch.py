@@ -249,6 +249,51 @@ def test_large_gradients_are_measured_in_pieces_with_the_same_result(monkeypatch
     assert whole["bias"].zero == 1.0 and whole["bias"].elements == 100
 
 
+@pytest.mark.parametrize("held", [1, 3000, 1 << 20], ids=["each-at-once", "some-held", "a-pass-held"])
+def test_compute_max_is_the_largest_fp16_gradient_an_observer_sees(monkeypatch, held):
+    """compute_max against an independent observer's hooks (every fp16 module output's gradient and every
+    parameter gradient the backward hands over, in float64), with activation gradients measured as each arrives,
+    a few held at a time, or a whole pass held (fpemu.recorders.torch_run.ACTIVATION_BATCH).  The model makes an
+    activation's gradient the largest (small inputs, no biases, a large last layer), so a held one lost would
+    show."""
+    from fpemu.recorders import torch_run
+    monkeypatch.setattr(torch_run, "ACTIVATION_BATCH", held)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64, bias=False), torch.nn.GELU(),
+                                torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh(), torch.nn.Linear(64, 4, bias=False))
+    with torch.no_grad():
+        model[4].weight.mul_(100)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    seen = {"activations": [], "parameters": []}
+
+    def largest(kind):
+        return lambda g: seen[kind].append(float(g.detach().double().abs().max()))
+
+    def observe(_module, _args, output):
+        if output.dtype == torch.float16 and output.requires_grad:
+            output.register_hook(largest("activations"))
+    hooks = [m.register_forward_hook(observe) for m in model] + [
+        p.register_hook(largest("parameters")) for p in model.parameters()]
+    maxima = []
+    with fpemu.record_torch(scaler, optimizer, model) as rec:
+        for step in range(3):
+            optimizer.zero_grad()
+            for micro in range(2):
+                x = torch.randn(32, 16, generator=torch.Generator().manual_seed(10 * step + micro)) * 2.0 ** -10
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = model(x).float().square().mean() / 2
+                scaler.scale(loss).backward()
+            assert max(seen["activations"]) > max(seen["parameters"])
+            maxima.append(max(seen["activations"]))
+            seen = {kind: [] for kind in seen}
+            scaler.step(optimizer)
+            scaler.update()
+    for hook in hooks:
+        hook.remove()
+    assert [step.compute_max for step in rec.steps] == maxima and len(maxima) == 3
+
+
 def test_gradients_measured_together_count_as_each_alone():
     """Small gradients of several dtypes measured in one batch: each one's class counts and extremes are
     what bucketize, bincount, amin and amax give it alone (NaN and inf in a piece between others)."""
