@@ -190,7 +190,8 @@ class _Runtime:
         info = self.info(func)
         if info.passthrough or self.optimizer_depth:
             return func(*args, **kwargs)
-        floats = [t for t in _leaves((args, kwargs), []) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        leaves = _leaves((args, kwargs), [])  # (once per op: the autocast path reads them again)
+        floats = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if not floats:
             return func(*args, **kwargs)
         placement = self.policy.placement
@@ -198,7 +199,7 @@ class _Runtime:
             return self._fp8(func, info, args, kwargs)
         self._check_dtypes(info, floats)
         if placement == "autocast":
-            return self._autocast(func, info, args, kwargs, floats)
+            return self._autocast(func, info, args, kwargs, leaves, floats)
         return self._compute(func, info, args, kwargs, targets=None)
 
     def _check_dtypes(self, info: _OpInfo, floats) -> None:
@@ -212,19 +213,19 @@ class _Runtime:
                     f"the policy computes in {self.policy.compute.name} and "
                     + ("float32 (float64 left alone)" if torch.float64 in allowed else "float32 only"))
 
-    def _autocast(self, func, info, args, kwargs, floats):
+    def _autocast(self, func, info, args, kwargs, leaves, floats):
         low = self.low
-        if all(t.dtype != low for t in floats) and not any(v is low for v in _leaves((args, kwargs), [])):
+        if all(t.dtype != low for t in floats) and not any(v is low for v in leaves):
             self.telemetry.left_in_float32(info.name)
             return func(*args, **kwargs)
-        targets = self._targets(func, info, args, kwargs)
+        targets = self._targets(func, info, args, kwargs, leaves)
         if low not in targets:
             self.telemetry.left_in_float32(info.name)
         return self._compute(func, info, args, kwargs, targets)
 
-    def _targets(self, func, info, args, kwargs) -> tuple:
-        """The dtypes of the op's results on the tensors' dtypes (a meta run, cached per signature)."""
-        leaves = _leaves((args, kwargs), [])
+    def _targets(self, func, info, args, kwargs, leaves) -> tuple:
+        """The dtypes of the op's results on the tensors' dtypes (a meta run, cached per signature); ``leaves``:
+        the arguments' leaves."""
         # what decides result dtypes: tensors' dtypes (0-dim ones promote less), dtype and bool arguments,
         # and the Python type of scalars (int * 2.5 is float); and, for a list result, how many tensors
         # it holds, which shapes and int arguments decide (12 and 16 rows split by 4 would share an entry)
