@@ -62,7 +62,8 @@ def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys
     # imported), and nothing of the run's time
     with contextlib.suppress(ImportError):
         import jax  # noqa: F401
-    write_outputs(emulate_file(path, steps=3, params=parse_params(["init_scale=2**24", "growth_interval=1"])), tmp_path / "b", plot=False)
+    in_process = emulate_file(path, steps=3, params=parse_params(["init_scale=2**24", "growth_interval=1"]))
+    write_outputs(in_process, tmp_path / "b", plot=False)
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()
     assert main(["compare", str(first), str(second)]) == 0

@@ -72,7 +72,8 @@ def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
     # imported), and nothing of the run's time
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401
-    write_outputs(emulate_file(path, steps=2, params=parse_params(["scale=2**20", "growth_interval=1"])), tmp_path / "b", plot=False)
+    in_process = emulate_file(path, steps=2, params=parse_params(["scale=2**20", "growth_interval=1"]))
+    write_outputs(in_process, tmp_path / "b", plot=False)
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()
     assert main(["compare", str(first), str(second)]) == 0

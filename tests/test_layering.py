@@ -18,7 +18,8 @@ PACKAGE = ROOT / "fpemu"
 # Low to high: a module may import its own layer and the layers before it.
 LAYERS = (
     ("base", ("fpemu.version", "fpemu.errors", "fpemu.fileio", "fpemu.figures", "fpemu.host", "fpemu.jax_states",
-              "fpemu.framework_logs", "fpemu.environments")),  # environments: isolated Pythons that adapters and the matrix run in
+              "fpemu.framework_logs",
+              "fpemu.environments")),  # environments: isolated Pythons that adapters and the matrix run in
     ("core", ("fpemu.formats", "fpemu.blocks", "fpemu.scalers", "fpemu.steps", "fpemu.ranks", "fpemu.strategies")),
     ("traces", ("fpemu.traces",)),
     ("runs", ("fpemu.audits", "fpemu.recorders", "fpemu.emulate")),  # a user's own code, run, recorded, audited

@@ -156,8 +156,9 @@ def assert_runs_write_the_same(tmp_path, monkeypatch, first: tuple, second: tupl
 
 @pytest.mark.parametrize("specs", [
     pytest.param(["floor_jmp.toml", "optax_consecutive.toml"], id="jmp-and-optax"),  # 4 jobs on 2 workers
-    pytest.param(["recipe_torchao_tensorwise.toml", "recipe_torchao_rowwise.toml"], id="torchao", marks=pytest.mark.stage2(
-        "the jmp-and-optax run; test_each_worker_drops_the_frameworks_import_noise (torchao's import: 5 s a process)")),
+    pytest.param(["recipe_torchao_tensorwise.toml", "recipe_torchao_rowwise.toml"], id="torchao",
+                 marks=pytest.mark.stage2("the jmp-and-optax run; test_each_worker_drops_the_frameworks_import_noise "
+                                          "(torchao's import: 5 s a process)")),
     pytest.param(RUN_SPECS, id="five-scalers-and-paddle", marks=pytest.mark.stage2(
         "the jmp-and-optax run (torch, Keras, flax and Paddle add 15 s of imports)"))])
 def test_fpemu_run_on_two_workers_prints_and_writes_what_one_after_another_does(specs, tmp_path, monkeypatch):

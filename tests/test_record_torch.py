@@ -259,8 +259,8 @@ def test_compute_max_is_the_largest_fp16_gradient_an_observer_sees(monkeypatch, 
     from fpemu.recorders import torch_run
     monkeypatch.setattr(torch_run, "ACTIVATION_BATCH", held)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64, bias=False), torch.nn.GELU(),
-                                torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh(), torch.nn.Linear(64, 4, bias=False))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64, bias=False), torch.nn.GELU(), torch.nn.Linear(64, 64, bias=False),
+                                torch.nn.Tanh(), torch.nn.Linear(64, 4, bias=False))
     with torch.no_grad():
         model[4].weight.mul_(100)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -104,9 +104,9 @@ def _framework_modes() -> dict:
     torch = sys.modules.get("torch")
     if not hasattr(torch, "get_autocast_dtype"):
         return _TORCH_DEFAULTS
-    return {"grad": torch.is_grad_enabled(),
-            "autocast": {device: (torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device)).split(".")[-1])
-                         for device in _TORCH_DEFAULTS["autocast"]}}
+    autocast = {device: (torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device)).split(".")[-1])
+                for device in _TORCH_DEFAULTS["autocast"]}
+    return {"grad": torch.is_grad_enabled(), "autocast": autocast}
 
 
 def _restore_framework_modes(modes: dict) -> None:
