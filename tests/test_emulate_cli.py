@@ -80,13 +80,16 @@ def test_emulations_at_another_scale_compare_as_a_divergence(tmp_path):
     assert main(["compare", str(first), str(other)]) == 1
 
 
-# Each case that runs the file starts a child importing torch (3 s): "no step" takes the import-error path
-# and "unplaceable op" the step-error path of the cases kept by default (test_emulate_torch places the op).
+# Each case that runs the file starts a child importing torch (3-5 s): "raises in a module" (the step-error path)
+# by default; "no step" and "import error" take the import-error path that test_emulate_isolated's BaseException
+# case runs by default, and "unplaceable op" the step-error path (test_emulate_torch places the op).
 @pytest.mark.parametrize("case, expected", [
     ("missing", "cannot read: No such file"),
     ("not python", "a model file is a Python file"),
-    pytest.param("no step", "defines no function step()", marks=pytest.mark.stage2("the 'import error' case")),
-    ("import error", "importing it raised ZeroDivisionError"),
+    *[pytest.param(case, expected, marks=pytest.mark.stage2(
+        "test_emulate_isolated's test_a_file_raising_base_exception_is_one_line_without_a_traceback"))
+      for case, expected in (("no step", "defines no function step()"),
+                             ("import error", "importing it raised ZeroDivisionError"))],
     pytest.param("unplaceable op", "cannot place aten::binary_cross_entropy",
                  marks=pytest.mark.stage2("the 'raises in a module' case; test_emulate_torch's unplaceable ops")),
     ("raises in a module", "step 0 raised RuntimeError"),

@@ -377,7 +377,7 @@ def step_batches(draw, shapes):
 
 @needs_jax
 @pytest.mark.parametrize("mode,compute", XLA_COMBOS)
-@settings(max_examples=profile_examples(20), deadline=None)
+@settings(max_examples=profile_examples(20 if STAGE2 else 40), deadline=None)  # (half the batches by default)
 @given(data=st.data())
 def test_bit_exact_with_jax(mode, compute, data):
     """Hypothesis on the shapes test_xla_step_per_shape_class compiled (so no new compiles).  fp16:
@@ -406,7 +406,7 @@ def test_xla_rounds_fp8_dot_results_through_fp16(mode):
 @needs_torch
 @pytest.mark.parametrize("compute", FITTED_COMPUTE["torch_cpu"])
 @pytest.mark.parametrize("mode,unscale", [("torch_cpu", "divide"), ("torch_cpu_grad_scaler", "reciprocal")])
-@settings(max_examples=profile_examples(1), deadline=None)
+@settings(max_examples=profile_examples(1 if STAGE2 else 2), deadline=None)  # (half the cases by default)
 @given(case=step_cases())
 def test_bit_exact_with_torch(mode, unscale, compute, case):
     from fpemu.adapters.torch_step import torch_step
