@@ -372,8 +372,9 @@ def test_floor_and_ceil_log2_are_torchs_on_every_tier(tier):
     import io
     import subprocess
     import sys
-    expected = {"": torch.backends.cpu.get_cpu_capability(), "avx2": "AVX2", "default": "DEFAULT"}[tier]
-    if expected == torch.backends.cpu.get_cpu_capability():  # this process runs that tier (an AVX2 host): no child
+    here = torch.backends.cpu.get_cpu_capability()
+    expected = {"": here, "avx2": "AVX2", "default": "DEFAULT"}[tier]
+    if expected == here:  # this process runs that tier (an AVX2 host): no child
         printed, threads = io.StringIO(), torch.get_num_threads()
         try:
             with contextlib.redirect_stdout(printed):

@@ -42,9 +42,12 @@ def _model(tmp_path, loss="model(x).float().square().mean()", name="tiny.py", te
     return path
 
 
+STEPS, PARAMS = 3, ["init_scale=2**24", "growth_interval=1"]  # the CLI's run, and the same run through the API
+
+
 def _emulate(path, out, *extra):
-    return main(["emulate", str(path), "--steps", "3", "--param", "init_scale=2**24", "--param", "growth_interval=1",
-                 "--out", str(out), *extra])
+    options = [word for param in PARAMS for word in ("--param", param)]
+    return main(["emulate", str(path), "--steps", str(STEPS), *options, "--out", str(out), *extra])
 
 
 def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys):
@@ -62,7 +65,7 @@ def test_emulate_writes_a_trace_and_a_report_that_compare_reads(tmp_path, capsys
     # imported), and nothing of the run's time
     with contextlib.suppress(ImportError):
         import jax  # noqa: F401
-    in_process = emulate_file(path, steps=3, params=parse_params(["init_scale=2**24", "growth_interval=1"]))
+    in_process = emulate_file(path, steps=STEPS, params=parse_params(PARAMS))
     write_outputs(in_process, tmp_path / "b", plot=False)
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()

@@ -49,9 +49,12 @@ def _model(tmp_path, text=None, loss=LOSS, name="tiny_jax.py"):
     return path
 
 
+STEPS, PARAMS = 2, ["scale=2**20", "growth_interval=1"]  # the CLI's run, and the same run through the API
+
+
 def _emulate(path, out, *extra):
-    return main(["emulate", str(path), "--steps", "2", "--param", "scale=2**20", "--param", "growth_interval=1",
-                 "--out", str(out), *extra])
+    options = [word for param in PARAMS for word in ("--param", param)]
+    return main(["emulate", str(path), "--steps", str(STEPS), *options, "--out", str(out), *extra])
 
 
 def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
@@ -68,11 +71,11 @@ def test_jax_file_gives_a_golden_trace_and_a_report(tmp_path, capsys):
     page = open(next(p for p in written if p.endswith(".md"))).read()
     assert "Primitive table: jax" in page and "compute the program's own dtypes" in page
     # the same run in this process, through the API, with torch imported here too: byte for byte the child's trace,
-    # whose host holds the emulated framework's kernel tiers alone (a torch run's held XLA's tier when JAX was
+    # whose host holds the emulated framework's kernel tiers alone (a JAX run's held torch's tiers when torch was
     # imported), and nothing of the run's time
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401
-    in_process = emulate_file(path, steps=2, params=parse_params(["scale=2**20", "growth_interval=1"]))
+    in_process = emulate_file(path, steps=STEPS, params=parse_params(PARAMS))
     write_outputs(in_process, tmp_path / "b", plot=False)
     first, second = (next((tmp_path / d).glob("*.json")) for d in "ab")
     assert first.read_bytes() == second.read_bytes()
