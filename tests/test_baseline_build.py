@@ -17,8 +17,7 @@ SOURCE = pathlib.Path(compiled.__file__).with_name("_ckernels.c")
 TESTS = ["tests/test_shortcuts.py", "tests/test_blocks.py", "tests/test_format_fields.py"]
 
 
-@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="compiles the loops and runs their tests: "
-                    "FPEMU_TEST_ENVS=1 (.ci/run stage 2)")
+@pytest.mark.stage2("compiles the loops and runs their tests; the installed build's loops in the same tests")
 def test_the_baseline_build_passes_the_compiled_loops_tests(tmp_path):
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None or compiled.KERNELS is None:

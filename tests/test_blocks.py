@@ -358,7 +358,7 @@ print(*out)
 
 # The tier below this host's (AVX2) by default; the host's own tier and the scalar one in stage 2 (a subprocess
 # importing torch each, ~5-15 s apiece on 2 cores).
-_STAGE2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="another torch tier: FPEMU_TEST_ENVS=1")
+_STAGE2 = pytest.mark.stage2("another torch tier; the AVX2 tier's case of this test")
 
 
 @pytest.mark.parametrize("tier", [pytest.param("", marks=_STAGE2), "avx2", pytest.param("default", marks=_STAGE2)],

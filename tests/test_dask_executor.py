@@ -13,8 +13,7 @@ from fpemu.harness import pool
 from fpemu.harness.limits import JOB_TIMEOUT, JobTimedOut, job_timeout, time_limit
 
 distributed = pytest.importorskip("distributed", reason="Dask's distributed is not installed (the dask extra)")
-pytestmark = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                                reason="a local Dask cluster (stage 2 of .ci/run: FPEMU_TEST_ENVS=1)")
+pytestmark = pytest.mark.stage2("a local Dask cluster; the pool's executors in test_pool.py")
 
 
 @pytest.fixture(scope="module")

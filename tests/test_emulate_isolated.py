@@ -21,7 +21,7 @@ def _run(tmp_path, text, *extra, name="model.py"):
 
 # Each case spawns a child that imports torch (5-20 s on 2 cores): a hang and an os._exit in the default suite,
 # the other endings in stage 2 (FPEMU_TEST_ENVS=1).
-STAGE2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="another child process: FPEMU_TEST_ENVS=1")
+STAGE2 = pytest.mark.stage2("another child process; the hang and the os._exit cases of these tests")
 
 
 # The outside fuzzer's model files (issue 24): each hung, escaped as a traceback, or ended fpemu with its own code.

@@ -25,7 +25,6 @@ emulate tests do too); FPEMU_TEST_ENVS=1 adds the bf16 tables (.ci/run stage 2).
 
 import contextlib
 import functools
-import os
 import warnings
 
 import pytest
@@ -41,9 +40,8 @@ from fpemu.errors import FpemuInputError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-POLICIES = ["cpu_autocast_fp16", "cuda_autocast_fp16"]
-if os.environ.get("FPEMU_TEST_ENVS") == "1":
-    POLICIES += ["cpu_autocast_bf16", "cuda_autocast_bf16"]
+POLICIES = ["cpu_autocast_fp16", "cuda_autocast_fp16", "cpu_autocast_bf16", "cuda_autocast_bf16"]
+BF16_IN_STAGE2 = pytest.mark.stage2("the fp16 tables' cases of the same ops")
 LOW = {"fp16": torch.float16, "bf16": torch.bfloat16}
 EPSILON = {"fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
 
@@ -157,7 +155,7 @@ def _assert_near(got, expected, name: str, epsilon: float) -> None:
 def _cases():
     for policy in POLICIES:
         for name in sorted(op_table(policy)["ops"]):
-            yield pytest.param(policy, name, id=f"{policy}-{name}")
+            yield pytest.param(policy, name, id=f"{policy}-{name}", marks=BF16_IN_STAGE2 if "bf16" in policy else ())
 
 
 def test_the_samples_cover_every_op_both_tables_place():

@@ -324,8 +324,9 @@ def test_float16_gelu_backward_differs_at_one_float16_midpoint_on_the_vectorized
 # (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) each run in a subprocess: an AVX2 machine's tiers by
 # default; FPEMU_TEST_ENVS=1 adds ATen's scalar tier and oneDNN's AVX512 without bf16 instructions
 # (its bf16 store then rounds subnormals instead of flushing them).
-TIERS = [("avx2", "AVX2")] + ([("default", None), (None, "AVX512_CORE")] if os.environ.get("FPEMU_TEST_ENVS") == "1"
-                              else [])
+OTHER_TIER = pytest.mark.stage2("the AVX2 tiers' case of this test")
+TIERS = [("avx2", "AVX2"), pytest.param("default", None, marks=OTHER_TIER),
+         pytest.param(None, "AVX512_CORE", marks=OTHER_TIER)]
 
 
 @pytest.mark.parametrize("aten, onednn", TIERS)

@@ -23,8 +23,8 @@ from fpemu import environments
 from fpemu.environments import (EnvironmentCallError, EnvironmentNotBuilt, EnvironmentTimeout,
                                         build_environment, call_in_environment, environment_python)
 
-needs_env_builds = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                                      reason="builds a venv (pip, ~30 s): set FPEMU_TEST_ENVS=1")
+needs_env_builds = pytest.mark.stage2("builds a venv with pip (~30 s); the build's steps, cache and errors "
+                                      "without pip in the tests above")
 OTHER_CORE = ("numpy==2.3.5", "ml_dtypes==0.5.4")  # not the project's numpy 2.4 / ml_dtypes 0.6
 
 

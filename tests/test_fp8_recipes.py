@@ -165,8 +165,7 @@ def test_unfused_delayed_scaling_matches_te(amaxes, length, algo, margin, fmt):
     assert same_floats(real["amax_used"], model.amax_used)
 
 
-@pytest.mark.skipif("not __import__('os').environ.get('FPEMU_TEST_ENVS')",
-                    reason="torch.compile of TE's jit_fuser takes ~20 s (FPEMU_TEST_ENVS=1 runs it)")
+@pytest.mark.stage2("torch.compile of TE's jit_fuser takes ~20 s; the same recipe unfused in the test above")
 def test_unfused_delayed_scaling_compiled_as_te_defaults():
     te = _te()
     amaxes = [1.0, NAN, 2.0, 0.0, INF, 1e-36, 1e-45, 117.0, 0.0, 7.0]
@@ -338,8 +337,8 @@ def test_float8_linear_training_casts_match(torchao, recipe):
         assert all(cast.power_of_2 and cast.fp8_format == "fp8_e4m3fn" for cast in steps[0])
 
 
-@pytest.mark.skipif("not __import__('os').environ.get('FPEMU_TEST_ENVS')",
-                    reason="a transformers Llama under Float8Linear takes ~15 s (FPEMU_TEST_ENVS=1 runs it)")
+@pytest.mark.stage2("a transformers Llama under Float8Linear takes ~15 s; the casts on single Linears in the "
+                    "tests above")
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_llama_from_config_casts_match(torchao, recipe):
     """As a user would: a 2-layer Llama from a LlamaConfig (random weights), its Linears converted to

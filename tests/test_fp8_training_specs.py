@@ -7,7 +7,6 @@ metadata, and a test that needs them to equal this run skips with the reason whe
 FPEMU_TEST_ENVS=1 adds 20-step runs of every model and recipe (about 15 s)."""
 
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -133,7 +132,7 @@ def test_without_torchao_the_job_is_a_skip_line_and_the_golden_is_kept(capsys, t
         assert (verdict["status"], verdict["note"]) == ("skipped", "torchao not installed")
 
 
-@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1", reason="20-step runs of every model: FPEMU_TEST_ENVS=1")
+@pytest.mark.stage2("20-step runs of every model; the shipped specs' runs against their goldens above")
 @pytest.mark.parametrize("model", ["mlp", "mlp_wide"])
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_every_model_and_recipe_matches_for_20_steps(model, recipe):

@@ -9,7 +9,6 @@ environments with pip run where FPEMU_TEST_ENVS=1.
 """
 
 import json
-import os
 import pathlib
 import sys
 
@@ -29,8 +28,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = pathlib.Path(__file__).parent / "data" / "upgrades" / "jax_steps"
 VERSIONS = ["0.4.31", "0.4.33", "0.4.35", "0.5.3", "0.6.0", "0.7.2", "0.9.2", "0.10.2"]
 SPECS = [str(ROOT / "specs" / "step_fp16_jax_default.toml"), str(ROOT / "specs" / "step_bf16_jax_strict.toml")]
-needs_env_builds = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                                      reason="builds venvs with pip (network, ~1 min each): set FPEMU_TEST_ENVS=1")
+needs_env_builds = pytest.mark.stage2("builds venvs with pip (network, ~1 min each); the matrix over recorded "
+                                      "columns in the tests above")
 
 
 def recorded(version: str) -> Column:

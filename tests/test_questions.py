@@ -52,8 +52,8 @@ def test_every_question_has_a_command_and_its_output():
     assert all(command and shown for _, command, shown in found)
 
 
-@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                    reason="runs six commands, torch imported in each (about 100 s): FPEMU_TEST_ENVS=1")
+@pytest.mark.stage2("runs six commands, torch imported in each (about 100 s); the page's sections in the test "
+                    "above")
 def test_each_command_runs_as_written_and_prints_what_the_page_shows():
     shutil.rmtree(ROOT / "reports" / "local" / "questions", ignore_errors=True)
     (ROOT / "reports" / "local" / "questions").mkdir(parents=True)

@@ -27,13 +27,11 @@ PARAMS = {"init_scale": 65536.0, "growth_interval": 3}
 
 no_torch = importlib.util.find_spec("torch") is None
 needs_torch = pytest.mark.skipif(no_torch, reason="torch not installed")
-stage2 = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                            reason="every [ranks] spec at 2 and 4 ranks, and a 45 s hang: set FPEMU_TEST_ENVS=1")
+stage2 = pytest.mark.stage2("every [ranks] spec at 2 and 4 ranks, and a 45 s hang; one spec of each layout in the "
+                            "tests above")
 
 
-more_real_ranks = pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                                     reason="more real-rank runs (the default suite keeps one of each path): "
-                                            "set FPEMU_TEST_ENVS=1")
+more_real_ranks = pytest.mark.stage2("more real-rank runs; the default suite keeps one of each path")
 
 
 def _case(layout, scaler, inject, world_size=2):

@@ -6,15 +6,15 @@ and DeepSpeed's scaler agrees step for step with real reruns under the real Grad
 DynamicLossScaler (torch 2.13.0, transformers 5.24, deepspeed 0.19.8 checked)."""
 
 import math
-import os
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-if os.environ.get("FPEMU_TEST_ENVS") != "1":  # trains a Llama several times over (about a minute on 2 cores)
-    pytest.skip("accumulation replays against real reruns: FPEMU_TEST_ENVS=1 (.ci/run stage 2)", allow_module_level=True)
+# trains a Llama several times over (about a minute on 2 cores)
+pytestmark = pytest.mark.stage2("accumulation replays against real reruns; record_torch's per-pass measuring in "
+                                "test_record_torch.py's GPT-2 runs")
 pytest.importorskip("transformers")
 
 import fpemu  # noqa: E402

@@ -168,9 +168,8 @@ def _artifact_steps(job: dict, action: str) -> list:
 
 @pytest.mark.fpemu_torch
 @pytest.mark.fpemu_jmp
-@pytest.mark.skipif(os.environ.get("FPEMU_TEST_ENVS") != "1",
-                    reason="21 s of fpemu processes (CI stage 2: FPEMU_TEST_ENVS=1); the shards' merge is tested here by "
-                           "test_two_shards_merge_into_the_reports_of_one_run_byte_for_byte")
+@pytest.mark.stage2("21 s of fpemu processes; the shards' merge in "
+                    "test_two_shards_merge_into_the_reports_of_one_run_byte_for_byte")
 def test_the_example_ci_workflow_expanded_here_merges_into_one_runs_reports(tmp_path):
     """examples/ci/github-actions.yml as GitHub runs it: each matrix entry on a machine of its own (a folder),
     its artifact passed to the merge job as the upload and download steps say, then its fpemu steps."""
