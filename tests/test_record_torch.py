@@ -305,7 +305,9 @@ def test_gradients_measured_together_count_as_each_alone():
     edges = torch_run._class_bounds(torch, "fp16")
     at_edges = torch.tensor(edges)  # each edge and its two float32 neighbours: the classes' boundaries
     at_edges = torch.cat([at_edges, torch.nextafter(at_edges, torch.zeros(3)), torch.nextafter(at_edges, at_edges * 2)])
-    pieces += [pieces[0].double() * 1e-3, pieces[3].bfloat16(), torch.zeros(5), -at_edges]
+    # a piece of zeros and NaN (no nonzero value: min_nonzero inf) and one of zeros and inf (min_nonzero inf)
+    pieces += [pieces[0].double() * 1e-3, pieces[3].bfloat16(), torch.zeros(5), -at_edges,
+               torch.tensor([0.0, math.nan, -math.nan]), torch.tensor([-math.inf, 0.0])]
     counts, extremes = torch_run._batch_measures(torch, pieces, edges)
     for piece, piece_counts, (smallest, largest) in zip(pieces, counts.tolist(), extremes.tolist()):
         magnitude = piece.abs().float()
