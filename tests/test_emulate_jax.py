@@ -112,15 +112,10 @@ def test_nested_jaxprs_and_gradients_match_jit():
         # contracts f16 multiply-adds inside a fusion (docs/steps.md, fp16_fma), which an interpreter running
         # one equation per XLA call does not see; not modelled, and not yet run on such a CPU here.
         pytest.skip("XLA's f16 FMA contraction on AVX512-FP16 is not modelled by the jaxpr interpreter")
-    if PATH["path"] == "compiled" and xla_cpu_tier() == "avx2":
-        # Measured on an AVX2 host (AMD EPYC: avx2, fma, f16c, no AVX-512; jax 0.10.2): the 128 float32 products
-        # the loss sums are bit-identical on all three paths, but the compiled program sums them as numpy does
-        # (38720.164, what np.sum and a sequential sum give) where XLA's standalone reduce, which jit and the
-        # interpreter call, gives 38720.168 (the exact sum is 38720.1665); an optimization barrier before the
-        # reduce does not change it.  On the AVX-512 hosts before, all three agreed.  The Sapphire Rapids report
-        # above has the same two sums the other way round: a summation order, not an FMA, may be its cause too.
-        pytest.skip("compiled path on the AVX2 tier: XLA sums a float32 reduce inside the emulated program in "
-                    "another order than its standalone reduce (1 ulp on this test's loss), not modelled yet")
+    # The compiled program once summed the loss's 128 float32 products in another order than XLA's standalone reduce
+    # (38720.164 against 38720.168 on an AVX2 host): XLA fused the rounding kernel into the reduce.  Each reduce
+    # now runs in a conditional's branch (fpemu.emulate._jax_compiled._standalone), and this test on both paths
+    # guards it.
     x, y = (v.reshape(8, 16) for v in inputs(jnp.float16, 2, seed=3, size=128))
     x, y = jnp.nan_to_num(x, posinf=1.0, neginf=-1.0), jnp.nan_to_num(y, posinf=1.0, neginf=-1.0)
     # value_and_grad runs the forward too; FULL adds the plain forward and a gradient over both arguments
@@ -160,14 +155,9 @@ LOSS_SUMMED_OTHERWISE = {("bf16", "jax_cpu"): {((3, 1, 2), 7), ((1, 4, 2), 10)}}
 
 
 @pytest.mark.parametrize("compute,mode", STEP_RUNS)
-def test_builtin_step_jaxpr_reproduces_mixed_precision_step(compute, mode, request):
+def test_builtin_step_jaxpr_reproduces_mixed_precision_step(compute, mode):
     """The jitted step's jaxpr, interpreted, against fpemu's model of the step in the same semantics
     (which reproduces jax.jit under strict flags: reports/jax_step.md)."""
-    if PATH["path"] == "compiled" and compute == "fp16" and mode.startswith("jax_cpu") and FULL:
-        # Found in stage 2, not yet explained: on the full edge set the compiled program's fp16 loss departs
-        # from the model (and the interpreter) at (1, 4, 2) case 7; the compiled path is opt-in meanwhile.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="compiled fp16 step loss departs at (1, 4, 2) "
-                                                                  "case 7 (issue 25, open)"))
     from fpemu.adapters.jax_step import _JAX_DTYPES, _jitted
     from fpemu.steps import mixed_precision_step
     from fpemu.steps.probes import edge_cases
@@ -176,10 +166,9 @@ def test_builtin_step_jaxpr_reproduces_mixed_precision_step(compute, mode, reque
     for shape in ((1, 1, 1), (2, 3, 4), (1, 4, 2), (4, 1, 4)) if FULL else ((1, 4, 2),):
         for index, case in enumerate(edge_cases(shape, 12 if FULL else 3, seed=0)):
             got, want = emulated(*_step_case(case)), mixed_precision_step(**case, compute=compute, mode=mode)
-            # the interpreter sums these losses otherwise than XLA; the compiled program is XLA's and equals the
-            # model there (found in stage 2 on the full edge set: bf16 and fp16 under jax_cpu, fp16 strict)
-            summed_otherwise = (PATH["path"] == "interpreted"
-                                and (shape, index) in LOSS_SUMMED_OTHERWISE.get((compute, mode), ()))
+            # both paths sum these losses otherwise than jit, which fuses the square into the reduce (the compiled
+            # program's reduce is XLA's reduce alone, as the interpreter's: fpemu.emulate._jax_compiled._standalone)
+            summed_otherwise = (shape, index) in LOSS_SUMMED_OTHERWISE.get((compute, mode), ())
             for key in ("loss", "loss_scale", "good_steps", "grads_finite"):
                 same = same_floats(np.asarray(got[key], np.float64), np.asarray(want[key], np.float64))
                 assert same != (key == "loss" and summed_otherwise), (shape, index, key)
