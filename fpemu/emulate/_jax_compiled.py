@@ -38,8 +38,8 @@ import numpy as np
 from jax.extend import core as jcore
 
 from fpemu.emulate import _jax_rounding
-from fpemu.emulate._jax_interpreter import (_FP16, _NATIVE, F32, JaxEmulation, _Interpreter, _is_float, _Kept,
-                                            _Product, emulate_jax as interpreted)
+from fpemu.emulate._jax_interpreter import (_FP16, _NATIVE, F32, JaxEmulation, _Interpreter, _divides_by_reciprocal,
+                                            _is_float, _Kept, _Product, emulate_jax as interpreted)
 from fpemu.emulate.telemetry import Telemetry
 from fpemu.errors import FpemuInputError
 from fpemu.formats import Format, get_format
@@ -200,12 +200,18 @@ class _Compiler(_Interpreter):
         a = [self._widen(x) for x in args]
         if name == "square":
             a, name = [a[0], a[0]], "mul"
-        if name == "div" and self.semantics.mean_by_reciprocal and isinstance(eqn.invars[1], jcore.Literal):
-            # XLA folds a divide by a constant into a multiply by its float32 reciprocal.
-            a, name = [a[0], (1.0 / np.asarray(a[1]).astype(np.float64)).astype(F32)], "mul"
+        if _divides_by_reciprocal(eqn, self.semantics):
+            a, name = self._factors(eqn, a), "mul"
         op = {"add": jax.lax.add, "add_any": jax.lax.add, "sub": jax.lax.sub, "mul": jax.lax.mul,
               "div": jax.lax.div}[name]
         return [op(*(jnp.asarray(v, F32) for v in a))]
+
+    @staticmethod
+    def _reciprocal(value):
+        """1 / value: a constant's folded here as the interpreter folds it, a traced one by XLA's float32 divide."""
+        if isinstance(value, (np.ndarray, np.generic, float)):
+            return (1.0 / np.asarray(value, np.float64)).astype(F32)
+        return jnp.float32(1) / jnp.asarray(value, F32)
 
     def _fma(self, name: str, args, index: int):
         """The contracted multiply and its add, emitted as XLA:CPU contracts them (one FMA)."""

@@ -117,6 +117,21 @@ def _host(value, dtype=None):
 
 
 @functools.lru_cache(maxsize=None)
+def _divides_by_reciprocal(eqn, semantics) -> bool:
+    """Whether XLA computes this divide as a multiply by its divisor's reciprocal (StepSemantics'
+    ``mean_by_reciprocal``): its algebraic simplifier rewrites A / constant and A / broadcast(B) so.  Measured
+    (jax 0.10.2, XLA:CPU): a float32 array over a runtime scalar, or over a (rows, 1) divisor, equals
+    ``x * (1 / s)`` on all of 100,000 elements and ``x / s`` on about half; a divisor of the result's shape
+    divides.  (A runtime divisor is taken so for float32 results, the case measured; an optax Adam update's
+    bias corrections divide so.)"""
+    if eqn.primitive.name != "div" or not semantics.mean_by_reciprocal:
+        return False
+    divisor, result = eqn.invars[1], eqn.outvars[0].aval
+    if isinstance(divisor, jcore.Literal):
+        return True
+    return np.dtype(result.dtype) == F32 and tuple(divisor.aval.shape) != tuple(result.shape)
+
+
 def _is_float(dtype) -> bool:
     return jax.numpy.issubdtype(dtype, jax.numpy.floating)  # knows ml_dtypes' types (numpy's does not)
 
@@ -224,7 +239,7 @@ class _Interpreter:
         fused = self._fused_products(jaxpr) if self.semantics.fma else ()
         for eqn in jaxpr.eqns:
             if id(eqn) in fused:  # a float32 multiply the add or sub reading it contracts into an FMA
-                env[eqn.outvars[0]] = _Product(*(self._widen(read(v)) for v in eqn.invars))
+                env[eqn.outvars[0]] = _Product(*self._factors(eqn, [self._widen(read(v)) for v in eqn.invars]))
                 continue
             inner = str(eqn.source_info.name_stack)
             full = "/".join(part for part in (stack, inner) if part)
@@ -271,7 +286,7 @@ class _Interpreter:
                                    if not isinstance(v, jcore.Literal) and v in products and uses[v] == 1), None)
                     if source is not None:
                         fused.add(source)
-                elif eqn.primitive.name == "mul" and single:
+                elif (eqn.primitive.name == "mul" or _divides_by_reciprocal(eqn, self.semantics)) and single:
                     products[eqn.outvars[0]] = id(eqn)
             hit = self._fusions[id(jaxpr)] = (jaxpr, fused)  # the jaxpr kept alive: its id stays its own
         return hit[1]
@@ -322,6 +337,18 @@ class _Interpreter:
         return value.astype(F32) if _is_float(value.dtype) and value.dtype.itemsize < 4 else value
 
     # -- kinds that compute (each returns float32 values, or wider, for round) ---
+    def _factors(self, eqn, values) -> list:
+        """The two factors of a multiply, or of a divide XLA computes as one (_divides_by_reciprocal)."""
+        if eqn.primitive.name != "div":
+            return values
+        return [values[0], self._reciprocal(values[1])]
+
+    @staticmethod
+    def _reciprocal(value):
+        """1 / value rounded once to its dtype (a float64 quotient rounds to float32 as a float32 one would)."""
+        value = np.asarray(value)
+        return (1.0 / value.astype(np.float64)).astype(value.dtype)
+
     def _arith(self, eqn, args) -> list:
         name = eqn.primitive.name
         product = next((i for i, x in enumerate(args) if isinstance(x, _Product)), None)
@@ -330,9 +357,8 @@ class _Interpreter:
         a = [self._widen(x) for x in args]
         if name == "square":
             a, name = [a[0], a[0]], "mul"
-        if name == "div" and self.semantics.mean_by_reciprocal and isinstance(eqn.invars[1], jcore.Literal):
-            # XLA folds a divide by a constant into a multiply by its float32 reciprocal.
-            a, name = [a[0], (1.0 / a[1].astype(np.float64)).astype(a[1].dtype)], "mul"
+        if _divides_by_reciprocal(eqn, self.semantics):
+            a, name = self._factors(eqn, a), "mul"
         method, ufunc = _ARITH_OPS[name]
         if a[0].dtype == np.float64:  # x64 programs: IEEE float64, no flush
             with np.errstate(all="ignore"):
