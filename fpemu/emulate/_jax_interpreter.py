@@ -116,7 +116,6 @@ def _host(value, dtype=None):
     return np.asarray(value, dtype=dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def _divides_by_reciprocal(eqn, semantics) -> bool:
     """Whether XLA computes this divide as a multiply by its divisor's reciprocal (StepSemantics'
     ``mean_by_reciprocal``): its algebraic simplifier rewrites A / constant and A / broadcast(B) so.  Measured
@@ -132,6 +131,7 @@ def _divides_by_reciprocal(eqn, semantics) -> bool:
     return np.dtype(result.dtype) == F32 and tuple(divisor.aval.shape) != tuple(result.shape)
 
 
+@functools.lru_cache(maxsize=None)
 def _is_float(dtype) -> bool:
     return jax.numpy.issubdtype(dtype, jax.numpy.floating)  # knows ml_dtypes' types (numpy's does not)
 
